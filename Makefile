@@ -1,0 +1,25 @@
+# Set-up on a fresh machine: `make run` (the main job) and `make test` (the test suite).
+# torch==2.13.0 is installed first and explicitly: an unpinned torch pulls a multi-GB CUDA build.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+
+.PHONY: setup run test bench clean
+
+$(BIN)/.installed: pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $@
+
+setup: $(BIN)/.installed
+
+run: setup
+	$(BIN)/rollwise train --out runs/default
+
+test: setup
+	$(BIN)/python -m pytest tests
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache
