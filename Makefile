@@ -4,7 +4,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup run test bench clean
+.PHONY: setup sysdeps run test bench clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -15,10 +15,13 @@ $(BIN)/.installed: pyproject.toml
 
 setup: $(BIN)/.installed
 
+sysdeps:
+	@for f in .ci/setup.d/*.sh; do [ -e "$$f" ] && bash "$$f" || true; done
+
 run: setup
 	$(BIN)/rollwise train --out runs/default
 
-test: setup
+test: setup sysdeps
 	$(BIN)/python -m pytest tests
 
 clean:
