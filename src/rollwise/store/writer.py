@@ -1,0 +1,262 @@
+"""`RolloutStore`: every rollout of a run, one Parquet shard per step, written atomically.
+
+Layout: `RUN_DIR/rollouts/step-000012.parquet`, one shard per training step, nothing else. A shard is
+written to a temp file in the same directory, flushed and fsynced, renamed over its final name, and the
+directory is fsynced: a SIGKILL at any moment leaves either the complete old shard (or none) or the
+complete new one, never a half-written `step-*.parquet`. The temp files a crash leaves behind end in
+`.tmp`, so neither our reader nor `read_parquet('RUN_DIR/rollouts/*.parquet')` sees them, and the next
+writer removes them.
+
+NOTE on exactly-once after a resume: writing a step replaces that step's shard, so a resumed run that
+re-runs step N does not duplicate it. Steps that ran after the checkpoint being resumed from are stale;
+the resume path calls `truncate_after(checkpoint_step)` before its first new step.
+
+Reading is shard by shard: a truncated or corrupt shard is reported as one line naming its file
+(`ShardError`) while the other shards still load (`scan`, or `strict=False`).
+
+Deliberately left out: appending within a step (a step's rollouts are written once, together),
+compaction, and any index beyond file names; DuckDB over the glob does ad-hoc queries well.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import warnings
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from rollwise.store.schema import (
+    COLUMNS,
+    ROLLOUT_SCHEMA,
+    SCHEMA_VERSION,
+    rollout_to_row,
+    rows_to_table,
+    shard_schema_version,
+    table_to_rollouts,
+)
+from rollwise.types import ROLLOUT_STATUSES, Rollout
+
+SHARD_RE = re.compile(r"^step-(\d{6,})\.parquet$")
+TMP_SUFFIX = ".tmp"
+
+Decoder = Callable[[Sequence[int]], str]
+"""Token ids -> text, e.g. `lambda ids: tokenizer.decode(ids)`; used for prompt text and per-token text."""
+
+
+class ShardError(ValueError):
+    """A shard that cannot be read; `str()` is one line that names the file."""
+
+    def __init__(self, path: Path, reason: str) -> None:
+        self.path = Path(path)
+        self.reason = reason
+        super().__init__(f"{self.path}: {reason}")
+
+
+@dataclass
+class StoreScan:
+    """What `RolloutStore.scan` found: the rows of every readable shard, and one error per bad shard."""
+
+    table: pa.Table
+    shards: list[Path] = field(default_factory=list)
+    """Shards that loaded, in step order."""
+    errors: list[ShardError] = field(default_factory=list)
+
+
+def shard_name(step: int) -> str:
+    return f"step-{int(step):06d}.parquet"
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class RolloutStore:
+    """The rollouts of one run directory. Cheap to construct; touches the disk only when used."""
+
+    def __init__(self, run_dir: str | os.PathLike[str], *, run: str | None = None, decode: Decoder | None = None) -> None:
+        self.run_dir = Path(run_dir)
+        self.dir = self.run_dir / "rollouts"
+        self.run = run if run is not None else self.run_dir.resolve().name
+        """Value of the `run` column of rows this store writes (defaults to the run directory's name)."""
+        self.decode = decode
+        self._token_cache: dict[int, str] = {}
+        self._cleaned = False
+
+    # ---------------------------------------------------------------- writing
+
+    def shard_path(self, step: int) -> Path:
+        return self.dir / shard_name(step)
+
+    def write_step(self, step: int, rollouts: Iterable[Rollout]) -> Path:
+        """Write (or replace) the shard of `step` atomically and return its path.
+
+        Every rollout is stored under `step` (the shard's step is the row's step). An empty list writes an
+        empty shard, which still records that the step completed.
+        """
+        if not isinstance(step, int) or step < 0:
+            raise ValueError(f"step must be a non-negative integer, got {step!r}")
+        rows = [self._row(r, step) for r in rollouts]
+        table = rows_to_table(rows)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        if not self._cleaned:
+            self.clean_temp_files()
+            self._cleaned = True
+        final = self.shard_path(step)
+        tmp = self.dir / f".{final.name}.{os.getpid()}{TMP_SUFFIX}"
+        try:
+            with open(tmp, "wb") as f:
+                pq.write_table(table, f, compression="zstd")
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, final)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        _fsync_dir(self.dir)
+        return final
+
+    def _row(self, r: Rollout, step: int) -> dict:
+        prompt_text = getattr(r, "prompt_text", None)
+        token_texts = getattr(r, "token_texts", None)
+        if self.decode is not None:
+            if prompt_text is None:
+                prompt_text = self.decode(r.prompt_token_ids)
+            if token_texts is None:
+                token_texts = [self._token_text(t) for t in r.completion_token_ids]
+        return rollout_to_row(r, run=self.run, step=step, prompt_text=prompt_text, token_texts=token_texts)
+
+    def _token_text(self, token_id: int) -> str:
+        # Per-token strings are for display only; one decode per distinct id keeps this cheap.
+        s = self._token_cache.get(token_id)
+        if s is None:
+            assert self.decode is not None
+            s = self._token_cache[token_id] = self.decode([token_id])
+        return s
+
+    def clean_temp_files(self) -> list[Path]:
+        """Remove temp files a crashed writer left behind; returns what was removed."""
+        if not self.dir.is_dir():
+            return []
+        removed = []
+        for p in self.dir.iterdir():
+            if p.name.startswith(".") and p.name.endswith(TMP_SUFFIX) and p.is_file():
+                p.unlink(missing_ok=True)
+                removed.append(p)
+        return removed
+
+    def truncate_after(self, step: int) -> list[int]:
+        """Delete the shards of steps after `step` (a resume from the checkpoint of `step`); returns them."""
+        gone = [s for s in self.steps() if s > step]
+        for s in gone:
+            self.shard_path(s).unlink(missing_ok=True)
+        if gone:
+            _fsync_dir(self.dir)
+        return gone
+
+    # ---------------------------------------------------------------- reading
+
+    def steps(self) -> list[int]:
+        """Steps that have a shard, ascending."""
+        if not self.dir.is_dir():
+            return []
+        out = []
+        for p in self.dir.iterdir():
+            m = SHARD_RE.match(p.name)
+            if m:
+                out.append(int(m.group(1)))
+        return sorted(out)
+
+    def shards(self, steps: Iterable[int] | None = None) -> list[Path]:
+        have = self.steps()
+        if steps is not None:
+            wanted = set(steps)
+            have = [s for s in have if s in wanted]
+        return [self.shard_path(s) for s in have]
+
+    def read_shard(self, path: str | os.PathLike[str], columns: Sequence[str] | None = None) -> pa.Table:
+        """One shard, checked against the schema; any failure is a `ShardError` naming the file."""
+        path = Path(path)
+        cols = list(columns) if columns is not None else list(COLUMNS)
+        unknown = [c for c in cols if c not in COLUMNS]
+        if unknown:
+            raise ValueError(f"unknown rollout column(s) {unknown}; known: {', '.join(COLUMNS)}")
+        try:
+            pf = pq.ParquetFile(path)
+            schema = pf.schema_arrow
+        except (pa.ArrowException, OSError) as e:
+            raise ShardError(path, f"not a readable Parquet file (truncated or corrupt?): {_one_line(e)}") from None
+        version = shard_schema_version(schema)
+        if version is None:
+            raise ShardError(path, "no rollwise schema version in its Parquet metadata; not a rollwise rollout shard")
+        if version > SCHEMA_VERSION:
+            raise ShardError(path, f"schema version {version} is newer than this rollwise reads ({SCHEMA_VERSION}); upgrade rollwise")
+        missing = [c for c in cols if c not in schema.names]
+        if missing:
+            raise ShardError(path, f"missing column(s) {missing}")
+        try:
+            table = pf.read(columns=cols)
+        except (pa.ArrowException, OSError) as e:
+            raise ShardError(path, f"cannot read its data (truncated or corrupt?): {_one_line(e)}") from None
+        try:
+            return table.cast(pa.schema([ROLLOUT_SCHEMA.field(c) for c in cols], metadata=ROLLOUT_SCHEMA.metadata))
+        except (pa.ArrowException, ValueError) as e:
+            raise ShardError(path, f"columns do not match the rollout schema: {_one_line(e)}") from None
+
+    def scan(self, steps: Iterable[int] | None = None, columns: Sequence[str] | None = None) -> StoreScan:
+        """Every readable shard's rows; bad shards become `errors` instead of stopping the read."""
+        cols = list(columns) if columns is not None else list(COLUMNS)
+        tables, ok, errors = [], [], []
+        for p in self.shards(steps):
+            try:
+                tables.append(self.read_shard(p, cols))
+                ok.append(p)
+            except ShardError as e:
+                errors.append(e)
+        schema = pa.schema([ROLLOUT_SCHEMA.field(c) for c in cols], metadata=ROLLOUT_SCHEMA.metadata)
+        table = pa.concat_tables(tables) if tables else schema.empty_table()
+        return StoreScan(table=table, shards=ok, errors=errors)
+
+    def read_table(
+        self, steps: Iterable[int] | None = None, columns: Sequence[str] | None = None, *, strict: bool = True
+    ) -> pa.Table:
+        """All shards (or those of `steps`) as one table.
+
+        strict: raise the first bad shard's `ShardError`; otherwise warn once per bad shard and skip it.
+        """
+        result = self.scan(steps, columns)
+        _handle_errors(result.errors, strict)
+        return result.table
+
+    def read(self, steps: Iterable[int] | None = None, *, strict: bool = True) -> list[Rollout]:
+        """All stored rollouts as `Rollout` objects, in step order (see `read_table` for `strict`)."""
+        return table_to_rollouts(self.read_table(steps, strict=strict))
+
+    def counts_by_status(self, *, strict: bool = True) -> dict[str, int]:
+        """{"total": n, "kept": …, "filtered": …, "errored": …, "truncated": …, "aborted": …} over all shards."""
+        statuses = self.read_table(columns=["status"], strict=strict).column("status").to_pylist()
+        counts = {"total": len(statuses)}
+        for s in ROLLOUT_STATUSES:
+            counts[s] = 0
+        for s in statuses:
+            counts[s] = counts.get(s, 0) + 1
+        return counts
+
+
+def _handle_errors(errors: list[ShardError], strict: bool) -> None:
+    if errors and strict:
+        raise errors[0]
+    for e in errors:
+        warnings.warn(f"skipping unreadable rollout shard: {e}", stacklevel=3)
+
+
+def _one_line(e: BaseException) -> str:
+    return " ".join(str(e).split()) or type(e).__name__
