@@ -1,0 +1,312 @@
+"""EngineCore: the step-level engine API (add request, step, abort, interrupt, load weights).
+
+`step()` is the whole engine loop in three lines: schedule -> run -> update. Everything else is
+bookkeeping of requests around it. `LLM.generate` (llm.py) is a batch loop over this API; the rollout
+controller drives it directly to refill slots, stop early and carry partial samples across updates.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+import torch
+
+from rollwise.engine.block_manager import BlockManager
+from rollwise.engine.model_runner import ModelRunner, resolve_dtype
+from rollwise.engine.scheduler import Scheduler, SchedulerConfig
+from rollwise.engine.sequence import Sequence, SeqStatus
+from rollwise.models.decoder import DecoderLM
+from rollwise.models.loader import WeightMapper, load_model
+from rollwise.types import CompletionOutput, RequestOutput, SamplingParams
+
+_MASK63 = (1 << 63) - 1
+
+
+def sample_seed(seed: int, index: int) -> int:
+    """Per-sample 63-bit seed from a request seed and the sample index (splitmix64 finaliser)."""
+    z = (seed * 0x9E3779B97F4A7C15 + (index + 1) * 0xBF58476D1CE4E5B9) & ((1 << 64) - 1)
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & ((1 << 64) - 1)
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & ((1 << 64) - 1)
+    return (z ^ (z >> 31)) & _MASK63
+
+
+@dataclass
+class EngineConfig:
+    """Engine sizing. One field per knob a user of vLLM would expect."""
+
+    max_num_seqs: int = 256
+    """Most sequences decoded together in one forward pass."""
+    max_num_batched_tokens: int = 8192
+    """Token budget of one prefill step."""
+    max_model_len: int | None = None
+    """Longest prompt + output; default min(config.max_position_embeddings, 4096)."""
+    block_size: int = 16
+    """Tokens per KV-cache block (the unit of prefix sharing)."""
+    num_kv_blocks: int | None = None
+    """KV-cache blocks; default: enough for max_num_seqs full-length sequences, capped by kv_cache_gb."""
+    kv_cache_gb: float = 4.0
+    """Memory cap for the default KV-cache size."""
+    enable_prefix_caching: bool = True
+    seed: int = 0
+    """Seeds the per-sample seeds of requests submitted without one."""
+
+    def __post_init__(self) -> None:
+        if self.block_size < 1 or self.max_num_seqs < 1:
+            raise ValueError("EngineConfig.block_size and max_num_seqs must be >= 1")
+
+
+@dataclass
+class _Request:
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    seqs: list[Sequence | None]  # None where a resumed sample was already finished
+    done_outputs: dict[int, CompletionOutput] = field(default_factory=dict)
+    arrival: float = field(default_factory=time.perf_counter)
+
+
+@dataclass
+class EngineStats:
+    steps: int = 0
+    prefill_steps: int = 0
+    prefill_tokens: int = 0
+    decode_tokens: int = 0
+    busy_s: float = 0.0
+
+
+class EngineCore:
+    def __init__(self, model: DecoderLM, hf_config: Any, tokenizer: Any = None, config: EngineConfig | None = None,
+                 device: str | torch.device = "cpu") -> None:
+        self.config = config or EngineConfig()
+        self.model = model
+        self.hf_config = hf_config
+        self.tokenizer = tokenizer
+        self.device = torch.device(device)
+        cfg = self.config
+        max_len = cfg.max_model_len or min(getattr(hf_config, "max_position_embeddings", 4096), 4096)
+        self.max_model_len = min(max_len, model.cos_cached.shape[0])
+        dtype = model.embed_tokens.weight.dtype
+        per_block = ModelRunner.kv_bytes_per_block(model.spec, cfg.block_size, dtype)
+        if cfg.num_kv_blocks is not None:
+            num_blocks = cfg.num_kv_blocks
+        else:
+            want = cfg.max_num_seqs * -(-self.max_model_len // cfg.block_size)
+            num_blocks = max(1, min(want, int(cfg.kv_cache_gb * 2**30) // per_block))
+        self.block_manager = BlockManager(num_blocks, cfg.block_size, cfg.enable_prefix_caching)
+        self.scheduler = Scheduler(
+            SchedulerConfig(cfg.max_num_seqs, cfg.max_num_batched_tokens, self.max_model_len), self.block_manager
+        )
+        self.runner = ModelRunner(model, num_blocks, cfg.block_size, self.device)
+        self.eos_token_ids = frozenset(_eos_ids(hf_config, tokenizer))
+        self.weight_version = 0
+        self.requests: dict[str, _Request] = {}
+        self.stats = EngineStats()
+        self._rng = random.Random(cfg.seed)
+        self._mapper = WeightMapper(model)
+        self._touched: set[str] = set()  # requests with a sample that finished since the last collect
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def from_pretrained(cls, model_dir: str | Path, device: str = "cpu", dtype: str = "float32",
+                        config: EngineConfig | None = None, tokenizer: Any = None) -> "EngineCore":
+        config = config or EngineConfig()
+        dev = torch.device(device)
+        if dev.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError("device 'cuda' requested but CUDA is not available")
+        max_len = config.max_model_len or 4096
+        model, hf_config = load_model(model_dir, resolve_dtype(dtype), dev, max_len)
+        if tokenizer is None:
+            tokenizer = load_tokenizer(model_dir)
+        return cls(model, hf_config, tokenizer, config, dev)
+
+    # ------------------------------------------------------------------ requests
+    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+                    partial: list[CompletionOutput] | None = None) -> None:
+        """Queue a request. `partial` resumes aborted samples: sample j continues from partial[j]'s tokens
+        (its log-probs and weight versions are kept; new tokens get the current weight version)."""
+        if request_id in self.requests:
+            raise ValueError(f"duplicate request id {request_id!r}")
+        if not prompt_token_ids:
+            raise ValueError(f"request {request_id!r} has an empty prompt")
+        vocab = self.model.spec.vocab_size
+        if min(prompt_token_ids) < 0 or max(prompt_token_ids) >= vocab:
+            raise ValueError(f"request {request_id!r} has token ids outside the vocabulary [0, {vocab})")
+        if partial is not None and len(partial) != params.n:
+            raise ValueError(f"request {request_id!r}: partial has {len(partial)} samples, params.n={params.n}")
+        base = params.seed if params.seed is not None else None
+        req = _Request(request_id, list(prompt_token_ids), params, [])
+        seqs: list[Sequence] = []
+        for j in range(params.n):
+            seed = sample_seed(base, j) if base is not None else self._rng.getrandbits(63)
+            prev = partial[j] if partial is not None else None
+            if prev is not None and prev.finish_reason in ("stop", "length"):
+                req.seqs.append(None)
+                req.done_outputs[j] = prev
+                continue
+            seq = Sequence(request_id, j, list(prompt_token_ids), len(prompt_token_ids), params, seed,
+                           self.eos_token_ids)
+            if prev is not None and prev.token_ids:
+                seq.token_ids.extend(prev.token_ids)
+                seq.output_logprobs.extend(prev.logprobs)
+                seq.output_weight_versions.extend(prev.weight_versions or [self.weight_version] * len(prev.token_ids))
+            req.seqs.append(seq)
+            seqs.append(seq)
+        self.requests[request_id] = req
+        if not seqs:  # every sample was already finished: hand it back at the next step
+            self._touched.add(request_id)
+            return
+        if partial is None and len(seqs) > 1:
+            seqs[0].pending_forks = seqs[1:]
+            to_add = [seqs[0]]
+        else:
+            to_add = seqs
+        try:
+            for s in to_add:
+                self.scheduler.add(s)
+        except ValueError as e:
+            for s in to_add:
+                if s.status is SeqStatus.WAITING and s in self.scheduler.waiting:
+                    self.scheduler.waiting.remove(s)
+            del self.requests[request_id]
+            raise ValueError(f"request {request_id!r}: {e}") from None
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    @property
+    def num_unfinished_requests(self) -> int:
+        return len(self.requests)
+
+    # ------------------------------------------------------------------ the loop
+    def step(self) -> list[RequestOutput]:
+        """One forward pass: schedule -> run -> update. Returns the requests that finished in it."""
+        t0 = time.perf_counter()
+        sched = self.scheduler.schedule()
+        if sched is None:
+            return self._collect_finished()
+        result = self.runner.execute(sched)
+        self._update(sched, result.token_ids, result.logprobs)
+        st = self.stats
+        st.steps += 1
+        if sched.is_prefill:
+            st.prefill_steps += 1
+            st.prefill_tokens += sched.num_batched_tokens
+        else:
+            st.decode_tokens += sched.num_batched_tokens
+        st.busy_s += time.perf_counter() - t0
+        return self._collect_finished()
+
+    def _update(self, sched, token_ids: list[int], logprobs: list[float]) -> None:
+        version = self.weight_version
+        sch = self.scheduler
+        for seq, tok, lp in zip(sched.sample_seqs, token_ids, logprobs):
+            sch.append_token(seq, tok, lp, version)
+            reason = sch.check_stop(seq)
+            if reason is None and seq.params.stop:
+                reason = self._check_stop_strings(seq)
+            if reason is not None:
+                sch.finish(seq, reason)
+                self._touched.add(seq.request_id)
+
+    def _check_stop_strings(self, seq: Sequence) -> str | None:
+        if self.tokenizer is None:
+            return None
+        text = self.tokenizer.decode(seq.output_token_ids, skip_special_tokens=True)
+        cuts = [i for i in (text.find(s) for s in seq.params.stop or []) if i >= 0]
+        if cuts:
+            seq.stop_text_cut = min(cuts)
+            return "stop"
+        return None
+
+    def _collect_finished(self) -> list[RequestOutput]:
+        done = []
+        for rid in list(self._touched):
+            req = self.requests.get(rid)
+            if req is not None and all(s is None or s.is_finished for s in req.seqs):
+                done.append(self._make_output(req))
+                del self.requests[rid]
+        self._touched = set()
+        return done
+
+    def _make_output(self, req: _Request) -> RequestOutput:
+        outs = []
+        for j, seq in enumerate(req.seqs):
+            if seq is None:
+                outs.append(req.done_outputs[j])
+                continue
+            ids = seq.output_token_ids
+            text = ""
+            if self.tokenizer is not None:
+                text = self.tokenizer.decode(ids, skip_special_tokens=True)
+                if seq.stop_text_cut is not None:
+                    text = text[: seq.stop_text_cut]
+            outs.append(CompletionOutput(j, list(ids), list(seq.output_logprobs), seq.finish_reason, text,
+                                         list(seq.output_weight_versions)))
+        return RequestOutput(req.request_id, req.prompt_token_ids, outs)
+
+    # ------------------------------------------------------------------ control
+    def abort(self, request_id: str) -> RequestOutput | None:
+        """End a request now; returns its partial output (unfinished samples get finish_reason 'abort')."""
+        req = self.requests.get(request_id)
+        if req is None:
+            return None
+        for seq in req.seqs:
+            if seq is not None and not seq.is_finished:
+                self.scheduler.finish(seq, "abort")
+        del self.requests[request_id]
+        self._touched.discard(request_id)
+        return self._make_output(req)
+
+    def interrupt(self) -> list[RequestOutput]:
+        """Abort every unfinished request and return their partial outputs (resumable via `partial=`)."""
+        return [o for o in (self.abort(rid) for rid in list(self.requests)) if o is not None]
+
+    def load_weights(self, weights: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]],
+                     strict: bool = False) -> int:
+        """Copy HF-named weights into the model (a full or partial state dict); bumps `weight_version` and
+        invalidates the prefix cache. Running sequences keep their KV and continue under the new weights."""
+        items = weights.items() if isinstance(weights, Mapping) else weights
+        n = self._mapper.load(items, strict=strict, source="load_weights: ")
+        self.weight_version += 1
+        self.block_manager.reset_prefix_cache()
+        return n
+
+
+def _eos_ids(hf_config: Any, tokenizer: Any) -> set[int]:
+    ids: set[int] = set()
+    for src in (getattr(hf_config, "eos_token_id", None), getattr(tokenizer, "eos_token_id", None)):
+        if isinstance(src, int):
+            ids.add(src)
+        elif isinstance(src, (list, tuple)):
+            ids.update(int(x) for x in src)
+    gen = getattr(hf_config, "_name_or_path", None)
+    if gen:
+        p = Path(gen) / "generation_config.json"
+        if p.is_file():
+            try:
+                e = json.loads(p.read_text()).get("eos_token_id")
+            except json.JSONDecodeError:
+                e = None
+            if isinstance(e, int):
+                ids.add(e)
+            elif isinstance(e, list):
+                ids.update(int(x) for x in e)
+    return ids
+
+
+def load_tokenizer(model_dir: str | Path) -> Any:
+    """The checkpoint's tokenizer, or None when the directory has no tokenizer files (token-id prompts only)."""
+    d = Path(model_dir)
+    if not any((d / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")):
+        return None
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(d))
+    except Exception as e:  # noqa: BLE001 - report which file is bad, in one line
+        raise ValueError(f"cannot load the tokenizer in {d}: {type(e).__name__}: {e}") from None

@@ -1,0 +1,127 @@
+"""The one torch-heavy part of the engine: turns a `SchedulerOutput` into tensors, runs the model, samples.
+
+It owns the model weights and the paged KV cache ([2, num_blocks, block_size, kv_heads, head_dim] per
+layer). Everything it is told comes from the scheduler as ids and counts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from rollwise.engine.sampler import SamplingBatch, sample
+from rollwise.engine.scheduler import SchedulerOutput
+from rollwise.models.decoder import AttnMetadata, DecoderLM
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
+          "fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype not in DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}; use one of float32, bfloat16, float16")
+    return DTYPES[dtype]
+
+
+@dataclass
+class StepResult:
+    token_ids: list[int]  # one per SchedulerOutput.sample_seqs
+    logprobs: list[float]
+
+
+class ModelRunner:
+    def __init__(self, model: DecoderLM, num_blocks: int, block_size: int, device: torch.device) -> None:
+        self.model = model
+        self.device = device
+        self.block_size = block_size
+        self.num_blocks = num_blocks
+        spec = model.spec
+        dtype = model.embed_tokens.weight.dtype
+        self.kv_caches = []
+        for layer in model.layers:
+            cache = torch.zeros(2, num_blocks, block_size, spec.num_kv_heads, spec.head_dim, dtype=dtype, device=device)
+            layer.self_attn.kv_cache = cache
+            self.kv_caches.append(cache)
+
+    @staticmethod
+    def kv_bytes_per_block(spec, block_size: int, dtype: torch.dtype) -> int:
+        return 2 * spec.num_layers * block_size * spec.num_kv_heads * spec.head_dim * torch.finfo(dtype).bits // 8
+
+    # ------------------------------------------------------------------ inputs
+    def _prefill_inputs(self, out: SchedulerOutput):
+        bs = self.block_size
+        ids: list[int] = []
+        pos: list[int] = []
+        slots: list[int] = []
+        seq_meta = []
+        last_idx: list[int] = []
+        for seq in out.seqs:
+            start = seq.num_cached_tokens
+            n = len(seq) - start
+            q_start = len(ids)
+            ids.extend(seq.token_ids[start:])
+            pos.extend(range(start, len(seq)))
+            table = seq.block_table
+            slots.extend(table[p // bs] * bs + p % bs for p in range(start, len(seq)))
+            seq_meta.append((q_start, n, start, torch.tensor(table, dtype=torch.long, device=self.device)))
+            last_idx.append(q_start + n - 1)
+        dev = self.device
+        meta = AttnMetadata(True, torch.tensor(slots, dtype=torch.long, device=dev), bs, prefill_seqs=seq_meta)
+        return (torch.tensor(ids, dtype=torch.long, device=dev), torch.tensor(pos, dtype=torch.long, device=dev),
+                meta, torch.tensor(last_idx, dtype=torch.long, device=dev))
+
+    def _decode_inputs(self, out: SchedulerOutput):
+        bs = self.block_size
+        seqs = out.seqs
+        ids = [s.token_ids[-1] for s in seqs]
+        pos = [len(s) - 1 for s in seqs]
+        slots = [s.block_table[p // bs] * bs + p % bs for s, p in zip(seqs, pos)]
+        max_blocks = max(len(s.block_table) for s in seqs)
+        tables = [s.block_table + [0] * (max_blocks - len(s.block_table)) for s in seqs]
+        dev = self.device
+        pos_t = torch.tensor(pos, dtype=torch.long, device=dev)
+        bt = torch.tensor(tables, dtype=torch.long, device=dev)
+        key_pos = torch.arange(max_blocks * bs, device=dev)
+        mask = (key_pos[None, :] <= pos_t[:, None]).view(len(seqs), 1, 1, -1)
+        meta = AttnMetadata(False, torch.tensor(slots, dtype=torch.long, device=dev), bs,
+                            block_tables=bt, decode_mask=mask)
+        return torch.tensor(ids, dtype=torch.long, device=dev), pos_t, meta, None
+
+    def _sampling_batch(self, out: SchedulerOutput) -> SamplingBatch:
+        seqs = out.sample_seqs
+        temps = [s.params.temperature for s in seqs]
+        top_p = [s.params.top_p for s in seqs]
+        top_k = [s.params.top_k for s in seqs]
+        dev = self.device
+        return SamplingBatch(
+            temperature=torch.tensor(temps, dtype=torch.float32, device=dev),
+            top_p=torch.tensor(top_p, dtype=torch.float32, device=dev),
+            top_k=torch.tensor(top_k, dtype=torch.long, device=dev),
+            seeds=torch.tensor([s.seed for s in seqs], dtype=torch.long, device=dev),
+            positions=torch.tensor([s.num_output_tokens for s in seqs], dtype=torch.long, device=dev),
+            all_greedy=all(t <= 0 for t in temps),
+            any_truncation=any(p < 1.0 for p in top_p) or any(k > 0 for k in top_k),
+        )
+
+    # ------------------------------------------------------------------ run
+    @torch.inference_mode()
+    def execute(self, out: SchedulerOutput) -> StepResult:
+        if out.is_prefill:
+            ids, pos, meta, last_idx = self._prefill_inputs(out)
+        else:
+            ids, pos, meta, last_idx = self._decode_inputs(out)
+        hidden = self.model(ids, pos, meta)
+        if last_idx is not None:
+            hidden = hidden.index_select(0, last_idx)
+        for src, dst in out.block_copies:
+            for cache in self.kv_caches:
+                cache[:, dst].copy_(cache[:, src])
+        rows = out.sample_rows
+        if rows != list(range(hidden.shape[0])):
+            hidden = hidden.index_select(0, torch.tensor(rows, dtype=torch.long, device=self.device))
+        logits = self.model.logits(hidden)
+        tokens, logprobs = sample(logits, self._sampling_batch(out))
+        return StepResult(tokens.tolist(), logprobs.tolist())

@@ -1,0 +1,214 @@
+"""Continuous-batching scheduler: decides which sequences run in the next forward pass.
+
+NOTE on the scheduling algorithm (deliberately simple, after nano-vllm):
+- Each step is either a *prefill* step or a *decode* step. Waiting sequences are prefilled as soon as
+  they fit (sequence slots `max_num_seqs`, token budget `max_num_batched_tokens`, free KV blocks), so a
+  finished sequence's slot is refilled at the very next step. Otherwise every running sequence decodes one
+  token.
+- A request with n samples is prefilled once (its leader); the siblings are forked right after, sharing
+  the prompt's full blocks; the partial last block is copied (`SchedulerOutput.block_copies`).
+- When decoding runs out of KV blocks, the most recently admitted running sequence is preempted: its blocks
+  are freed and it goes back to the front of the queue, keeping the tokens it has generated; on
+  readmission its prompt plus output is recomputed (prefix cache hits make that cheap). Its sampling stays
+  reproducible because the sampler's noise depends on (seed, position) only.
+- Left out on purpose: chunked prefill and mixed prefill/decode batches; a prompt must fit the token budget.
+
+Pure bookkeeping: ids, counts and block ids; the model runner turns a `SchedulerOutput` into tensors.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from rollwise.engine.block_manager import BlockManager
+from rollwise.engine.sequence import Sequence, SeqStatus
+
+
+@dataclass
+class SchedulerConfig:
+    max_num_seqs: int = 256
+    """Most sequences in one forward pass (the decode batch size)."""
+    max_num_batched_tokens: int = 8192
+    """Token budget of one prefill step; a prompt longer than this is rejected at submission."""
+    max_model_len: int = 2048
+    """Longest sequence (prompt + output) allowed; a sample reaching it ends with finish_reason 'length'."""
+
+    def __post_init__(self) -> None:
+        for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"SchedulerConfig.{name} must be >= 1, got {getattr(self, name)}")
+
+
+@dataclass
+class SchedulerOutput:
+    is_prefill: bool
+    seqs: list[Sequence]
+    """Sequences whose tokens are computed this step (prefill: tokens [num_cached_tokens, len); decode: the last)."""
+    sample_seqs: list[Sequence]
+    """Sequences that receive a sampled token this step, in order."""
+    sample_rows: list[int]
+    """For each of `sample_seqs`, the index into `seqs` whose last-token logits it samples from (forks share)."""
+    block_copies: list[tuple[int, int]] = field(default_factory=list)
+    """(src, dst) KV block copies to run after the forward (copy-on-write of a forked partial block)."""
+    num_batched_tokens: int = 0
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, block_manager: BlockManager) -> None:
+        self.config = config
+        self.bm = block_manager
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.num_preemptions = 0
+
+    # ------------------------------------------------------------------ queue
+    def add(self, seq: Sequence) -> None:
+        """Queue a sequence. A group leader carries its unforked siblings in `pending_forks`."""
+        if len(seq) > self.config.max_num_batched_tokens:
+            raise ValueError(
+                f"prompt of {len(seq)} tokens exceeds max_num_batched_tokens={self.config.max_num_batched_tokens}"
+            )
+        if len(seq) >= self.config.max_model_len:
+            raise ValueError(f"prompt of {len(seq)} tokens leaves no room under max_model_len={self.config.max_model_len}")
+        seq.status = SeqStatus.WAITING
+        self.waiting.append(seq)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    @property
+    def num_unfinished_seqs(self) -> int:
+        return sum(1 + len(s.pending_forks) for s in self.waiting) + len(self.running)
+
+    # ------------------------------------------------------------------ schedule
+    def schedule(self) -> SchedulerOutput | None:
+        out = self._schedule_prefill()
+        if out is not None:
+            return out
+        return self._schedule_decode()
+
+    def _schedule_prefill(self) -> SchedulerOutput | None:
+        cfg = self.config
+        seqs: list[Sequence] = []
+        sample_seqs: list[Sequence] = []
+        sample_rows: list[int] = []
+        copies: list[tuple[int, int]] = []
+        tokens = 0
+        num_running = len(self.running)
+        while self.waiting:
+            seq = self.waiting[0]
+            group = 1 + len(seq.pending_forks)
+            if num_running + group > cfg.max_num_seqs:
+                break
+            # Forked siblings each need one fresh block for the copied partial last block.
+            partial = 1 if len(seq) % self.bm.block_size else 0
+            extra = partial * len(seq.pending_forks)
+            if not self.bm.can_allocate(seq, extra_blocks=extra):
+                break
+            self.bm.allocate(seq)
+            new_tokens = len(seq) - seq.num_cached_tokens
+            if seqs and tokens + new_tokens > cfg.max_num_batched_tokens:
+                self.bm.free_seq(seq)
+                break
+            self.waiting.popleft()
+            tokens += new_tokens
+            row = len(seqs)
+            seqs.append(seq)
+            seq.status = SeqStatus.RUNNING
+            self.running.append(seq)
+            sample_seqs.append(seq)
+            sample_rows.append(row)
+            for child in seq.pending_forks:
+                cp = self.bm.fork(seq, child)
+                if cp is not None:
+                    copies.append(cp)
+                child.status = SeqStatus.RUNNING
+                self.running.append(child)
+                sample_seqs.append(child)
+                sample_rows.append(row)
+            seq.pending_forks = []
+            num_running += group
+        if not seqs:
+            if self.waiting and not self.running:
+                seq = self.waiting[0]
+                raise RuntimeError(
+                    f"request {seq.request_id!r} cannot be scheduled: it needs {self.bm.blocks_to_allocate(seq)}"
+                    f" KV blocks (+ forks) and {1 + len(seq.pending_forks)} sequence slots, but the engine has"
+                    f" {self.bm.num_blocks} blocks and max_num_seqs={cfg.max_num_seqs}; raise the KV cache size"
+                )
+            return None
+        return SchedulerOutput(True, seqs, sample_seqs, sample_rows, copies, tokens)
+
+    def _schedule_decode(self) -> SchedulerOutput | None:
+        if not self.running:
+            return None
+        scheduled: list[Sequence] = []
+        # Walk in admission order; preempt from the back (the most recently admitted) when blocks run out.
+        i = 0
+        while i < len(self.running):
+            seq = self.running[i]
+            while not self.bm.can_append(seq):
+                victim = self.running[-1]
+                self._preempt(victim)
+                if victim is seq:
+                    break
+            else:
+                self.bm.append_slot(seq)
+                scheduled.append(seq)
+                i += 1
+                continue
+            break  # seq itself was preempted: everything after it is gone too
+        if not scheduled:
+            return None
+        rows = list(range(len(scheduled)))
+        return SchedulerOutput(False, scheduled, list(scheduled), rows, [], len(scheduled))
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.running.remove(seq)
+        self.bm.free_seq(seq)
+        seq.status = SeqStatus.WAITING
+        seq.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(seq)
+
+    # ------------------------------------------------------------------ results
+    def append_token(self, seq: Sequence, token_id: int, logprob: float, weight_version: int) -> None:
+        seq.token_ids.append(token_id)
+        seq.output_logprobs.append(logprob)
+        seq.output_weight_versions.append(weight_version)
+        bs = self.bm.block_size
+        # The KV of all but the newest token is now in the cache; hash blocks that just filled up.
+        computed = len(seq) - 1
+        if computed % bs == 0 and computed > 0:
+            self.bm.register_full_blocks(seq, computed)
+
+    def check_stop(self, seq: Sequence) -> str | None:
+        """Finish reason after the newest token, or None to keep going (stop strings are the engine's job)."""
+        p = seq.params
+        tok = seq.last_token
+        if not p.ignore_eos and tok in seq.eos_token_ids:
+            return "stop"
+        if p.stop_token_ids and tok in p.stop_token_ids:
+            return "stop"
+        if seq.num_output_tokens >= p.max_tokens or len(seq) >= self.config.max_model_len:
+            return "length"
+        return None
+
+    def finish(self, seq: Sequence, reason: str) -> None:
+        """End a sequence wherever it is (running, waiting, or a not-yet-forked sibling)."""
+        if seq.status is SeqStatus.FINISHED:
+            return
+        if seq.status is SeqStatus.RUNNING:
+            self.running.remove(seq)
+            self.bm.free_seq(seq)
+        else:
+            if seq in self.waiting:
+                self.waiting.remove(seq)
+                for child in seq.pending_forks:  # unforked siblings end with their leader
+                    child.status = SeqStatus.FINISHED
+                    child.finish_reason = reason
+                seq.pending_forks = []
+            self.bm.free_seq(seq)
+        seq.status = SeqStatus.FINISHED
+        seq.finish_reason = reason

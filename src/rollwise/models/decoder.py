@@ -1,0 +1,203 @@
+"""Decoder-only transformer for the Llama family (Llama, Qwen2, Qwen3), reading and writing a paged KV cache.
+
+One module covers the three architectures; they differ only in small switches, kept in `ArchSpec`:
+Qwen2 puts a bias on q/k/v, Qwen3 RMS-normalises q and k per head, Llama may bias everything
+(`attention_bias`). Grouped-query attention, RoPE with every scaling variant transformers knows (the
+inverse frequencies come from transformers' own rope init functions, so configs mean the same thing), tied
+or untied embeddings.
+
+The forward takes a flat token batch (no padding) plus `AttnMetadata` saying where each token's K/V goes
+in the cache (`slot_mapping`) and which cache blocks each sequence reads (`block_tables`). Projections are
+fused (qkv, gate+up) to cut per-step kernel launches and Python overhead; the loader splits HF weights.
+
+Left out: sliding-window attention, MoE, multimodal heads. A checkpoint that needs them fails at load.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass(frozen=True)
+class ArchSpec:
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    qkv_bias: bool
+    o_bias: bool
+    mlp_bias: bool
+    qk_norm: bool
+    tie_word_embeddings: bool
+    max_position_embeddings: int
+
+
+@dataclass
+class AttnMetadata:
+    """Where the tokens of one forward pass sit in the paged KV cache."""
+
+    is_prefill: bool
+    slot_mapping: torch.Tensor  # [N] int64: flat cache slot (block * block_size + offset) of each token
+    block_size: int
+    # prefill: one entry per sequence (q_start, q_len, num_cached, block_table as a tensor)
+    prefill_seqs: list[tuple[int, int, int, torch.Tensor]] | None = None
+    # decode: one query token per sequence
+    block_tables: torch.Tensor | None = None  # [B, max_blocks] int64 (padded with 0)
+    decode_mask: torch.Tensor | None = None  # [B, 1, 1, max_blocks * block_size] bool: key is inside the context
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Same arithmetic as transformers: normalise in float32, cast back, then scale.
+        dtype = x.dtype
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(dtype)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+class Attention(nn.Module):
+    def __init__(self, spec: ArchSpec) -> None:
+        super().__init__()
+        self.h, self.kvh, self.d = spec.num_heads, spec.num_kv_heads, spec.head_dim
+        self.q_size, self.kv_size = self.h * self.d, self.kvh * self.d
+        self.qkv_proj = nn.Linear(spec.hidden_size, self.q_size + 2 * self.kv_size, bias=spec.qkv_bias)
+        self.o_proj = nn.Linear(self.q_size, spec.hidden_size, bias=spec.o_bias)
+        self.q_norm = RMSNorm(self.d, spec.rms_norm_eps) if spec.qk_norm else None
+        self.k_norm = RMSNorm(self.d, spec.rms_norm_eps) if spec.qk_norm else None
+        self.scale = self.d**-0.5
+        self.kv_cache: torch.Tensor | None = None  # [2, num_blocks, block_size, kvh, d], set by the runner
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, meta: AttnMetadata) -> torch.Tensor:
+        n = x.shape[0]  # x: [N, hidden]
+        qkv = self.qkv_proj(x)
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(n, self.h, self.d)
+        k = k.view(n, self.kvh, self.d)
+        v = v.view(n, self.kvh, self.d)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # [N, 1, d]
+        q = q * cos + rotate_half(q) * sin
+        k = k * cos + rotate_half(k) * sin
+        cache = self.kv_cache
+        assert cache is not None, "KV cache not allocated"
+        flat = cache.view(2, -1, self.kvh, self.d)
+        flat[0].index_copy_(0, meta.slot_mapping, k)
+        flat[1].index_copy_(0, meta.slot_mapping, v)
+        if meta.is_prefill:
+            out = self._prefill(q, k, v, meta)
+        else:
+            out = self._decode(q, meta)
+        return self.o_proj(out.reshape(n, self.q_size))
+
+    def _prefill(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttnMetadata) -> torch.Tensor:
+        outs = []
+        bs = meta.block_size
+        assert meta.prefill_seqs is not None
+        for q_start, q_len, num_cached, table in meta.prefill_seqs:
+            qi = q[q_start : q_start + q_len].transpose(0, 1).unsqueeze(0)  # [1, h, q_len, d]
+            if num_cached == 0:
+                ki = k[q_start : q_start + q_len].transpose(0, 1).unsqueeze(0)
+                vi = v[q_start : q_start + q_len].transpose(0, 1).unsqueeze(0)
+                o = F.scaled_dot_product_attention(qi, ki, vi, is_causal=True, scale=self.scale, enable_gqa=True)
+            else:
+                ctx = num_cached + q_len
+                kv = self.kv_cache[:, table].reshape(2, -1, self.kvh, self.d)[:, :ctx]  # [2, ctx, kvh, d]
+                ki = kv[0].transpose(0, 1).unsqueeze(0)
+                vi = kv[1].transpose(0, 1).unsqueeze(0)
+                qpos = torch.arange(num_cached, ctx, device=q.device)
+                mask = torch.arange(ctx, device=q.device)[None, :] <= qpos[:, None]  # [q_len, ctx]
+                o = F.scaled_dot_product_attention(qi, ki, vi, attn_mask=mask, scale=self.scale, enable_gqa=True)
+            outs.append(o.squeeze(0).transpose(0, 1))  # [q_len, h, d]
+        del bs
+        return torch.cat(outs, 0) if len(outs) > 1 else outs[0]
+
+    def _decode(self, q: torch.Tensor, meta: AttnMetadata) -> torch.Tensor:
+        bt = meta.block_tables
+        assert bt is not None and meta.decode_mask is not None
+        b = bt.shape[0]
+        kv = self.kv_cache[:, bt]  # [2, B, max_blocks, block_size, kvh, d]
+        kv = kv.view(2, b, -1, self.kvh, self.d).transpose(2, 3)  # [2, B, kvh, L, d]
+        qi = q.unsqueeze(2)  # [B, h, 1, d]
+        o = F.scaled_dot_product_attention(
+            qi, kv[0], kv[1], attn_mask=meta.decode_mask, scale=self.scale, enable_gqa=True
+        )
+        return o.squeeze(2)  # [B, h, d]
+
+
+class MLP(nn.Module):
+    def __init__(self, spec: ArchSpec) -> None:
+        super().__init__()
+        self.inter = spec.intermediate_size
+        self.gate_up_proj = nn.Linear(spec.hidden_size, 2 * spec.intermediate_size, bias=spec.mlp_bias)
+        self.down_proj = nn.Linear(spec.intermediate_size, spec.hidden_size, bias=spec.mlp_bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).split(self.inter, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, spec: ArchSpec) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
+        self.self_attn = Attention(spec)
+        self.post_attention_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
+        self.mlp = MLP(spec)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, meta: AttnMetadata) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, meta)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class DecoderLM(nn.Module):
+    def __init__(self, spec: ArchSpec) -> None:
+        super().__init__()
+        self.spec = spec
+        self.embed_tokens = nn.Embedding(spec.vocab_size, spec.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(spec) for _ in range(spec.num_layers))
+        self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
+        self.lm_head = nn.Linear(spec.hidden_size, spec.vocab_size, bias=False)
+        if spec.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+        self.cos_cached: torch.Tensor = torch.empty(0)
+        self.sin_cached: torch.Tensor = torch.empty(0)
+
+    def init_rope(self, inv_freq: torch.Tensor, attention_scaling: float, max_len: int) -> None:
+        """RoPE tables in float32 (as transformers computes them), indexed by absolute position."""
+        device = self.embed_tokens.weight.device
+        t = torch.arange(max_len, dtype=torch.float32)
+        freqs = torch.outer(t, inv_freq.float().cpu())
+        emb = torch.cat((freqs, freqs), dim=-1)
+        self.cos_cached = (emb.cos() * attention_scaling).to(device)
+        self.sin_cached = (emb.sin() * attention_scaling).to(device)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttnMetadata) -> torch.Tensor:
+        """input_ids, positions: [N] -> hidden states [N, hidden] (final norm applied)."""
+        x = self.embed_tokens(input_ids)
+        cos = self.cos_cached[positions].to(x.dtype)
+        sin = self.sin_cached[positions].to(x.dtype)
+        for layer in self.layers:
+            x = layer(x, cos, sin, meta)
+        return self.norm(x)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden).float()

@@ -1,0 +1,47 @@
+"""Shared fixtures: tiny random HF checkpoints saved with save_pretrained (no hub access needed)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def shared_data_dir() -> Path:
+    """../shared/data next to the repository (the real datasets)."""
+    return REPO.parent / "shared" / "data"
+
+
+def make_tiny_checkpoint(path: Path, arch: str = "llama", vocab: int = 97, seed: int = 0, **overrides) -> Path:
+    import torch
+    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config
+
+    common = dict(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                  bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    common.update(overrides)
+    cls = {"llama": LlamaConfig, "qwen2": Qwen2Config, "qwen3": Qwen3Config}[arch]
+    if arch == "qwen3":
+        common.setdefault("head_dim", 16)
+    cfg = cls(**common)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(cfg)
+    # Random init is near-uniform; scale up the output so greedy argmaxes are well separated.
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.mul_(4.0)
+    model.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_ckpts(tmp_path_factory) -> dict[str, Path]:
+    base = tmp_path_factory.mktemp("ckpts")
+    return {
+        "llama": make_tiny_checkpoint(base / "llama", "llama"),
+        "qwen2": make_tiny_checkpoint(base / "qwen2", "qwen2", tie_word_embeddings=True),
+        "qwen3": make_tiny_checkpoint(base / "qwen3", "qwen3"),
+    }
