@@ -1,0 +1,178 @@
+"""Advantage estimators: scored groups of rollouts in, one scalar advantage per rollout out.
+
+The idea: every estimator here is a pure function of a `[G, K]` reward table (G prompts, K samples per
+prompt) and a `[G, K]` validity mask, so it can be tested against the paper's formula on hand-made numbers and
+swapped by name (`ADVANTAGES`). Numpy in gives numpy out, torch in gives torch out (same dtype); the maths is
+done once, in torch, in float64, so both paths give identical numbers.
+
+The mask exists because groups are ragged in practice: an errored rollout (sandbox crash, judge timeout) has no
+real reward and must neither pull the group baseline nor receive a gradient. Masked entries get advantage 0.
+
+Deliberately left out: per-token advantages (GAE, a value model) and reward shaping such as length penalties.
+Those belong to a critic or to the reward function, not here. Advantages are computed before the trainer; the
+trainer only sees the numbers (ARCHITECTURE.md: the trainer is algorithm-blind).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import numpy as np
+import torch
+
+if TYPE_CHECKING:  # pragma: no cover
+    from rollwise.types import RolloutGroup
+
+Array = TypeVar("Array", np.ndarray, torch.Tensor)
+
+
+def _as_torch(rewards: Any, mask: Any | None) -> tuple[torch.Tensor, torch.Tensor, Callable[[torch.Tensor], Any]]:
+    """Validate shapes and convert to float64 torch; return a converter back to the caller's type."""
+    if isinstance(rewards, torch.Tensor):
+        r = rewards.to(torch.float64)
+        out_dtype = rewards.dtype if rewards.is_floating_point() else torch.float32
+
+        def back(x: torch.Tensor) -> Any:
+            return x.to(out_dtype)
+
+    else:
+        arr = np.asarray(rewards)
+        r = torch.from_numpy(arr.astype(np.float64, copy=False))
+        np_dtype = arr.dtype if np.issubdtype(arr.dtype, np.floating) else np.float32
+
+        def back(x: torch.Tensor) -> Any:
+            return x.detach().numpy().astype(np_dtype)
+
+    if r.ndim != 2:
+        raise ValueError(f"rewards must have shape [num_groups, group_size], got shape {tuple(r.shape)}")
+    if mask is None:
+        m = torch.ones_like(r, dtype=torch.bool)
+    else:
+        m = mask.to(device=r.device, dtype=torch.bool) if isinstance(mask, torch.Tensor) else torch.from_numpy(np.asarray(mask, dtype=bool))
+        if tuple(m.shape) != tuple(r.shape):
+            raise ValueError(f"mask shape {tuple(m.shape)} does not match rewards shape {tuple(r.shape)}")
+    # NOTE: masked entries may hold NaN (an errored rollout); zero them so they cannot poison sums or grads.
+    r = torch.where(m, r, torch.zeros_like(r))
+    return r, m, back
+
+
+def _group_stats(r: torch.Tensor, m: torch.Tensor, unbiased: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-group count, mean and std over valid entries. r, m: [G, K] -> each [G, 1]."""
+    mf = m.to(r.dtype)
+    n = mf.sum(dim=1, keepdim=True)  # [G, 1]
+    mean = (r * mf).sum(dim=1, keepdim=True) / n.clamp(min=1)  # [G, 1]
+    denom = (n - 1).clamp(min=1) if unbiased else n.clamp(min=1)
+    var = (((r - mean) * mf) ** 2).sum(dim=1, keepdim=True) / denom  # [G, 1]
+    return n, mean, _safe_sqrt(var)
+
+
+def _safe_sqrt(var: torch.Tensor) -> torch.Tensor:
+    # NOTE: d sqrt(x)/dx is infinite at 0, and zero-variance groups are common (all-correct, all-wrong); keep the
+    # gradient finite (0) there so a caller differentiating through advantages never sees NaN.
+    return torch.where(var > 0, var.clamp(min=1e-300).sqrt(), torch.zeros_like(var))
+
+
+def grpo(rewards: Array, mask: Array | None = None, *, eps: float = 1e-6, unbiased_std: bool = True) -> Array:
+    """GRPO (Shao et al. 2024, DeepSeekMath): A_i = (r_i - mean_group) / (std_group + eps).
+
+    rewards, mask: [G, K] -> advantages [G, K]. `unbiased_std` uses the sample std (n-1), as TRL and verl do;
+    a group with a single valid sample has std 0 and gets advantage 0.
+    """
+    r, m, back = _as_torch(rewards, mask)
+    _, mean, std = _group_stats(r, m, unbiased_std)
+    adv = (r - mean) / (std + eps)  # [G, K]
+    return back(torch.where(m, adv, torch.zeros_like(adv)))
+
+
+def dr_grpo(rewards: Array, mask: Array | None = None) -> Array:
+    """Dr. GRPO (Liu et al. 2025, "Understanding R1-Zero-Like Training"): A_i = r_i - mean_group, no std.
+
+    Dividing by the group std up-weights near-unanimous groups (a question that is almost always right or almost
+    always wrong); Dr. GRPO drops it. rewards, mask: [G, K] -> [G, K].
+    """
+    r, m, back = _as_torch(rewards, mask)
+    _, mean, _ = _group_stats(r, m, True)
+    adv = r - mean  # [G, K]
+    return back(torch.where(m, adv, torch.zeros_like(adv)))
+
+
+def rloo(rewards: Array, mask: Array | None = None) -> Array:
+    """RLOO (Kool et al. 2019; Ahmadian et al. 2024): A_i = r_i - mean_{j != i} r_j over the group.
+
+    Equals n/(n-1) * (r_i - mean_group) for a group of n valid samples; a group of one gets 0 (no baseline).
+    rewards, mask: [G, K] -> [G, K].
+    """
+    r, m, back = _as_torch(rewards, mask)
+    mf = m.to(r.dtype)
+    n = mf.sum(dim=1, keepdim=True)  # [G, 1]
+    total = (r * mf).sum(dim=1, keepdim=True)  # [G, 1]
+    loo_mean = (total - r) / (n - 1).clamp(min=1)  # [G, K]
+    adv = torch.where(n > 1, r - loo_mean, torch.zeros_like(r))
+    return back(torch.where(m, adv, torch.zeros_like(adv)))
+
+
+def reinforce_pp(rewards: Array, mask: Array | None = None, *, baseline: str = "group", eps: float = 1e-6) -> Array:
+    """REINFORCE++ (Hu et al. 2025): subtract a baseline, then normalise by the std over the whole batch.
+
+    baseline="group" is REINFORCE++-baseline (subtract the group mean, suited to several samples per prompt);
+    baseline="batch" subtracts the batch mean (plain REINFORCE++ global normalisation). In both cases the
+    centred values are whitened over all valid entries of the batch: A = (c - mean_batch(c)) / (std_batch(c) + eps),
+    with the unbiased std. Unlike GRPO, one batch-wide scale means a low-variance group is not blown up.
+    rewards, mask: [G, K] -> [G, K].
+    """
+    if baseline not in ("group", "batch"):
+        raise ValueError(f"reinforce_pp baseline must be 'group' or 'batch', got {baseline!r}")
+    r, m, back = _as_torch(rewards, mask)
+    mf = m.to(r.dtype)
+    if baseline == "group":
+        _, gmean, _ = _group_stats(r, m, True)
+        c = r - gmean  # [G, K]
+    else:
+        c = r
+    n = mf.sum()
+    bmean = (c * mf).sum() / n.clamp(min=1)
+    bvar = (((c - bmean) * mf) ** 2).sum() / (n - 1).clamp(min=1)
+    adv = (c - bmean) / (_safe_sqrt(bvar) + eps)  # [G, K]
+    return back(torch.where(m, adv, torch.zeros_like(adv)))
+
+
+ADVANTAGES: dict[str, Callable[..., Any]] = {
+    "grpo": grpo,
+    "dr_grpo": dr_grpo,
+    "rloo": rloo,
+    "reinforce_pp": reinforce_pp,
+}
+"""name -> estimator `(rewards [G, K], mask [G, K] | None, **kwargs) -> advantages [G, K]`."""
+
+
+def group_table(groups: Sequence[RolloutGroup]) -> tuple[np.ndarray, np.ndarray]:
+    """Lay ragged groups out as a `[G, K_max]` float64 reward table and a bool validity mask.
+
+    A rollout is valid when it has a reward and is not errored/aborted; filtered and truncated rollouts keep
+    their reward (truncation is a property of the sample, not a missing score).
+    """
+    k_max = max((len(g.rollouts) for g in groups), default=0)
+    rewards = np.zeros((len(groups), k_max), dtype=np.float64)  # [G, K_max]
+    mask = np.zeros((len(groups), k_max), dtype=bool)  # [G, K_max]
+    for gi, g in enumerate(groups):
+        for ki, ro in enumerate(g.rollouts):
+            if ro.reward is not None and ro.status not in ("errored", "aborted"):
+                rewards[gi, ki] = float(ro.reward)
+                mask[gi, ki] = True
+    return rewards, mask
+
+
+def assign_advantages(groups: Sequence[RolloutGroup], name: str, **kwargs: Any) -> np.ndarray:
+    """Compute advantages with estimator `name` and write them into each `Rollout.advantage` (invalid: 0.0).
+
+    Returns the `[G, K_max]` advantage table. Errors name the unknown estimator and the known ones.
+    """
+    if name not in ADVANTAGES:
+        raise ValueError(f"unknown advantage estimator {name!r}; known: {', '.join(sorted(ADVANTAGES))}")
+    rewards, mask = group_table(groups)
+    adv = ADVANTAGES[name](rewards, mask, **kwargs)  # [G, K_max]
+    for gi, g in enumerate(groups):
+        for ki, ro in enumerate(g.rollouts):
+            ro.advantage = float(adv[gi, ki]) if mask[gi, ki] else 0.0
+    return adv
