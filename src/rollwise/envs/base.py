@@ -1,0 +1,76 @@
+"""What an environment is: typed task records, a loader, and scoring; multi-turn ones also run episodes.
+
+An environment turns data into `Task`s and says what a completion is worth (`rollwise.types.Score`).
+Single-turn environments stop there. Multi-turn environments add a tiny episode protocol: `reset(task)`
+gives the opening state, `step(state, completion_text)` answers with the next observation text, or None
+when the episode is over; the runner (`envs.multiturn.run_episodes`) owns tokens, masks and limits, so an
+environment never sees token ids and never re-tokenizes a conversation.
+
+Deliberately left out: async environments and batched scoring inside the protocol (concurrency lives in
+`rewards.concurrent.score_many`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+from rollwise.types import Score
+
+
+@dataclass
+class Task:
+    """One problem: what the policy sees (`prompt`), what scoring needs (`answer`, `metadata`)."""
+
+    id: str
+    prompt: str
+    answer: Any
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+@runtime_checkable
+class Environment(Protocol):
+    """A single-turn environment: load tasks, score one completion."""
+
+    name: str
+
+    def load(self, split: str = "train", n: int | None = None, seed: int = 0) -> list[Task]: ...
+
+    def score(self, task: Task, completion: str) -> Score: ...
+
+
+@dataclass
+class EpisodeState:
+    """Where a multi-turn episode is. Environments keep their own data in `data`; `done` ends it."""
+
+    task: Task
+    turn: int = 0
+    transcript: list[tuple[str, str]] = field(default_factory=list)
+    """(role, text) pairs: ("policy", completion) and ("env", observation), in order."""
+    done: bool = False
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+@runtime_checkable
+class MultiTurnEnvironment(Environment, Protocol):
+    """An environment whose episodes alternate policy turns and environment observations.
+
+    `step` gets the policy's latest completion text and returns the observation to append (the runner
+    tokenizes exactly that text and appends it), or None when the episode is over. `score` sees the
+    whole policy side of the conversation joined by newlines, or the environment reads `state` kept in
+    the task's last episode through `score_episode`.
+    """
+
+    def reset(self, task: Task) -> EpisodeState: ...
+
+    def step(self, state: EpisodeState, completion: str) -> str | None: ...
+
+    def score_episode(self, state: EpisodeState) -> Score: ...
+
+
+def split_of(key: str, test_fraction: float) -> str:
+    """Deterministic train/test assignment by hashing a problem's canonical text (disjoint by construction)."""
+    import hashlib
+
+    h = int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big") / 2**64
+    return "test" if h < test_fraction else "train"

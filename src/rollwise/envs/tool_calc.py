@@ -1,0 +1,114 @@
+"""tool_calc: multi-turn tool use. The policy calls a calculator (or, optionally, Python in the sandbox).
+
+Call format (documented for prompts and parsers alike):
+    <calc>EXPRESSION</calc>      -> observation "<result>VALUE</result>\\n" (or "<error>REASON</error>\\n")
+    <python>CODE</python>        -> observation "<result>STDOUT</result>\\n" (only with `python_tool=True`)
+    <answer>N</answer>           -> the episode ends; scored against the task's answer
+A turn with no call and no answer also ends the episode. Tasks are multi-step integer arithmetic problems
+("What is 347 * 29 + 1234?") generated deterministically from the seed, with hashed train/test splits.
+The runner (`envs.multiturn`) stops each policy turn at a closing tag via `stop` below.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from dataclasses import dataclass
+
+from rollwise.envs.base import EpisodeState, Task, split_of
+from rollwise.envs.calc import CalcError, evaluate, format_number
+from rollwise.rewards.math import extract_answer, math_equal
+from rollwise.types import Score
+
+_CALL = re.compile(r"<(calc|python)>(.*?)(?:</\1>|$)", re.DOTALL)
+_ANSWER = re.compile(r"<answer>(.*?)(?:</answer>|$)", re.DOTALL)
+MAX_OBSERVATION_CHARS = 400
+
+
+@dataclass
+class ToolCalcEnv:
+    """Arithmetic word problems that are easy with a calculator and hard without one."""
+
+    terms: int = 3
+    digits: int = 3
+    python_tool: bool = False
+    test_fraction: float = 0.1
+    name: str = "tool_calc"
+    stop: tuple[str, ...] = ("</calc>", "</python>", "</answer>")
+
+    def load(self, split: str = "train", n: int | None = None, seed: int = 0) -> list[Task]:
+        if split not in ("train", "test"):
+            raise ValueError(f"tool_calc has splits 'train' and 'test', got {split!r}")
+        want = 500 if n is None else n
+        rng = random.Random(f"tool_calc/{seed}/{split}")
+        tasks, seen = [], set()
+        for _ in range(100 * want + 100):
+            if len(tasks) >= want:
+                break
+            hi = 10**self.digits - 1
+            nums = [rng.randint(2, hi) for _ in range(self.terms)]
+            ops = [rng.choice("+-*") for _ in range(self.terms - 1)]
+            expr = " ".join(f"{a} {o}" for a, o in zip(nums, ops)) + f" {nums[-1]}"
+            if expr in seen or split_of(expr, self.test_fraction) != split:
+                continue
+            seen.add(expr)
+            value, _ = evaluate(expr)
+            tools = "<calc>EXPR</calc>" + (" or <python>CODE</python>" if self.python_tool else "")
+            prompt = f"What is {expr}? You may call {tools}. Give the final answer as <answer>N</answer>.\n"
+            tasks.append(Task(id=f"tool_calc/{expr}", prompt=prompt, answer=int(value), metadata={"expr": expr}))
+        return tasks
+
+    # -- episode protocol -------------------------------------------------------------------------------
+    def reset(self, task: Task) -> EpisodeState:
+        return EpisodeState(task=task, data={"calls": 0, "answer": None})
+
+    def step(self, state: EpisodeState, completion: str) -> str | None:
+        """The observation for the policy's turn, or None when it answered or made no call."""
+        state.transcript.append(("policy", completion))
+        state.turn += 1
+        ans = _ANSWER.findall(completion)
+        if ans:
+            state.data["answer"] = ans[-1].strip()
+            state.done = True
+            return None
+        calls = _CALL.findall(completion)
+        if not calls:
+            state.done = True
+            return None
+        kind, body = calls[-1]
+        state.data["calls"] += 1
+        obs = self._run_tool(kind, body)
+        state.transcript.append(("env", obs))
+        return obs
+
+    def _run_tool(self, kind: str, body: str) -> str:
+        if kind == "calc":
+            try:
+                value, _ = evaluate(body)
+            except CalcError as e:
+                return f"<error>{e}</error>\n"
+            return f"<result>{format_number(value)}</result>\n"
+        if not self.python_tool:
+            return "<error>python tool is not enabled</error>\n"
+        from rollwise.sandbox import SandboxLimits, default_sandbox
+
+        res = default_sandbox().run_python(body, limits=SandboxLimits(wall_s=5.0, output_bytes=16 << 10))
+        if res.timed_out:
+            return "<error>timed out</error>\n"
+        out = (res.stdout if res.exit_code == 0 else (res.stderr.strip().splitlines() or ["error"])[-1])
+        tag = "result" if res.exit_code == 0 else "error"
+        return f"<{tag}>{out.strip()[:MAX_OBSERVATION_CHARS]}</{tag}>\n"
+
+    def score_episode(self, state: EpisodeState) -> Score:
+        """1.0 for the right answer; parts keep how many tool calls were made."""
+        calls = float(state.data.get("calls", 0))
+        given = state.data.get("answer")
+        ok = given is not None and math_equal(given, str(state.task.answer))
+        return Score(float(ok), parts={"correct": float(ok), "tool_calls": calls}, info={"answer": given})
+
+    def score(self, task: Task, completion: str) -> Score:
+        """Single-string form: the answer tag if present, else the final answer found in the text."""
+        ans = _ANSWER.findall(completion)
+        given = ans[-1].strip() if ans else extract_answer(completion)
+        ok = given is not None and math_equal(given, str(task.answer))
+        return Score(float(ok), parts={"correct": float(ok)}, info={"answer": given})

@@ -1,0 +1,45 @@
+"""Reward functions: `fn(task, completion) -> Score | float`, the same shape as `Environment.score`.
+
+`call_reward` is the one place where a reward function's failure becomes data: an exception turns into
+`Score(value=0.0, error="<Type>: <message>")` so an errored rollout is never mistaken for a real zero.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Union
+
+from rollwise.envs.base import Task
+from rollwise.types import Score
+
+RewardFn = Callable[[Task, str], Union[Score, float, int, bool]]
+
+
+def as_score(value: Any, where: str = "reward function") -> Score:
+    """Accept a Score, a number or a bool; anything else (or NaN) is an errored score naming what came back."""
+    if isinstance(value, Score):
+        if isinstance(value.value, (int, float)) and not math.isnan(value.value):
+            return value
+        return Score(0.0, parts=value.parts, error=f"{where} returned a Score with value {value.value!r}", info=value.info)
+    if isinstance(value, bool):
+        return Score(float(value))
+    if isinstance(value, (int, float)):
+        if math.isnan(value) or math.isinf(value):
+            return Score(0.0, error=f"{where} returned {value!r}")
+        return Score(float(value))
+    return Score(0.0, error=f"{where} returned {type(value).__name__} ({value!r:.80}), expected a Score or a number")
+
+
+def describe(exc: BaseException) -> str:
+    msg = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return f"{type(exc).__name__}: {msg}" if msg else type(exc).__name__
+
+
+def call_reward(fn: Any, task: Task, completion: str) -> Score:
+    """Score one completion with an environment (`.score`) or a reward function; never raises."""
+    scorer = fn.score if hasattr(fn, "score") else fn
+    name = getattr(fn, "name", None) or getattr(scorer, "__name__", type(fn).__name__)
+    try:
+        return as_score(scorer(task, completion), where=str(name))
+    except Exception as e:  # noqa: BLE001 - turning failures into data is this function's job
+        return Score(0.0, error=describe(e))

@@ -1,0 +1,57 @@
+"""LLM judge: ask a model to grade a completion through any engine with `generate(prompts, SamplingParams)`.
+
+The judge fills a prompt template, generates once (greedy by default), and reads a score from the reply
+with a regex; a reply without a readable score is an errored Score naming what came back, not a zero.
+
+Deliberately left out: pairwise comparison and multi-sample voting (compose several judges instead).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from rollwise.envs.base import Task
+from rollwise.types import SamplingParams, Score
+
+DEFAULT_TEMPLATE = (
+    "Grade the answer to the question on a scale from 0 to {max_score}.\n"
+    "Question: {prompt}\nReference answer: {answer}\nAnswer: {completion}\n"
+    "Reply with 'Score: N'.\nScore:"
+)
+
+
+@dataclass
+class LLMJudge:
+    """Reward function backed by a model. `tokenizer` (encode/decode) is needed for token-in engines."""
+
+    engine: Any
+    tokenizer: Any = None
+    template: str = DEFAULT_TEMPLATE
+    max_score: float = 10.0
+    score_pattern: str = r"(?:score\s*[:=]?\s*)?(-?\d+(?:\.\d+)?)"
+    sampling: SamplingParams = field(default_factory=lambda: SamplingParams(temperature=0.0, max_tokens=16))
+    name: str = "judge"
+
+    def __post_init__(self) -> None:
+        if not hasattr(self.engine, "generate"):
+            raise TypeError(f"LLMJudge.engine must have a generate(prompts, SamplingParams) method, got {type(self.engine).__name__}")
+        if self.max_score <= 0:
+            raise ValueError(f"LLMJudge.max_score must be positive, got {self.max_score}")
+        self._rx = re.compile(self.score_pattern, re.IGNORECASE)
+
+    def build_prompt(self, task: Task, completion: str) -> str:
+        return self.template.format(prompt=task.prompt, answer=task.answer, completion=completion, max_score=self.max_score)
+
+    def __call__(self, task: Task, completion: str) -> Score:
+        text = self.build_prompt(task, completion)
+        prompt: Any = self.tokenizer.encode(text) if self.tokenizer is not None else text
+        out = self.engine.generate([prompt], self.sampling)[0].outputs[0]
+        reply = out.text or (self.tokenizer.decode(out.token_ids) if self.tokenizer is not None else "")
+        m = self._rx.search(reply)
+        if m is None:
+            return Score(0.0, error=f"judge reply has no score: {reply[:120]!r}", info={"reply": reply})
+        raw = float(m.group(1))
+        value = min(max(raw / self.max_score, 0.0), 1.0)
+        return Score(value, parts={self.name: value}, info={"reply": reply, "raw_score": raw})

@@ -1,0 +1,154 @@
+"""Math verifier: pull the final answer out of free text, then decide equivalence with the gold answer.
+
+Extraction tries, in order, the conventions models are trained on: `#### N` (GSM8K), `\\boxed{...}`,
+"The answer is ..." / a final "A: ..." line, and at last the last number in the text. Equivalence is
+numeric first (commas, currency and unit words, trailing zeros, percents, fractions `3/4` and `\\frac`
+all normalise to an exact `Fraction`), and falls back to math-verify (sympy) for symbolic answers.
+
+Deliberately left out: multiple-choice letter answers and set/interval answers beyond what math-verify
+does by itself.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from decimal import Decimal, InvalidOperation
+from fractions import Fraction
+
+from rollwise.envs.base import Task
+from rollwise.types import Score
+
+_HASHES = re.compile(r"####\s*([^\n]*)")
+_ANSWER_IS = re.compile(r"answer\s*(?:is|:|=)\s*:?\s*([^\n]*)", re.IGNORECASE)
+_A_LINE = re.compile(r"^\s*A:\s*([^\n]+)", re.MULTILINE)
+_NUMBER = re.compile(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?|-?\d+(?:\.\d+)?(?:\s*/\s*\d+)?|-?\.\d+")
+_FRAC = re.compile(r"\\[dt]?frac\s*\{\s*(-?[\d.]+)\s*\}\s*\{\s*(-?[\d.]+)\s*\}")
+_BOXED = ("\\boxed", "\\fbox")
+
+
+def _last_boxed(text: str) -> str | None:
+    """Content of the last `\\boxed{...}` with balanced braces (or `\\boxed N`), None if absent."""
+    start = max(text.rfind(tag) for tag in _BOXED)
+    if start < 0:
+        return None
+    i = text.find("{", start)
+    gap = text[start:i] if i >= 0 else ""
+    if i < 0 or not re.fullmatch(r"\\(?:boxed|fbox)\s*", gap):
+        m = re.match(r"\\(?:boxed|fbox)\s+([^\s$]+)", text[start:])
+        return m.group(1) if m else None
+    depth = 0
+    for j in range(i, len(text)):
+        if text[j] == "{":
+            depth += 1
+        elif text[j] == "}":
+            depth -= 1
+            if depth == 0:
+                return text[i + 1 : j]
+    return None
+
+
+def _clean_tail(s: str) -> str:
+    s = s.strip()
+    s = re.sub(r"[.\s]+$", "", s)  # sentence-final period
+    return s.strip().strip("*").strip()
+
+
+def extract_answer(text: str) -> str | None:
+    """The final answer as written in `text`, or None when there is none. Never raises on any str."""
+    if not isinstance(text, str) or not text.strip():
+        return None
+    m = _HASHES.findall(text)
+    if m and _clean_tail(m[-1]):
+        return _clean_tail(m[-1])
+    boxed = _last_boxed(text)
+    if boxed is not None and boxed.strip():
+        return boxed.strip()
+    for pattern in (_ANSWER_IS, _A_LINE):
+        hits = [h for h in pattern.findall(text) if _clean_tail(h)]
+        if hits:
+            tail = _clean_tail(hits[-1])
+            # "The answer is 42 apples" -> "42"; "The answer is x^2+1" stays symbolic.
+            if re.search(r"[a-zA-Z]\s*[\^*/+]|\\", tail):
+                return tail
+            num = _NUMBER.search(tail.replace("$", " "))
+            if num is None:
+                return tail
+            return num.group(0) + ("%" if tail[num.end() :].lstrip().startswith("%") else "")
+    nums = _NUMBER.findall(text)
+    return nums[-1] if nums else None
+
+
+def to_number(s: str) -> Fraction | None:
+    """Exact value of a numeric answer string ("1,000", "$18.00", "3/4", "\\frac{1}{2}", "50%"), else None."""
+    if not isinstance(s, str):
+        return None
+    t = s.strip().replace("\\$", "").replace("$", "").replace("\\!", "").replace("{,}", ",").replace("\\,", "")
+    t = _FRAC.sub(lambda m: f"{m.group(1)}/{m.group(2)}", t)
+    t = re.sub(r"\\(?:text|mathrm|textbf)\s*\{[^}]*\}", " ", t)  # \text{ dollars}
+    t = t.replace("\\%", "").replace("%", "")  # a percent keeps its written value: "50%" == "50"
+    m = _NUMBER.search(t)
+    if not m:
+        return None
+    # Reject strings where the number is only part of a symbolic expression ("2x+1", "3^2", "sqrt(2)").
+    rest = (t[: m.start()] + " " + t[m.end() :]).strip()
+    if re.search(r"[\^*+=()\\]|(?<![a-zA-Z])[a-zA-Z](?![a-zA-Z])|sqrt|pi", rest):
+        return None
+    num = m.group(0).replace(",", "").replace(" ", "")
+    try:
+        if "/" in num:
+            a, b = num.split("/")
+            if Decimal(b) == 0:
+                return None
+            val = Fraction(Decimal(a)) / Fraction(Decimal(b))
+        else:
+            val = Fraction(Decimal(num))
+    except (InvalidOperation, ValueError, ZeroDivisionError):
+        return None
+    return val
+
+
+def _math_verify_equal(pred: str, gold: str) -> bool:
+    from math_verify import parse, verify
+
+    # NOTE: math-verify's timeouts use SIGALRM, which only the main thread may set; elsewhere the caller's
+    # own per-call timeout (score_many) bounds it instead.
+    main = threading.current_thread() is threading.main_thread()
+    kw = {} if main else {"parsing_timeout": None}
+    g = parse(f"${gold}$", **kw)  # type: ignore[arg-type]
+    p = parse(f"${pred}$", **kw)  # type: ignore[arg-type]
+    if not g or not p:
+        return False
+    return bool(verify(g, p, **({} if main else {"timeout_seconds": None})))
+
+
+def math_equal(pred: str | None, gold: str, rel_tol: float = 1e-6) -> bool:
+    """Whether two answer strings denote the same value: exact numbers first, math-verify otherwise."""
+    if pred is None:
+        return False
+    a, b = to_number(pred), to_number(gold)
+    if a is not None and b is not None:
+        return a == b or abs(a - b) <= rel_tol * max(1, abs(b))
+    if a is None and b is None and pred.strip() == gold.strip():
+        return True
+    return _math_verify_equal(pred, gold)
+
+
+def gold_of(answer: object) -> str:
+    """The gold answer string: a GSM8K solution's `#### N` part, else the answer itself."""
+    s = str(answer)
+    m = _HASHES.findall(s)
+    return _clean_tail(m[-1]) if m else s.strip()
+
+
+def verify_math(completion: str, answer: object) -> Score:
+    """1.0 when the completion's final answer equals the gold one; info keeps both for audit."""
+    gold = gold_of(answer)
+    pred = extract_answer(completion)
+    ok = math_equal(pred, gold)
+    return Score(float(ok), parts={"correct": float(ok)}, info={"extracted": pred, "gold": gold})
+
+
+def math_reward(task: Task, completion: str) -> Score:
+    """Reward function form of `verify_math` (gold from `task.answer`)."""
+    return verify_math(completion, task.answer)
