@@ -1,0 +1,539 @@
+"""The run config: YAML in, typed and validated sections out, before any work starts.
+
+One small pydantic model per component (`model`, `engine`, `env`, `rollout`, `algo`, `train`, `run`,
+`warmup`), each field with a docstring; components are handed their own section, never the whole `RunConfig`.
+Every model forbids unknown keys, so a typo fails at load time instead of being silently ignored an hour into a
+run. Errors are one line and name the full dotted key plus the closest valid one:
+
+    unknown config key 'train.lr_rate' (did you mean 'train.lr'?)
+    bad value for config key 'rollout.temperature': Input should be greater than or equal to 0 (got -1)
+
+`load_config(None, overrides)` starts from the embedded default (`rollwise/configs/default.yaml`, the built-in
+tiny-model recipe); `load_config(path, overrides)` reads the user's YAML alone, with field defaults filling what
+it leaves out. Overrides are `a.b=c` strings whose value is parsed as a YAML scalar (`1e-4`, `true`, `null`,
+`[1, 2]`).
+
+Deliberately no torch import here: the CLI parses and validates the config before any heavy import, and
+registered names (advantages, losses) are spelled as Literals, kept in sync with the registries by a test.
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+import hashlib
+import json
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal, get_args, get_origin
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+__all__ = [
+    "ConfigError",
+    "ModelConfig",
+    "BuiltinModelConfig",
+    "EngineConfig",
+    "EnvConfig",
+    "RolloutConfig",
+    "AlgoConfig",
+    "LoraConfig",
+    "TrainConfig",
+    "RunOptions",
+    "WarmupConfig",
+    "RunConfig",
+    "load_config",
+    "dump_config",
+    "config_hash",
+    "default_config_path",
+    "valid_keys",
+]
+
+
+class ConfigError(ValueError):
+    """A bad config file, key or value. The message is one line and names the dotted key."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_assignment=True, frozen=False)
+
+
+class BuiltinModelConfig(_Section):
+    """Shape of the built-in tiny Llama-style model (used when `model.path` is 'builtin:tiny')."""
+
+    hidden_size: int = Field(128, ge=8)
+    """Width of the residual stream."""
+    num_layers: int = Field(3, ge=1)
+    """Decoder layers."""
+    num_heads: int = Field(4, ge=1)
+    """Attention heads; must divide hidden_size."""
+    num_kv_heads: int = Field(4, ge=1)
+    """Key/value heads (grouped-query attention when < num_heads); must divide num_heads."""
+    intermediate_size: int = Field(512, ge=1)
+    """Width of the MLP."""
+    max_position_embeddings: int = Field(256, ge=16)
+    """Longest prompt + completion the model supports."""
+
+    @model_validator(mode="after")
+    def _heads_divide(self) -> BuiltinModelConfig:
+        if self.hidden_size % self.num_heads:
+            raise ValueError(f"num_heads ({self.num_heads}) must divide hidden_size ({self.hidden_size})")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"num_kv_heads ({self.num_kv_heads}) must divide num_heads ({self.num_heads})")
+        return self
+
+
+class ModelConfig(_Section):
+    """The policy model."""
+
+    path: str = "builtin:tiny"
+    """An HF causal-LM checkpoint directory, or 'builtin:tiny' for the built-in model trained from scratch."""
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """Engine weights dtype. The trainer keeps float32 master weights and uses bf16 autocast on CUDA (train.bf16)."""
+    device: str = "auto"
+    """'auto' (CUDA when available, else CPU), 'cpu', 'cuda' or 'cuda:N'."""
+    tokenizer: str | None = None
+    """Tokenizer directory when it is not next to the weights."""
+    builtin: BuiltinModelConfig = Field(default_factory=BuiltinModelConfig)
+    """Shape of the built-in model; ignored for a checkpoint path."""
+
+    @field_validator("device")
+    @classmethod
+    def _device(cls, v: str) -> str:
+        if v in ("auto", "cpu", "cuda") or (v.startswith("cuda:") and v[5:].isdigit()):
+            return v
+        raise ValueError(f"device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {v!r}")
+
+    @field_validator("path")
+    @classmethod
+    def _path(cls, v: str) -> str:
+        if v.startswith("builtin:") and v != "builtin:tiny":
+            raise ValueError(f"unknown built-in model {v!r}; the built-in model is 'builtin:tiny'")
+        return v
+
+
+class EngineConfig(_Section):
+    """Generation engine sizing; field names match `rollwise.engine.core.EngineConfig`."""
+
+    max_num_seqs: int = Field(256, ge=1)
+    """Most sequences decoded together in one forward pass."""
+    max_num_batched_tokens: int = Field(8192, ge=16)
+    """Token budget of one prefill step."""
+    max_model_len: int | None = Field(None, ge=1)
+    """Longest prompt + output; None = the model's limit (at most 4096)."""
+    block_size: int = Field(16, ge=1)
+    """Tokens per KV-cache block (the unit of prefix sharing)."""
+    num_kv_blocks: int | None = Field(None, ge=1)
+    """KV-cache blocks; None = enough for max_num_seqs full-length sequences, capped by kv_cache_gb."""
+    kv_cache_gb: float = Field(1.0, gt=0)
+    """Memory cap for the KV cache when num_kv_blocks is None."""
+    enable_prefix_caching: bool = True
+    """Share KV blocks between samples of one prompt (and repeated prefixes)."""
+
+
+class EnvConfig(_Section):
+    """The task environment."""
+
+    name: str = "arithmetic"
+    """Registered environment name (see `rollwise.envs`)."""
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+    """Keyword arguments for the environment's constructor (free-form, validated by the environment)."""
+    train_size: int | None = Field(None, ge=1)
+    """Training problems to load; None = all the environment offers."""
+    eval_size: int = Field(200, ge=1)
+    """Held-out problems to load for evaluation."""
+    module: str | None = None
+    """A user module (import name or path to a .py file) imported first, so it can register its own env."""
+
+
+class RolloutConfig(_Section):
+    """What to sample each RL step."""
+
+    prompts_per_step: int = Field(16, ge=1)
+    """Prompts (groups) per RL step."""
+    samples_per_prompt: int = Field(8, ge=1)
+    """Samples per prompt (the group size for GRPO-style advantages)."""
+    max_tokens: int = Field(16, ge=1)
+    """Most generated tokens per sample (also Dr. GRPO's constant normaliser unless algo.max_length is set)."""
+    temperature: float = Field(1.0, ge=0)
+    """Sampling temperature; the trainer divides its logits by the same value. 0 = greedy (not for RL)."""
+    top_p: float = Field(1.0, gt=0, le=1)
+    """Nucleus sampling threshold; 1 = off."""
+    top_k: int = Field(-1, ge=-1)
+    """Top-k sampling; -1 = off."""
+
+
+AdvantageName = Literal["grpo", "dr_grpo", "rloo", "reinforce_pp"]
+LossName = Literal["ppo", "grpo", "dr_grpo", "dapo", "gspo"]
+
+
+class AlgoConfig(_Section):
+    """The RL algorithm: which advantage estimator, which loss, and their knobs."""
+
+    advantage: AdvantageName = "grpo"
+    """Advantage estimator (`rollwise.train.advantages.ADVANTAGES`)."""
+    loss: LossName = "grpo"
+    """Policy loss (`rollwise.train.losses.LOSSES`)."""
+    adv_eps: float = Field(1e-6, gt=0)
+    """Added to the std in GRPO / REINFORCE++ normalisation."""
+    clip_eps_low: float = Field(0.2, ge=0)
+    """Lower clip of the importance ratio: 1 - clip_eps_low."""
+    clip_eps_high: float | None = Field(None, ge=0)
+    """Upper clip: 1 + clip_eps_high. None = clip_eps_low (0.28 for the dapo loss: clip-higher)."""
+    kl_coef: float = Field(0.0, ge=0)
+    """Weight of the KL penalty to the initial (reference) model; 0 = off and no reference model is kept."""
+    kl_estimator: Literal["k1", "k3"] = "k3"
+    """KL estimator: 'k1' (log-ratio) or 'k3' (non-negative, lower variance)."""
+    tis_cap: float | None = Field(None, gt=0)
+    """Truncated importance sampling cap C on pi_trainer / pi_engine; None = off."""
+    decoupled: bool = False
+    """Decoupled PPO: clip against the trainer's proximal log-probs, weight by proximal / behaviour."""
+    max_length: int | None = Field(None, ge=1)
+    """Dr. GRPO's constant length normaliser; None = rollout.max_tokens."""
+    skip_zero_variance: bool = True
+    """Drop groups whose rewards are all equal (they carry no GRPO signal) from the train batch."""
+
+
+class LoraConfig(_Section):
+    """LoRA adapters through peft (optional dependency: pip install 'rollwise[lora]')."""
+
+    enabled: bool = False
+    """Train LoRA adapters instead of all weights."""
+    r: int = Field(8, ge=1)
+    """Adapter rank."""
+    alpha: float = Field(16.0, gt=0)
+    """Scaling numerator (the update is scaled by alpha / r)."""
+    dropout: float = Field(0.0, ge=0, lt=1)
+    """Dropout on the adapter input."""
+    target_modules: list[str] = Field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
+    """Module names to adapt."""
+
+
+class TrainConfig(_Section):
+    """The optimiser and the training forward/backward."""
+
+    lr: float = Field(1e-4, gt=0)
+    """Peak AdamW learning rate. 1e-4 is stable for tiny models; 1e-3 wrecks a trained one (FINDINGS.md)."""
+    weight_decay: float = Field(0.0, ge=0)
+    """AdamW decoupled weight decay."""
+    betas: tuple[float, float] = (0.9, 0.999)
+    """AdamW betas."""
+    adam_eps: float = Field(1e-8, gt=0)
+    """AdamW epsilon."""
+    schedule: Literal["constant", "linear", "cosine"] = "constant"
+    """LR schedule after warm-up: constant, linear decay or cosine decay to min_lr_ratio * lr at `steps`."""
+    warmup_steps: int = Field(0, ge=0)
+    """Linear LR warm-up from 0 over this many optimiser steps."""
+    min_lr_ratio: float = Field(0.0, ge=0, le=1)
+    """Final LR as a fraction of lr for the linear and cosine schedules."""
+    grad_clip: float | None = Field(1.0, gt=0)
+    """Clip the global gradient norm to this; None = no clipping (the norm is still reported)."""
+    micro_batch_tokens: int = Field(4096, ge=8)
+    """Token cap of one packed micro-batch (one forward/backward); gradients accumulate over micro-batches."""
+    updates_per_step: int = Field(1, ge=1)
+    """Optimiser steps per RL step: the batch is split into this many mini-batches (PPO-style; >1 makes the clip
+    matter). Gradient accumulation over the packed micro-batches of a mini-batch is automatic."""
+    steps: int = Field(30, ge=0)
+    """RL steps (one batch of rollouts each)."""
+    seed: int = 0
+    """Seeds python, numpy and torch, the data order and the sampler."""
+    lora: LoraConfig = Field(default_factory=LoraConfig)
+    """LoRA options."""
+    gradient_checkpointing: bool = False
+    """Recompute activations in backward to save memory."""
+    bf16: bool = True
+    """bf16 autocast for the training forward on CUDA (ignored on CPU, where float32 is faster)."""
+
+    @field_validator("betas")
+    @classmethod
+    def _betas(cls, v: tuple[float, float]) -> tuple[float, float]:
+        if not all(0.0 <= b < 1.0 for b in v):
+            raise ValueError(f"betas must be in [0, 1), got {list(v)}")
+        return v
+
+
+class RunOptions(_Section):
+    """Where the run writes and how often it checkpoints and evaluates."""
+
+    out_dir: str = "runs/default"
+    """Run directory: config.yaml, metrics.jsonl, summary.json, rollouts/, checkpoints/, report.html."""
+    backend: Literal["local", "ray"] = "local"
+    """'local' runs everything in this process; 'ray' places engine and trainer workers with Ray."""
+    checkpoint_every: int = Field(0, ge=0)
+    """Save a checkpoint every N RL steps (and at the end); 0 = only at the end."""
+    keep_checkpoints: int | None = Field(None, ge=1)
+    """Keep only the newest N checkpoints; None = keep all."""
+    eval_every: int = Field(0, ge=0)
+    """Evaluate on held-out problems every N RL steps (and before and after training); 0 = before and after only."""
+    eval_size: int | None = Field(None, ge=1)
+    """Held-out problems per evaluation; None = env.eval_size."""
+    tensorboard: bool = True
+    """Also log metrics to TensorBoard when `tensorboard` is installed."""
+    resume: bool = False
+    """Continue from the latest complete checkpoint in out_dir."""
+
+
+class WarmupConfig(_Section):
+    """Supervised warm-up of the built-in model before RL (a random model gets reward 0 and cannot learn)."""
+
+    enabled: bool = True
+    """Run the warm-up phase (only for model.path 'builtin:tiny')."""
+    steps: int | None = Field(None, ge=1)
+    """Stop after this many optimiser steps; None = stop by time only."""
+    seconds: float = Field(90.0, gt=0)
+    """Wall-clock budget of the warm-up phase."""
+    lr: float = Field(1e-3, gt=0)
+    """AdamW learning rate of the warm-up."""
+    batch_size: int = Field(64, ge=1)
+    """Demonstrations per step."""
+    noise_fraction: float = Field(0.6, ge=0, le=1)
+    """Fraction of demonstrations whose answer is corrupted, so the model imitates noisy data and RL has room."""
+    cache: bool = True
+    """Reuse a warmed-up model cached under cache_dir, keyed by the model and warm-up config."""
+    cache_dir: str | None = None
+    """Where warmed-up models are cached; None = ~/.cache/rollwise/warmup."""
+
+
+class RunConfig(BaseModel):
+    """The whole run config: one section per component."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_assignment=True)
+
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    """The policy model."""
+    engine: EngineConfig = Field(default_factory=EngineConfig)
+    """The generation engine."""
+    env: EnvConfig = Field(default_factory=EnvConfig)
+    """The task environment."""
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    """Sampling per RL step."""
+    algo: AlgoConfig = Field(default_factory=AlgoConfig)
+    """Advantages and loss."""
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    """Optimiser and training forward."""
+    run: RunOptions = Field(default_factory=RunOptions)
+    """Run directory, checkpoints, evaluation."""
+    warmup: WarmupConfig = Field(default_factory=WarmupConfig)
+    """Supervised warm-up of the built-in model."""
+
+
+# ------------------------------------------------------------------------------------------------- loading
+
+
+def default_config_path() -> Path:
+    """Path of the embedded default config shipped in the package."""
+    return Path(str(resources.files("rollwise") / "configs" / "default.yaml"))
+
+
+def _is_model(tp: Any) -> bool:
+    return isinstance(tp, type) and issubclass(tp, BaseModel)
+
+
+def _unwrap_model(tp: Any) -> type[BaseModel] | None:
+    """The BaseModel inside `tp` (or `tp | None`), else None."""
+    if _is_model(tp):
+        return tp
+    for arg in get_args(tp):
+        if _is_model(arg):
+            return arg
+    return None
+
+
+def valid_keys(model: type[BaseModel] = RunConfig, prefix: str = "") -> list[str]:
+    """Every dotted key of the config (sections and leaves), e.g. 'train', 'train.lr', 'train.lora.r'."""
+    keys: list[str] = []
+    for name, field in model.model_fields.items():
+        key = f"{prefix}{name}"
+        keys.append(key)
+        sub = _unwrap_model(field.annotation)
+        if sub is not None:
+            keys.extend(valid_keys(sub, key + "."))
+    return keys
+
+
+def _suggest(parts: list[str], i: int, siblings: list[str], all_keys: list[str]) -> str:
+    """' (did you mean 'x'?)' for `parts` whose component i is unknown among `siblings`, or ''."""
+    bad = parts[i]
+
+    def fix(name: str) -> str:
+        return " (did you mean '" + ".".join(parts[:i] + [name] + parts[i + 1:]) + "'?)"
+
+    # 1. A truncated or extended name ('lr_rate' for 'lr', 'out' for 'out_dir'): difflib scores these low.
+    pref = sorted((s for s in siblings if bad.startswith(s) or s.startswith(bad)), key=len, reverse=True)
+    if pref:
+        return fix(pref[0])
+    # 2. A key that exists in another section ('rollout.lr' or top-level 'lr' for 'train.lr').
+    if i == len(parts) - 1:
+        elsewhere = [k for k in all_keys if k.rsplit(".", 1)[-1] == bad]
+        if elsewhere:
+            return f" (did you mean '{elsewhere[0]}'?)"
+    # 3. A typo.
+    near = difflib.get_close_matches(bad, siblings, n=1, cutoff=0.5)
+    if near:
+        return fix(near[0])
+    by_leaf: dict[str, str] = {}
+    for k in all_keys:
+        by_leaf.setdefault(k.rsplit(".", 1)[-1], k)
+    leaf_near = difflib.get_close_matches(parts[-1], list(by_leaf), n=1, cutoff=0.75)
+    return f" (did you mean '{by_leaf[leaf_near[0]]}'?)" if leaf_near else ""
+
+
+def _check_keys(data: Any, model: type[BaseModel], prefix: str, all_keys: list[str]) -> None:
+    """Walk user data against the models; fail on the first unknown key with a suggestion."""
+    if not isinstance(data, dict):
+        return
+    fields = model.model_fields
+    for key, value in data.items():
+        dotted = f"{prefix}{key}"
+        if not isinstance(key, str) or key not in fields:
+            parts = prefix.split(".")[:-1] + [str(key)]
+            raise ConfigError(f"unknown config key '{dotted}'{_suggest(parts, len(parts) - 1, list(fields), all_keys)}")
+        sub = _unwrap_model(fields[key].annotation)
+        if sub is not None and isinstance(value, dict):
+            _check_keys(value, sub, dotted + ".", all_keys)
+
+
+def _field_annotation(path: tuple[Any, ...]) -> Any:
+    model: Any = RunConfig
+    ann: Any = None
+    for part in path:
+        sub = _unwrap_model(model) if model is not None else None
+        if sub is None or not isinstance(part, str) or part not in sub.model_fields:
+            return None
+        ann = sub.model_fields[part].annotation
+        model = ann
+    return ann
+
+
+def _literal_choices(ann: Any) -> list[str]:
+    if get_origin(ann) is Literal:
+        return [str(a) for a in get_args(ann)]
+    out: list[str] = []
+    for arg in get_args(ann):
+        out.extend(_literal_choices(arg))
+    return out
+
+
+def _validation_message(err: ValidationError) -> str:
+    e = err.errors(include_url=False)[0]
+    loc = tuple(p for p in e["loc"] if not (isinstance(p, str) and p in ("function-after", "function-before")))
+    # Union members appear in loc as their type names ('int', 'constrained-float', ...): keep only real keys.
+    real: list[Any] = []
+    for p in loc:
+        if _field_annotation(tuple(real) + (p,)) is not None or (isinstance(p, int) and real):
+            real.append(p)
+    key = ".".join(str(p) for p in real) if real else "<top>"
+    msg = str(e["msg"]).rstrip(".").replace("\n", " ").removeprefix("Value error, ")
+    got = e.get("input")
+    if e["type"] == "missing":
+        if real and isinstance(real[-1], int):  # a tuple given too few items: 'train.betas=[0.9]'
+            return f"bad value for config key '{'.'.join(str(p) for p in real[:-1])}': too few items"
+        return f"missing config key '{key}'"
+    hint = ""
+    if e["type"] == "literal_error" and isinstance(got, str):
+        choices = _literal_choices(_field_annotation(tuple(real)))
+        near = difflib.get_close_matches(got, choices, n=1, cutoff=0.5)
+        hint = f" (did you mean '{near[0]}'?)" if near else ""
+    shown = json.dumps(got, default=str) if not isinstance(got, str) else repr(got)
+    if len(shown) > 60:
+        shown = shown[:57] + "..."
+    if e["type"] == "value_error":  # our own validators already quote the value
+        return f"bad value for config key '{key}': {msg}"
+    return f"bad value for config key '{key}': {msg} (got {shown}){hint}"
+
+
+def _parse_override(item: str) -> tuple[list[str], Any]:
+    if "=" not in item:
+        raise ConfigError(f"bad override {item!r}: expected KEY=VALUE, e.g. train.lr=1e-4")
+    key, raw = item.split("=", 1)
+    key = key.strip()
+    if not key or any(not p for p in key.split(".")):
+        raise ConfigError(f"bad override {item!r}: expected KEY=VALUE with a dotted key, e.g. train.lr=1e-4")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"bad override {item!r}: value is not a YAML scalar ({str(e).splitlines()[0]})") from None
+    return key.split("."), value
+
+
+def _apply_override(data: dict[str, Any], parts: list[str], value: Any, all_keys: list[str]) -> None:
+    # Check the path before writing, so the error names the first wrong component with a suggestion.
+    model: Any = RunConfig
+    node = data
+    for i, part in enumerate(parts):
+        sub = _unwrap_model(model)
+        if sub is None:
+            if isinstance(node, dict) and i == len(parts) - 1:  # a free-form dict field, e.g. env.kwargs.seed
+                node[part] = value
+                return
+            if isinstance(node, dict):
+                node = node.setdefault(part, {})
+                continue
+            raise ConfigError(f"unknown config key '{'.'.join(parts)}' ('{'.'.join(parts[:i])}' is not a section)")
+        if part not in sub.model_fields:
+            raise ConfigError(f"unknown config key '{'.'.join(parts)}'{_suggest(parts, i, list(sub.model_fields), all_keys)}")
+        if i == len(parts) - 1:
+            node[part] = value
+            return
+        model = sub.model_fields[part].annotation
+        nxt = node.get(part)
+        if not isinstance(nxt, dict):
+            nxt = {}
+            node[part] = nxt
+        node = nxt
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:
+    """Read YAML (or the embedded default when `path` is None), apply `a.b=c` overrides, validate.
+
+    Raises ConfigError with a one-line message on a missing/unreadable file, bad YAML, an unknown key (naming the
+    closest valid key) or a bad value (naming the full dotted key).
+    """
+    src = default_config_path() if path is None else Path(path)
+    try:
+        text = src.read_text()
+    except FileNotFoundError:
+        raise ConfigError(f"config file not found: {src}") from None
+    except OSError as e:
+        raise ConfigError(f"cannot read config file {src}: {e.strerror or e}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ConfigError(f"{src}: invalid YAML{where}: {problem}") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{src}: the config must be a mapping of sections (model:, train:, ...), got {type(data).__name__}")
+    data = copy.deepcopy(data)
+    all_keys = valid_keys()
+    _check_keys(data, RunConfig, "", all_keys)
+    for item in overrides:
+        parts, value = _parse_override(item)
+        _apply_override(data, parts, value, all_keys)
+    _check_keys(data, RunConfig, "", all_keys)
+    try:
+        return RunConfig.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(_validation_message(e)) from None
+
+
+def dump_config(cfg: RunConfig) -> str:
+    """The resolved config as YAML (what a run directory's config.yaml holds); load_config reads it back."""
+    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False, default_flow_style=None)
+
+
+def config_hash(cfg: RunConfig | BaseModel, sections: list[str] | tuple[str, ...] | None = None) -> str:
+    """A stable 16-hex-digit hash of the config (or of the named sections only, e.g. ('model', 'warmup') to key a
+    cache of warmed-up models). Key order and YAML formatting do not matter; values do."""
+    data = cfg.model_dump(mode="json")
+    if sections is not None:
+        missing = [s for s in sections if s not in data]
+        if missing:
+            raise ConfigError(f"config_hash: unknown section {missing[0]!r}; known: {', '.join(data)}")
+        data = {s: data[s] for s in sections}
+    blob = json.dumps(data, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
