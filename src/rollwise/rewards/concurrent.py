@@ -30,42 +30,55 @@ def score_many(
     """
     if max_workers < 1:
         raise ValueError(f"score_many: max_workers must be >= 1, got {max_workers}")
+    if timeout_s is not None and timeout_s <= 0:
+        raise ValueError(f"score_many: timeout_s must be positive or None, got {timeout_s}")
     n = len(items)
     results: list[Score | None] = [None] * n
-    started: dict[int, float] = {}
     cond = threading.Condition()
-    running = 0
-    next_i = 0
+    started: dict[int, tuple[float, int]] = {}  # item -> (start time, worker id)
+    abandoned: set[int] = set()  # worker ids whose item timed out: they exit when their call returns
+    state = {"next": 0, "done": 0, "workers": 0}
 
-    def work(i: int) -> None:
-        nonlocal running
-        task, completion = items[i]
-        s = call_reward(env_or_fn, task, completion)
-        with cond:
-            if results[i] is None:  # not already given up on
-                results[i] = s
-                running -= 1
+    # NOTE: workers pull items themselves and only wake the main thread when everything is done, so the
+    # per-item cost is one lock round-trip, not a thread hand-off.
+    def worker(wid: int) -> None:
+        while True:
+            with cond:
+                if wid in abandoned or state["next"] >= n:
+                    return
+                i = state["next"]
+                state["next"] += 1
+                started[i] = (time.monotonic(), wid)
+            task, completion = items[i]
+            s = call_reward(env_or_fn, task, completion)
+            with cond:
+                if results[i] is None:
+                    results[i] = s
+                    state["done"] += 1
                 started.pop(i, None)
-            cond.notify_all()
+                if state["done"] == n:
+                    cond.notify_all()
+
+    def spawn() -> None:
+        state["workers"] += 1
+        threading.Thread(target=worker, args=(state["workers"],), daemon=True, name=f"score-{state['workers']}").start()
 
     with cond:
-        while True:
-            while running < max_workers and next_i < n:
-                started[next_i] = time.monotonic()
-                running += 1
-                threading.Thread(target=work, args=(next_i,), daemon=True, name=f"score-{next_i}").start()
-                next_i += 1
-            if next_i >= n and running == 0:
-                break
-            now = time.monotonic()
-            if timeout_s is not None:
-                for i, t0 in list(started.items()):
-                    if now - t0 >= timeout_s:
-                        results[i] = Score(0.0, error=f"timed out after {timeout_s:g}s")
-                        running -= 1
-                        del started[i]
-                oldest = min(started.values(), default=now)
-                cond.wait(timeout=max(0.01, oldest + timeout_s - now) if started else None)
-            else:
+        for _ in range(min(max_workers, n)):
+            spawn()
+        while state["done"] < n:
+            if timeout_s is None:
                 cond.wait()
+                continue
+            now = time.monotonic()
+            for i, (t0, wid) in list(started.items()):
+                if now - t0 >= timeout_s and results[i] is None:
+                    results[i] = Score(0.0, error=f"timed out after {timeout_s:g}s")
+                    state["done"] += 1
+                    del started[i]
+                    abandoned.add(wid)
+                    if state["next"] < n:
+                        spawn()  # replace the stuck worker so throughput holds
+            oldest = min((t0 for t0, _ in started.values()), default=now)
+            cond.wait(timeout=max(0.005, min(oldest + timeout_s - now, timeout_s)))
     return [r if r is not None else Score(0.0, error="not scored") for r in results]
