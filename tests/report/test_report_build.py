@@ -1,0 +1,134 @@
+"""write_report without a browser: content, caps, robustness, escaping, CLI."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+
+import pytest
+
+from rollwise.cli.main import main
+from rollwise.report import ReportLimits, write_report
+from rollwise.report.data import load_metrics
+from rollwise.report.svg import Series, histogram, line_chart, nice_ticks, stacked_bars
+from rollwise.store.writer import RolloutStore
+
+
+def _embedded(page: str) -> dict:
+    m = re.search(r'<script type="application/json" id="rollout-data">(.*?)</script>', page, re.S)
+    assert m
+    return json.loads(m.group(1))
+
+
+def test_report_is_self_contained(run_dir):
+    path = write_report(run_dir)
+    assert path == run_dir / "report.html"
+    page = path.read_text()
+    # No external resources of any kind: only the SVG namespace URI is allowed to look like a URL.
+    assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", page)
+    assert set(re.findall(r"https?://[^\s\"'<>]+", page)) <= {"http://www.w3.org/2000/svg"}
+    assert "<link" not in page and "@import" not in page
+    assert path.stat().st_size < 1_000_000
+
+
+def test_plots_and_notes(run_dir):
+    page = write_report(run_dir).read_text()
+    plots = re.findall(r'data-plot="([^"]+)"', page)
+    assert {"reward_step", "reward_wall", "resp_len_hist", "time_split", "staleness", "status_by_step", "extra-lr"} <= set(plots)
+    assert "skipped 1 unparsable line(s) (21)" in page  # the line a kill cut short
+    assert "75.0%" in page and "29.0%" in page  # eval before/after
+    assert "how accuracy is computed" in page and "errored" in page
+
+
+def test_embedding_caps_are_applied_and_stated(run_dir):
+    page = write_report(run_dir, limits=ReportLimits(max_steps=3, max_rows=20, max_tokens=2)).read_text()
+    groups = _embedded(page)["groups"]
+    # 20 rows in whole groups of 4, newest step first
+    assert len(groups) == 5 and {g["step"] for g in groups} == {19}
+    assert all(len(s["lp"]) <= 2 and len(s["tok"]) <= 2 for g in groups for s in g["samples"])
+    assert "embeds 20 of the 480 stored rollouts" in page and "at most the last 3 steps" in page
+
+
+def test_rollout_text_cannot_break_out_of_the_page(tmp_path, run_dir):
+    store = RolloutStore(run_dir)
+    rs = store.read(steps=[19])
+    rs[0].text = "</script><script>alert(1)</script>"
+    rs[0].reward_parts = {"x": float("nan")}
+    store.write_step(19, rs)
+    store2 = RolloutStore(run_dir, decode=lambda ids: "</script><img src=x onerror=alert(1)>")
+    store2.write_step(18, store.read(steps=[18]))
+    page = write_report(run_dir).read_text()
+    assert page.count("</script>") == 2  # the data block's and the script's own
+    data = _embedded(page)
+    assert any((g["prompt"] or "").startswith("</script><img") for g in data["groups"] if g["step"] == 18)
+
+
+def test_missing_summary_and_metrics(tmp_path, run_dir):
+    (run_dir / "summary.json").unlink()
+    (run_dir / "metrics.jsonl").unlink()
+    page = write_report(run_dir).read_text()
+    assert "summary.json not found" in page and "metrics.jsonl not found" in page
+    assert 'data-plot="resp_len_hist"' in page and 'data-plot="status_by_step"' in page
+    assert "from the rollout store" in page  # counts fall back to the store
+
+
+def test_bad_shard_is_named_on_the_page(run_dir):
+    bad = run_dir / "rollouts" / "step-000019.parquet"
+    bad.write_bytes(bad.read_bytes()[:50])
+    page = write_report(run_dir).read_text()
+    assert str(bad) in page and "skipped unreadable shard" in page
+    assert {g["step"] for g in _embedded(page)["groups"]} == set(range(11, 19))
+
+
+def test_not_a_run_dir(tmp_path):
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        write_report(tmp_path / "nope")
+    with pytest.raises(ValueError, match="not a rollwise run directory"):
+        write_report(tmp_path)
+
+
+def test_metrics_resume_duplicates_keep_last(tmp_path):
+    p = tmp_path / "metrics.jsonl"
+    p.write_text('{"step": 0, "reward_mean": 0.1}\n{"step": 1, "reward_mean": 0.2}\n{"step": 1, "reward_mean": 0.3}\n[1]\n')
+    m = load_metrics(p)
+    assert m.series("reward_mean") == ([0.0, 1.0], [0.1, 0.3])
+    assert m.notes and "line(s) (4)" in m.notes[0]
+
+
+def test_wall_clock_elapsed_or_durations(tmp_path):
+    p = tmp_path / "metrics.jsonl"
+    p.write_text("\n".join(json.dumps({"step": i, "wall_s": w}) for i, w in enumerate([1.0, 2.5, 4.0])))
+    assert load_metrics(p).wall_clock() == [1.0, 2.5, 4.0]
+    p.write_text("\n".join(json.dumps({"step": i, "wall_s": w}) for i, w in enumerate([1.0, 1.5, 1.0])))
+    assert load_metrics(p).wall_clock() == [1.0, 2.5, 3.5]
+
+
+def test_svg_helpers():
+    assert nice_ticks(0, 1) == [0.0, 0.2, 0.4, 0.6, 0.8, 1.0]
+    assert nice_ticks(-0.4, 19.4) == [-5.0, 0.0, 5.0, 10.0, 15.0, 20.0]
+    assert nice_ticks(3, 3)[0] <= 3 <= nice_ticks(3, 3)[-1]
+    assert line_chart([Series("a", [0, 1], [float("nan"), float("inf")])], x_label="x", y_label="y") is None
+    svg = line_chart([Series("a", [0, 1, 2], [1, 2, 3]), Series("b", [], [])], x_label="x", y_label="y")
+    assert svg.count('class="data line"') == 1 and ">a<" in svg and ">b<" not in svg
+    assert histogram([], x_label="x") is None
+    assert histogram([5, 5, 5], x_label="x").count('class="data bar"') == 1
+    bars = stacked_bars([0, 1], [Series("p", [0, 1], [1.0, None]), Series("q", [0, 1], [2.0, 3.0])], x_label="s", y_label="t")
+    assert bars.count('class="data bar"') == 3
+
+
+def test_cli(run_dir, tmp_path, capsys):
+    out = tmp_path / "r.html"
+    assert main(["report", str(run_dir), "--output", str(out), "--max-steps", "1"]) == 0
+    assert out.is_file() and "wrote" in capsys.readouterr().out
+    assert {g["step"] for g in _embedded(out.read_text())["groups"]} == {19}
+    assert main(["report", str(tmp_path / "missing")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    assert main(["report", str(run_dir), "--max-rows", "-1"]) == 2
+
+
+def test_cli_modules_import_no_heavy_deps():
+    code = "import sys; from rollwise.cli import rollouts, report; print('pyarrow' in sys.modules, 'torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["False", "False"]
