@@ -195,3 +195,51 @@ class Chromium:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def check_report(browser: Chromium, report: Path, screenshot: Path | None = None) -> dict[str, Any]:
+    """The checks any report must pass, for synthetic and real run directories alike.
+
+    Opens `report`; asserts every plot has drawn data marks, the search narrows the group list to one
+    prompt, a click on a group opens its samples, no console error, no network request. Leaves the search
+    empty again. Returns what it saw: {"plots": [...], "groups": n, "screenshot": path or None}.
+    """
+    browser.open(report)
+    plots = browser.eval(
+        """Array.from(document.querySelectorAll('figure.plot')).map(f => {
+             const svg = f.querySelector('svg');
+             const marks = svg ? Array.from(svg.querySelectorAll('.data')) : [];
+             const drawn = marks.filter(m => { const b = m.getBBox(); return b.width > 0 || b.height > 0; });
+             return [f.dataset.plot, marks.length, drawn.length, svg ? svg.getBoundingClientRect().width : 0];
+           })"""
+    )
+    assert plots, "the report has no plots"
+    for name, marks, drawn, width in plots:
+        assert marks > 0 and drawn == marks and width > 100, f"plot {name}: {drawn}/{marks} marks drawn, width {width}"
+
+    items = browser.eval(
+        "Array.from(document.querySelectorAll('#groups .group-item')).map(e => [e.dataset.groupId, e.dataset.step])"
+    )
+    if items:
+        prompt_id = browser.eval("JSON.parse(document.getElementById('rollout-data').textContent).groups.slice(-1)[0].prompt_id")
+        browser.type_into("#search", prompt_id)
+        shown = browser.eval("Array.from(document.querySelectorAll('#groups .group-item .gp')).map(e => e.textContent)")
+        assert 0 < len(shown) <= len(items), f"search for {prompt_id!r} shows {len(shown)} of {len(items)} groups"
+        assert all(prompt_id.lower() in s.lower() for s in shown), f"search for {prompt_id!r} kept other prompts"
+        browser.click("#groups .group-item:last-child")
+        opened = browser.eval(
+            "(() => { const v = document.getElementById('group-view'); const last = document.querySelector('#groups .group-item:last-child');"
+            " return [v.dataset.groupId, last.dataset.groupId, v.querySelectorAll('.sample').length,"
+            " v.querySelectorAll('.sample .reward').length, v.querySelectorAll('.sample .advantage').length,"
+            " v.querySelectorAll('.sample .badge').length]; })()"
+        )
+        assert opened[0] == opened[1], f"clicked group {opened[1]} but the view shows {opened[0]}"
+        assert opened[2] > 0 and opened[2] == opened[3] == opened[4] == opened[5], f"group view incomplete: {opened}"
+        browser.type_into("#search", "")
+        assert browser.eval("document.querySelectorAll('#groups .group-item').length") == len(items)
+    shot = browser.screenshot(screenshot) if screenshot is not None else None
+    errors = browser.errors()
+    assert errors == [], f"errors in the page: {errors}"
+    external = [u for u in browser.requests() if not u.startswith(("file:", "data:", "about:"))]
+    assert external == [], f"the report fetched {external}"
+    return {"plots": [p[0] for p in plots], "groups": len(items), "screenshot": shot}

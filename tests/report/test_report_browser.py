@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import importlib.util
 import time
+from pathlib import Path
 
 import pytest
 
 from rollwise.report import write_report
 
-chromium_cdp = pytest.importorskip("chromium_cdp")
+# Loaded by path, so the driver is found whatever pytest's import mode.
+_spec = importlib.util.spec_from_file_location("rollwise_tests_chromium_cdp", Path(__file__).with_name("chromium_cdp.py"))
+chromium_cdp = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(chromium_cdp)
 pytest.importorskip("websocket", reason="websocket-client is needed to drive Chromium (pip install -e '.[dev]')")
 
 pytestmark = [
@@ -26,33 +31,24 @@ def test_report_in_headless_chromium(run_dir, tmp_path):
     report = write_report(run_dir)
     t0 = time.monotonic()
     with chromium_cdp.Chromium(tmp_path) as browser:
-        browser.open(report)
-
-        # Every plot is there and actually drawn: an svg with data marks of non-zero size.
-        plots = browser.eval(
-            """Array.from(document.querySelectorAll('figure.plot')).map(f => {
-                 const svg = f.querySelector('svg');
-                 const marks = svg ? Array.from(svg.querySelectorAll('.data')) : [];
-                 const drawn = marks.filter(m => { const b = m.getBBox(); return b.width > 0 || b.height > 0; });
-                 return [f.dataset.plot, marks.length, drawn.length, svg ? svg.getBoundingClientRect().width : 0];
-               })"""
-        )
-        names = {p[0] for p in plots}
-        assert EXPECTED_PLOTS <= names, EXPECTED_PLOTS - names
-        for name, marks, drawn, width in plots:
-            assert marks > 0 and drawn == marks and width > 100, (name, marks, drawn, width)
+        # The generic checks (also usable on a real run directory): plots drawn, search, group view,
+        # no console errors, no network; a screenshot in the test's tmp dir.
+        seen = chromium_cdp.check_report(browser, report, screenshot=tmp_path / "report.png")
+        assert EXPECTED_PLOTS <= set(seen["plots"]), EXPECTED_PLOTS - set(seen["plots"])
+        assert seen["screenshot"].stat().st_size > 20_000
         assert browser.eval("document.querySelectorAll('figure.plot svg path.data').length") > 50
 
         # The card states the counts by status.
-        counts = browser.eval("Object.fromEntries(Array.from(document.querySelectorAll('#status-counts tr')).map(r => [r.cells[0].textContent, +r.cells[1].textContent]))")
+        counts = browser.eval(
+            "Object.fromEntries(Array.from(document.querySelectorAll('#status-counts tr')).map(r => [r.cells[0].textContent, +r.cells[1].textContent]))"
+        )
         assert counts["total"] == 20 * 24 and counts["errored"] == 3 and counts["truncated"] == 4
 
-        # The browser lists embedded groups (8 latest steps x 6 prompts), newest first.
-        n_all = browser.eval("document.querySelectorAll('#groups .group-item').length")
-        assert n_all == 8 * 6
+        # The browser lists the embedded groups (8 latest steps x 6 prompts), newest first.
+        assert seen["groups"] == 8 * 6
         assert "embeds 192 of the 480 stored rollouts" in browser.eval("document.getElementById('embed-note').textContent")
 
-        # Search filters the list (typed as keyboard input).
+        # Search by prompt text, typed as keyboard input.
         browser.type_into("#search", "61+17")
         shown = browser.eval("Array.from(document.querySelectorAll('#groups .group-item')).map(e => e.dataset.groupId)")
         assert len(shown) == 8 and all(g.endswith("-g5") for g in shown)
@@ -81,10 +77,18 @@ def test_report_in_headless_chromium(run_dir, tmp_path):
         errored = browser.eval("Array.from(document.querySelectorAll('#groups .group-item')).map(e => e.dataset.groupId)")
         assert errored == ["s17-g1"]  # steps 3, 10, 17 errored; only 17 is embedded
 
-        shot = browser.screenshot(tmp_path / "report.png")
-        assert shot.stat().st_size > 20_000
-
         assert browser.errors() == []
-        external = [u for u in browser.requests() if not u.startswith(("file:", "data:", "about:"))]
-        assert external == [], f"the report fetched {external}"
-    print(f"browser checks took {time.monotonic() - t0:.1f}s; screenshot {shot}")
+    print(f"browser checks took {time.monotonic() - t0:.1f}s; screenshot {seen['screenshot']}")
+
+
+def test_report_without_rollouts_or_summary_in_chromium(run_dir, tmp_path):
+    """A run that crashed early: metrics only. The page must still load cleanly."""
+    import shutil
+
+    shutil.rmtree(run_dir / "rollouts")
+    (run_dir / "summary.json").unlink()
+    report = write_report(run_dir)
+    with chromium_cdp.Chromium(tmp_path) as browser:
+        seen = chromium_cdp.check_report(browser, report)
+        assert seen["groups"] == 0 and "reward_step" in seen["plots"]
+        assert "No rollouts embedded" in browser.eval("document.getElementById('group-view').textContent")
