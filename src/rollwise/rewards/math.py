@@ -122,13 +122,28 @@ def _math_verify_equal(pred: str, gold: str) -> bool:
     return bool(verify(g, p, **({} if main else {"timeout_seconds": None})))
 
 
-def math_equal(pred: str | None, gold: str, rel_tol: float = 1e-6) -> bool:
-    """Whether two answer strings denote the same value: exact numbers first, math-verify otherwise."""
+def _decimals(s: str) -> int:
+    m = re.search(r"\.(\d+)", s)
+    return len(m.group(1)) if m else 0
+
+
+def _rounds_to(written: str, value: Fraction, other: Fraction) -> bool:
+    """`written` (value `value`) shows >= 2 decimals and `other` rounded to that many equals it ("0.33" ~ 1/3)."""
+    d = _decimals(written)
+    return d >= 2 and round(other, d) == value
+
+
+def math_equal(pred: str | None, gold: str) -> bool:
+    """Whether two answer strings denote the same value: exact numbers first, math-verify otherwise.
+
+    NOTE: numbers compare exactly (999999 != 1000000); the only slack is for a rounded decimal, which must
+    show at least two decimals and equal the other side rounded to as many.
+    """
     if pred is None:
         return False
     a, b = to_number(pred), to_number(gold)
     if a is not None and b is not None:
-        return a == b or abs(a - b) <= rel_tol * max(1, abs(b))
+        return a == b or _rounds_to(pred, a, b) or _rounds_to(gold, b, a)
     if a is None and b is None and pred.strip() == gold.strip():
         return True
     return _math_verify_equal(pred, gold)
