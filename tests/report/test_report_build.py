@@ -93,7 +93,7 @@ def test_metrics_resume_duplicates_keep_last(tmp_path):
     p = tmp_path / "metrics.jsonl"
     p.write_text('{"step": 0, "reward_mean": 0.1}\n{"step": 1, "reward_mean": 0.2}\n{"step": 1, "reward_mean": 0.3}\n[1]\n')
     m = load_metrics(p)
-    assert m.series("reward_mean") == ([0.0, 1.0], [0.1, 0.3])
+    assert [(r["step"], r["reward_mean"]) for r in m.rows] == [(0, 0.1), (1, 0.3)]
     assert m.notes and "line(s) (4)" in m.notes[0]
 
 

@@ -43,15 +43,19 @@ def test_counts(run_dir, capsys):
     assert json.loads(capsys.readouterr().out) == {"total": 10, "kept": 9, "filtered": 0, "errored": 1, "truncated": 0, "aborted": 0}
 
 
-def test_bad_shard_is_one_line_error_unless_skipped(run_dir, capsys):
+def test_bad_shard_is_one_line_error_unless_skipped(run_dir, tmp_path, capsys):
     shard = run_dir / "rollouts" / "step-000001.parquet"
     shard.write_bytes(shard.read_bytes()[:100])
-    assert main(["rollouts", "export", str(run_dir)]) == 2
+    out = tmp_path / "out.jsonl"
+    assert main(["rollouts", "export", str(run_dir), "-o", str(out)]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and str(shard) in err and err.startswith("rollwise rollouts: error:")
+    assert not out.exists()  # no half-written export left behind
     assert main(["rollouts", "export", str(run_dir), "--skip-bad"]) == 0
     captured = capsys.readouterr()
     assert len(captured.out.splitlines()) == 6 and str(shard) in captured.err
+    assert main(["rollouts", "counts", str(run_dir), "--skip-bad"]) == 0
+    assert json.loads(capsys.readouterr().out)["total"] == 6
 
 
 @pytest.mark.parametrize(

@@ -41,61 +41,76 @@ def _open_store(run_dir: str):
     return store
 
 
-def _load(store, skip_bad: bool):
-    scan = store.scan()
-    if scan.errors and not skip_bad:
-        raise scan.errors[0]
-    for err in scan.errors:
-        print(f"rollwise rollouts: skipping unreadable shard: {err}", file=sys.stderr)
-    return scan.table
+def _tables(store, skip_bad: bool, columns=None):
+    """Shard by shard, so an export of a long run never holds the whole store in memory."""
+    from rollwise.store.writer import ShardError
+
+    for path in store.shards():
+        try:
+            yield store.read_shard(path, columns)
+        except ShardError as err:
+            if not skip_bad:
+                raise
+            print(f"rollwise rollouts: skipping unreadable shard: {err}", file=sys.stderr)
 
 
 def run(args: argparse.Namespace) -> int:
     store = _open_store(args.run_dir)
-    table = _load(store, args.skip_bad)
     if args.rollouts_command == "counts":
         from rollwise.store.card import normalise_counts
 
-        statuses = table.column("status").to_pylist()
-        print(json.dumps(normalise_counts({s: statuses.count(s) for s in set(statuses)})))
+        counts: dict[str, int] = {}
+        for t in _tables(store, args.skip_bad, ["status"]):
+            for s in t.column("status").to_pylist():
+                counts[s] = counts.get(s, 0) + 1
+        print(json.dumps(normalise_counts(counts)))
         return 0
-    if args.format == "parquet":
-        if not args.output:
-            raise ValueError("--format parquet needs --output F")
-        import pyarrow.parquet as pq
-
-        pq.write_table(table, args.output, compression="zstd")
-    elif args.format == "jsonl":
-        _write_text(args.output, (json.dumps(row, ensure_ascii=False) + "\n" for row in table.to_pylist()))
-    else:
-        _write_text(args.output, _csv_lines(table))
+    if args.format == "parquet" and not args.output:
+        raise ValueError("--format parquet needs --output F")
+    try:
+        n = _export(store, args)
+    except BaseException:
+        if args.output:  # no half-written export left behind
+            Path(args.output).unlink(missing_ok=True)
+        raise
     if args.output:
-        print(f"wrote {table.num_rows} rollouts from {len(store.steps())} shards to {args.output}", file=sys.stderr)
+        print(f"wrote {n} rollouts to {args.output}", file=sys.stderr)
     return 0
 
 
-def _csv_lines(table):
-    """CSV with list-valued columns as JSON text, so every cell is one value."""
-    import csv
-    import io
+def _export(store, args: argparse.Namespace) -> int:
+    from rollwise.store.schema import ROLLOUT_SCHEMA
 
-    buf = io.StringIO()
-    w = csv.writer(buf)
-    w.writerow(table.column_names)
-    yield buf.getvalue()
-    for row in table.to_pylist():
-        buf.seek(0)
-        buf.truncate()
-        w.writerow([json.dumps(v) if isinstance(v, list) else ("" if v is None else v) for v in row.values()])
-        yield buf.getvalue()
+    n = 0
+    tables = _tables(store, args.skip_bad)
+    if args.format == "parquet":
+        import pyarrow.parquet as pq
 
+        with pq.ParquetWriter(args.output, ROLLOUT_SCHEMA, compression="zstd") as w:
+            for t in tables:
+                w.write_table(t)
+                n += t.num_rows
+        return n
+    out = open(args.output, "w", encoding="utf-8", newline="") if args.output else sys.stdout
+    try:
+        if args.format == "csv":
+            import csv
 
-def _write_text(output: str | None, chunks) -> None:
-    if output is None:
-        for c in chunks:
-            sys.stdout.write(c)
-        sys.stdout.flush()
-        return
-    with open(output, "w", encoding="utf-8", newline="") as f:
-        for c in chunks:
-            f.write(c)
+            w = csv.writer(out)
+            w.writerow(ROLLOUT_SCHEMA.names)
+            for t in tables:
+                for row in t.to_pylist():
+                    # List-valued cells as JSON text, so every cell is one value.
+                    w.writerow([json.dumps(v) if isinstance(v, list) else ("" if v is None else v) for v in row.values()])
+                    n += 1
+        else:
+            for t in tables:
+                for row in t.to_pylist():
+                    out.write(json.dumps(row, ensure_ascii=False) + "\n")
+                    n += 1
+    finally:
+        if out is not sys.stdout:
+            out.close()
+        else:
+            out.flush()
+    return n

@@ -23,16 +23,6 @@ class Metrics:
     """One record per step, ascending by step."""
     notes: list[str] = field(default_factory=list)
 
-    def series(self, key: str) -> tuple[list[float], list[float]]:
-        """(steps, values) of the records that have a finite number for `key`."""
-        xs, ys = [], []
-        for i, r in enumerate(self.rows):
-            v = r.get(key)
-            if _num(v):
-                xs.append(float(r.get("step", i)))
-                ys.append(float(v))
-        return xs, ys
-
     def has(self, key: str) -> bool:
         return any(_num(r.get(key)) for r in self.rows)
 
