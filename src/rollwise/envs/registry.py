@@ -79,16 +79,24 @@ def _check_env(env: Any, name: str) -> Environment:
     return env
 
 
+def _construct(factory: Callable[..., Any], name: str, kwargs: dict[str, Any]) -> Environment:
+    try:
+        env = factory(**kwargs)
+    except TypeError as e:  # wrong keyword arguments, or not a factory at all
+        raise TypeError(f"environment {name!r}: cannot construct it with arguments {sorted(kwargs)}: {e}") from None
+    return _check_env(env, name)
+
+
 def get_env(name: str, **kwargs: Any) -> Environment:
     """A built-in or registered environment by name, or user code by "module:attr" / "file.py:attr"."""
     if name in _REGISTRY:
-        return _check_env(_REGISTRY[name](**kwargs), name)
+        return _construct(_REGISTRY[name], name, kwargs)
     if name in BUILTIN_ENVS:
-        return _check_env(load_object(BUILTIN_ENVS[name])(**kwargs), name)
+        return _construct(load_object(BUILTIN_ENVS[name]), name, kwargs)
     if ":" in name:
         obj = load_object(name)
         if isinstance(obj, type) or (callable(obj) and not hasattr(obj, "score")):
-            return _check_env(obj(**kwargs), name)
+            return _construct(obj, name, kwargs)
         if kwargs:
             raise ValueError(f"{name!r} is an environment instance; it takes no arguments, got {sorted(kwargs)}")
         return _check_env(obj, name)
