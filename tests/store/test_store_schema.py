@@ -99,3 +99,21 @@ def test_bad_rollouts_fail_with_one_line(rollout_factory, change, message):
 def test_token_texts_must_match_tokens(rollout_factory):
     with pytest.raises(ValueError, match="2 token texts for 5 completion tokens"):
         rollout_to_row(rollout_factory(), run="r", token_texts=["a", "b"])
+
+
+def test_wrong_element_types_fail_with_one_line(rollout_factory):
+    r = rollout_factory(logprobs=["-0.1", -0.2, -0.3, -0.4, -0.5])
+    with pytest.raises(ValueError, match="do not fit the rollout schema") as e:
+        rows_to_table([rollout_to_row(r, run="r")])
+    assert "\n" not in str(e.value)
+
+
+def test_numpy_values_are_accepted(rollout_factory):
+    np = pytest.importorskip("numpy")
+    r = rollout_factory(
+        completion_token_ids=np.arange(5, dtype=np.int64).tolist(),
+        logprobs=list(np.linspace(-1, 0, 5, dtype=np.float32)),
+        prompt_token_ids=np.array([1, 2], dtype=np.int32),
+    )
+    (back,) = table_to_rollouts(rows_to_table([rollout_to_row(r, run="r")]))
+    assert back.prompt_token_ids == [1, 2] and back.logprobs == [float(x) for x in r.logprobs]

@@ -104,11 +104,12 @@ def rollout_to_row(
         "prompt_id": str(r.prompt_id),
         "group_id": str(r.group_id),
         "sample_index": int(r.sample_index),
-        "prompt_token_ids": [int(t) for t in r.prompt_token_ids],
-        "completion_token_ids": [int(t) for t in r.completion_token_ids],
-        "logprobs": [float(x) for x in r.logprobs],
-        "weight_versions": [int(v) for v in r.weight_versions],
-        "loss_mask": [int(m) for m in r.loss_mask],
+        # Lists are copied as they are: Arrow checks and converts element types when the table is built.
+        "prompt_token_ids": list(r.prompt_token_ids),
+        "completion_token_ids": list(r.completion_token_ids),
+        "logprobs": list(r.logprobs),
+        "weight_versions": list(r.weight_versions),
+        "loss_mask": list(r.loss_mask),
         "text": r.text,
         "finish_reason": r.finish_reason,
         "reward": None if r.reward is None else float(r.reward),
@@ -121,7 +122,7 @@ def rollout_to_row(
         "seed": None if r.seed is None else int(r.seed),
         "num_generated": int(sum(r.loss_mask)),
         "prompt_text": prompt_text,
-        "token_texts": None if token_texts is None else [str(s) for s in token_texts],
+        "token_texts": None if token_texts is None else list(token_texts),
     }
 
 
@@ -151,8 +152,14 @@ def row_to_rollout(row: Mapping[str, Any]) -> Rollout:
 
 
 def rows_to_table(rows: Sequence[Mapping[str, Any]]) -> pa.Table:
-    """Rows (from `rollout_to_row`) as a table with the rollout schema, version metadata included."""
-    return pa.Table.from_pylist(list(rows), schema=ROLLOUT_SCHEMA)
+    """Rows (from `rollout_to_row`) as a table with the rollout schema, version metadata included.
+
+    A value of the wrong type (a float token id, a string log-prob) is a one-line ValueError.
+    """
+    try:
+        return pa.Table.from_pylist(list(rows), schema=ROLLOUT_SCHEMA)
+    except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
+        raise ValueError(f"rollouts do not fit the rollout schema: {' '.join(str(e).split())}") from None
 
 
 def table_to_rollouts(table: pa.Table) -> list[Rollout]:

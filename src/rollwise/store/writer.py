@@ -131,7 +131,8 @@ class RolloutStore:
             if prompt_text is None:
                 prompt_text = self.decode(r.prompt_token_ids)
             if token_texts is None:
-                token_texts = [self._token_text(t) for t in r.completion_token_ids]
+                cache = self._token_cache
+                token_texts = [cache[t] if t in cache else self._token_text(t) for t in r.completion_token_ids]
         return rollout_to_row(r, run=self.run, step=step, prompt_text=prompt_text, token_texts=token_texts)
 
     def _token_text(self, token_id: int) -> str:
