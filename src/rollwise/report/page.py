@@ -48,7 +48,7 @@ svg .tick { font-size: 10px; fill: #6b7280; } svg .label { font-size: 11px; fill
 .tok { border-radius: 2px; } .tok.env { color: #6b7280; font-style: italic; background: #f3f4f6; }
 .tok.id { margin-right: 3px; padding: 0 2px; }
 .scale { display: inline-flex; align-items: center; gap: 6px; font-size: 12px; color: var(--muted); }
-.scale span.sw { width: 16px; height: 12px; display: inline-block; border-radius: 2px; }
+.scale span.sw { width: 16px; height: 12px; display: inline-block; border-radius: 2px; border: 1px solid #d1d5db; }
 .completion-text { white-space: pre-wrap; font-size: 12.5px; color: #374151; border-top: 1px dashed var(--line); margin-top: 4px; padding-top: 4px; }
 """
 
