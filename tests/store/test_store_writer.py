@@ -61,9 +61,15 @@ def test_decoder_fills_prompt_and_token_texts(tmp_path, rollout_factory):
     assert t.column("token_texts").to_pylist()[0] == [decode([i]) for i in range(10, 15)]
 
 
-def test_bad_step_argument(tmp_path):
+@pytest.mark.parametrize("step", [-1, 1.0, "3"])
+def test_bad_step_argument(tmp_path, step):
     with pytest.raises(ValueError, match="non-negative integer"):
-        RolloutStore(tmp_path).write_step(-1, [])
+        RolloutStore(tmp_path).write_step(step, [])
+
+
+def test_numpy_step_is_accepted(tmp_path):
+    np = pytest.importorskip("numpy")
+    assert RolloutStore(tmp_path).write_step(np.int64(3), []).name == "step-000003.parquet"
 
 
 def test_crash_leftover_temp_file_is_ignored_and_cleaned(tmp_path, rollouts_for):

@@ -20,6 +20,7 @@ compaction, and any index beyond file names; DuckDB over the glob does ad-hoc qu
 
 from __future__ import annotations
 
+import operator
 import os
 import re
 import warnings
@@ -102,7 +103,11 @@ class RolloutStore:
         Every rollout is stored under `step` (the shard's step is the row's step). An empty list writes an
         empty shard, which still records that the step completed.
         """
-        if not isinstance(step, int) or step < 0:
+        try:
+            step = operator.index(step)  # int or numpy integer; never a float
+        except TypeError:
+            raise ValueError(f"step must be a non-negative integer, got {step!r}") from None
+        if step < 0:
             raise ValueError(f"step must be a non-negative integer, got {step!r}")
         rows = [self._row(r, step) for r in rollouts]
         table = rows_to_table(rows)
