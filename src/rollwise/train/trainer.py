@@ -1,0 +1,419 @@
+"""`Trainer`: an HF causal LM, AdamW, an LR schedule, and one `train_step` over a packed `TrainBatch`.
+
+The trainer is algorithm-blind: advantages arrive inside the batch and the loss function is handed in
+(`rollwise.train.losses.LOSSES[name]`). One `train_step` is one RL step: the batch is split into
+`cfg.updates_per_step` mini-batches (one optimiser step each); each mini-batch runs as packed micro-batches whose
+gradients accumulate, with the losses normalised by whole-mini-batch counts, so the update does not depend on how
+the sequences were packed.
+
+Log-probs are float32 `log_softmax(logits / temperature)`: the engine reports log-probs of the sampling
+distribution (logits / temperature), so the trainer must divide by the same temperature or every ratio is off.
+Each step reports the gap between the trainer's and the engine's log-probs on the same tokens
+(`logprob_diff_mean` / `logprob_diff_max`): a broken weight sync or position bug shows there at once.
+
+NOTE on dropout: RL compares the trainer's forward with the engine's, so every dropout is set to 0 at load.
+NOTE on attention: packed rows use an explicit block-diagonal causal mask for the 'sdpa' and 'eager' attention
+implementations; other implementations (flash-attention) get `attention_mask=None` plus restarting `position_ids`,
+from which transformers detects the packed sequences itself.
+
+Deliberately left out: FSDP/tensor parallelism, optimizer offload, fused/chunked cross-entropy kernels. They are
+new modules when needed, not flags here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import math
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rollwise.config import TrainConfig
+from rollwise.train.batch import PackedMicroBatch, TrainBatch
+from rollwise.train.losses import LossConfig, LossFn, normalizers
+
+
+class TrainerError(ValueError):
+    """A user-fixable problem (bad model path, missing optional dependency, inconsistent options)."""
+
+
+def lr_lambda(step: int, *, schedule: str, warmup_steps: int, total_steps: int, min_lr_ratio: float) -> float:
+    """LR multiplier after `step` optimiser steps: linear warm-up, then constant / linear / cosine decay."""
+    if warmup_steps > 0 and step < warmup_steps:
+        return (step + 1) / warmup_steps
+    if schedule == "constant":
+        return 1.0
+    span = max(total_steps - warmup_steps, 1)
+    progress = min(max((step - warmup_steps) / span, 0.0), 1.0)
+    if schedule == "linear":
+        return 1.0 - (1.0 - min_lr_ratio) * progress
+    if schedule == "cosine":
+        return min_lr_ratio + (1.0 - min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+    raise TrainerError(f"unknown LR schedule {schedule!r}; known: constant, linear, cosine")
+
+
+def _zero_dropout(model: torch.nn.Module) -> None:
+    for m in model.modules():
+        if isinstance(m, torch.nn.Dropout):
+            m.p = 0.0
+    cfg = getattr(model, "config", None)
+    for attr in ("attention_dropout", "hidden_dropout", "dropout", "resid_pdrop", "attn_pdrop", "embd_pdrop"):
+        if cfg is not None and isinstance(getattr(cfg, attr, None), float):
+            setattr(cfg, attr, 0.0)
+
+
+def load_causal_lm(path: str | Path, device: torch.device | str, attn_implementation: str | None = None) -> torch.nn.Module:
+    """Load an HF causal-LM checkpoint in float32 (master weights), dropout off. One-line error on a bad path."""
+    from transformers import AutoModelForCausalLM
+
+    p = Path(path)
+    if not (p / "config.json").is_file():
+        raise TrainerError(f"not an HF checkpoint directory (no config.json): {p}")
+    kwargs: dict[str, Any] = {"dtype": torch.float32}
+    if attn_implementation:
+        kwargs["attn_implementation"] = attn_implementation
+    try:
+        model = AutoModelForCausalLM.from_pretrained(str(p), **kwargs)
+    except (OSError, ValueError, KeyError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise TrainerError(f"cannot load model from {p}: {first}") from None
+    _zero_dropout(model)
+    return model.to(device)
+
+
+class Trainer:
+    """Holds the policy (and optionally a frozen reference), the optimiser and the LR schedule.
+
+    >>> tr = Trainer("ckpt_dir", TrainConfig(lr=1e-4), device="cpu", temperature=1.0)
+    >>> metrics = tr.train_step(TrainBatch.from_rollouts(rollouts, 4096), LOSSES["grpo"], LossConfig())
+    >>> engine.load_weights(tr.state_dict_for_sync())
+    """
+
+    def __init__(
+        self,
+        model_path: str | Path,
+        cfg: TrainConfig | None = None,
+        *,
+        device: str | torch.device = "cpu",
+        temperature: float = 1.0,
+        reference: bool = False,
+        total_steps: int | None = None,
+        attn_implementation: str | None = None,
+        tokenizer_path: str | Path | None = None,
+    ) -> None:
+        """model_path: an HF checkpoint dir. temperature: the sampling temperature of the rollouts (> 0).
+        reference: keep a frozen copy of the initial policy for the KL penalty (with LoRA: the adapter-free base).
+        total_steps: RL steps the LR schedule spans (default cfg.steps)."""
+        self.cfg = cfg or TrainConfig()
+        if temperature <= 0:
+            raise TrainerError(f"trainer temperature must be > 0 (the rollouts' sampling temperature), got {temperature}")
+        self.temperature = float(temperature)
+        self.device = torch.device(device)
+        self.model_path = Path(model_path)
+        self.step = 0  # optimiser steps taken
+        self.rl_step = 0  # train_step calls completed
+
+        model = load_causal_lm(model_path, self.device, attn_implementation)
+        self.lora = self.cfg.lora.enabled
+        if self.lora:
+            model = self._wrap_lora(model)
+        if self.cfg.gradient_checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            if self.lora:
+                model.enable_input_require_grads()
+        if hasattr(model, "config"):
+            model.config.use_cache = False
+        self.model = model
+
+        self.ref_model: torch.nn.Module | None = None
+        if reference and not self.lora:
+            self.ref_model = copy.deepcopy(model).eval()
+            for p in self.ref_model.parameters():
+                p.requires_grad_(False)
+        self.has_reference = reference
+
+        self.tokenizer = self._load_tokenizer(tokenizer_path or model_path)
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(
+            params, lr=self.cfg.lr, betas=tuple(self.cfg.betas), eps=self.cfg.adam_eps, weight_decay=self.cfg.weight_decay,
+        )
+        total_opt_steps = (total_steps if total_steps is not None else self.cfg.steps) * self.cfg.updates_per_step
+        sched_kw = dict(schedule=self.cfg.schedule, warmup_steps=self.cfg.warmup_steps, total_steps=total_opt_steps,
+                        min_lr_ratio=self.cfg.min_lr_ratio)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: lr_lambda(s, **sched_kw))
+
+    # ------------------------------------------------------------------------------------------- set-up
+
+    def _wrap_lora(self, model: torch.nn.Module) -> torch.nn.Module:
+        try:
+            import peft
+        except ImportError:
+            raise TrainerError("train.lora.enabled needs peft: pip install 'rollwise[lora]' (or pip install peft)") from None
+        lc = self.cfg.lora
+        names = {n.rsplit(".", 1)[-1] for n, _ in model.named_modules()}
+        missing = [t for t in lc.target_modules if t not in names]
+        if missing:
+            raise TrainerError(f"train.lora.target_modules: no module named {missing[0]!r} in this model")
+        pcfg = peft.LoraConfig(r=lc.r, lora_alpha=lc.alpha, lora_dropout=lc.dropout, target_modules=list(lc.target_modules),
+                               bias="none", task_type="CAUSAL_LM")
+        with torch.random.fork_rng(devices=[]):  # adapter init must not disturb the caller's RNG stream
+            torch.manual_seed(self.cfg.seed)
+            return peft.get_peft_model(model, pcfg)
+
+    @staticmethod
+    def _load_tokenizer(path: str | Path) -> Any:
+        """The tokenizer next to the weights, or None (token-in/token-out training does not need one)."""
+        p = Path(path)
+        if not any((p / f).exists() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")):
+            return None
+        try:
+            from transformers import AutoTokenizer
+
+            return AutoTokenizer.from_pretrained(str(p))
+        except Exception:  # noqa: BLE001 - a tokenizer is optional here; checkpoints then copy its files instead
+            return None
+
+    def _autocast(self) -> contextlib.AbstractContextManager:
+        if self.cfg.bf16 and self.device.type == "cuda":
+            return torch.autocast("cuda", dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    def _attention_mask(self, model: torch.nn.Module, mb: PackedMicroBatch) -> torch.Tensor | None:
+        impl = getattr(getattr(model, "config", None), "_attn_implementation", "sdpa")
+        if impl == "sdpa":
+            return mb.attention_mask().to(self.device)  # [1, 1, L, L] bool, True = attend
+        if impl == "eager":
+            allowed = mb.attention_mask().to(self.device)
+            neg = torch.finfo(torch.float32).min
+            return torch.zeros(allowed.shape, dtype=torch.float32, device=self.device).masked_fill(~allowed, neg)
+        return None  # flash-attention & co: packed sequences are detected from the restarting position_ids
+
+    @contextlib.contextmanager
+    def _reference(self) -> Iterator[torch.nn.Module]:
+        if self.ref_model is not None:
+            yield self.ref_model
+        elif self.lora and self.has_reference:
+            with self.model.disable_adapter():
+                yield self.model
+        else:
+            raise TrainerError("the KL penalty needs a reference model: build the Trainer with reference=True")
+
+    # ------------------------------------------------------------------------------------------- forward
+
+    def _row_logprobs(self, model: torch.nn.Module, mb: PackedMicroBatch, need_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Log-probs (and entropies) of the completion targets of one packed row. -> ([N], [N] | None)"""
+        ids = mb.input_ids.to(self.device)[None]  # [1, L]
+        pos = mb.position_ids.to(self.device)[None]  # [1, L]
+        pred = mb.pred_positions.to(self.device)  # [N]
+        with self._autocast():
+            out = model(input_ids=ids, position_ids=pos, attention_mask=self._attention_mask(model, mb),
+                        use_cache=False, logits_to_keep=pred)
+        logits = out.logits[0].float() / self.temperature  # [N, V]: only the positions that predict targets
+        logz = torch.logsumexp(logits, dim=-1)  # [N]
+        lp = logits.gather(-1, mb.target_ids.to(self.device)[:, None])[:, 0] - logz  # [N]
+        ent = None
+        if need_entropy:
+            with torch.no_grad():
+                probs = torch.softmax(logits, dim=-1)
+                ent = logz - (probs * logits).sum(-1)  # [N]
+        return lp, ent
+
+    @staticmethod
+    def _scatter(values: torch.Tensor, mb: PackedMicroBatch, width: int) -> torch.Tensor:
+        """[N] target values -> [len(mb.seq_ids), width] in the row's sequence order (0 elsewhere); differentiable."""
+        local = {sid: r for r, sid in enumerate(mb.seq_ids)}
+        rows = torch.tensor([local[int(s)] for s in mb.target_seq.tolist()], dtype=torch.long, device=values.device)
+        out = torch.zeros(len(mb.seq_ids), width, dtype=values.dtype, device=values.device)
+        return out.index_put((rows, mb.target_tok.to(values.device)), values)
+
+    @torch.no_grad()
+    def compute_logprobs(self, batch: TrainBatch, *, reference: bool = False, with_entropy: bool = False
+                         ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Per-token log-probs of every completion token under the current policy (or the reference).
+
+        -> [B, T] float32 on the trainer's device, 0 on padding (and `[B, T]` entropies when `with_entropy`).
+        Same temperature as the engine; runs on the packed micro-batches of `batch`.
+        """
+        ctx = self._reference() if reference else contextlib.nullcontext(self.model)
+        b, t = batch.num_sequences, batch.max_completion_len
+        lp_out = torch.zeros(b, t, dtype=torch.float32, device=self.device)
+        ent_out = torch.zeros(b, t, dtype=torch.float32, device=self.device)
+        with ctx as model:
+            was_training = model.training
+            model.eval()
+            try:
+                for mb in batch.micro_batches:
+                    lp, ent = self._row_logprobs(model, mb, with_entropy)
+                    sel = torch.tensor(mb.seq_ids, dtype=torch.long, device=self.device)
+                    lp_out[sel] = self._scatter(lp, mb, t)
+                    if ent is not None:
+                        ent_out[sel] = self._scatter(ent, mb, t)
+            finally:
+                model.train(was_training)
+        return (lp_out, ent_out) if with_entropy else lp_out
+
+    # ------------------------------------------------------------------------------------------- update
+
+    def train_step(self, batch: TrainBatch, loss_fn: LossFn, loss_cfg: LossConfig, *,
+                   generator: torch.Generator | None = None) -> dict[str, float]:
+        """One RL step on `batch`: `cfg.updates_per_step` optimiser steps (shuffled mini-batches when > 1, using
+        `generator`), gradient accumulation over packed micro-batches. Returns float metrics:
+
+        loss, pg_loss, kl, entropy, clip_frac, ratio_mean (token-weighted over micro-batches), ratio_max, grad_norm
+        (before clipping, last update), lr, logprob_diff_mean / logprob_diff_max (|trainer - engine| log-prob on
+        the same policy tokens, before any update of this step), train_tokens, micro_batches, train_s, skipped_steps.
+        """
+        t0 = time.perf_counter()
+        use_ref = self.has_reference
+        if loss_cfg.kl_coef > 0 and not use_ref:
+            raise TrainerError("algo.kl_coef > 0 needs a reference model: build the Trainer with reference=True")
+        n_updates = min(self.cfg.updates_per_step, batch.num_sequences)
+        dev = self.device
+        ref_full = self.compute_logprobs(batch, reference=True) if use_ref else None  # [B, T]
+        prox_full = None
+        if loss_cfg.uses_proximal and n_updates > 1:
+            # The proximal policy is the one before this step's first update; with a single update the loss
+            # takes logprobs.detach(), which is the same thing without a second forward.
+            prox_full = self.compute_logprobs(batch)  # [B, T]
+        if n_updates == 1:
+            minis = [(list(range(batch.num_sequences)), batch)]
+        else:
+            order = torch.randperm(batch.num_sequences, generator=generator).tolist() if generator is not None else list(range(batch.num_sequences))
+            minis = [(sorted(order[k::n_updates]), None) for k in range(n_updates)]
+
+        sums: dict[str, float] = {}
+        weight = 0.0
+        ratio_max = 0.0
+        loss_total = 0.0
+        diff_sum, diff_n, diff_max = 0.0, 0.0, 0.0
+        grad_norm = float("nan")
+        skipped = 0
+        micro_count = 0
+        self.model.train()
+        for k, (idx, mini) in enumerate(minis):
+            mini = mini if mini is not None else batch.subset(idx)
+            sel_full = torch.tensor(idx, dtype=torch.long)
+            t = mini.max_completion_len
+            old = mini.old_logprobs.to(dev)  # [b, T]
+            mask = mini.loss_mask.to(dev)  # [b, T]
+            adv = mini.advantages.to(dev)  # [b]
+            ref = ref_full[sel_full.to(dev), :t] if ref_full is not None else None
+            prox = prox_full[sel_full.to(dev), :t] if prox_full is not None else None
+            n_seq, n_tok = normalizers(mask)
+            self.optimizer.zero_grad(set_to_none=True)
+            for mb in mini.micro_batches:
+                lp_tok, ent_tok = self._row_logprobs(self.model, mb, need_entropy=True)  # [N]
+                lp = self._scatter(lp_tok, mb, t)  # [b_mb, T]
+                ent = self._scatter(ent_tok, mb, t) if ent_tok is not None else None
+                sel = torch.tensor(mb.seq_ids, dtype=torch.long, device=dev)
+                m = mask[sel]
+                loss, met = loss_fn(lp, old[sel], adv[sel], m, cfg=loss_cfg,
+                                    ref_logprobs=ref[sel] if ref is not None else None,
+                                    prox_logprobs=prox[sel] if prox is not None else None,
+                                    entropy=ent, num_sequences=n_seq, num_tokens=n_tok)
+                loss.backward()
+                micro_count += 1
+                w = float(m.sum().item())
+                loss_total += met.pop("loss")
+                ratio_max = max(ratio_max, met.pop("ratio_max", 0.0))
+                for key, v in met.items():
+                    sums[key] = sums.get(key, 0.0) + v * w
+                weight += w
+                if k == 0 or prox_full is not None:
+                    # trainer-vs-engine gap on the same tokens, at the pre-update parameters
+                    ref_lp = prox[sel] if prox is not None else lp.detach()
+                    d = (ref_lp - old[sel]).abs() * m
+                    diff_sum += float(d.sum().item())
+                    diff_n += w
+                    diff_max = max(diff_max, float(d.max().item()) if d.numel() else 0.0)
+            params = [p for p in self.model.parameters() if p.requires_grad]
+            clip = self.cfg.grad_clip if self.cfg.grad_clip is not None else float("inf")
+            gn = torch.nn.utils.clip_grad_norm_(params, clip)
+            grad_norm = float(gn.item())
+            if math.isfinite(grad_norm):
+                self.optimizer.step()
+            else:  # NOTE: a NaN/inf gradient would poison AdamW's moments for good; drop this update instead
+                skipped += 1
+            self.scheduler.step()
+            self.step += 1
+        self.optimizer.zero_grad(set_to_none=True)
+        self.rl_step += 1
+
+        out: dict[str, float] = {key: v / max(weight, 1.0) for key, v in sums.items()}
+        out.update(
+            loss=loss_total / len(minis),
+            ratio_max=ratio_max,
+            grad_norm=grad_norm,
+            lr=float(self.scheduler.get_last_lr()[0]),
+            logprob_diff_mean=diff_sum / max(diff_n, 1.0),
+            logprob_diff_max=diff_max,
+            train_tokens=float(batch.num_tokens),
+            micro_batches=float(micro_count),
+            skipped_steps=float(skipped),
+            train_s=time.perf_counter() - t0,
+        )
+        return out
+
+    # ------------------------------------------------------------------------------------------- weights
+
+    @torch.no_grad()
+    def state_dict_for_sync(self) -> dict[str, torch.Tensor]:
+        """Full HF-named weights for `engine.load_weights` (LoRA merged in, without touching the live weights).
+
+        NOTE: without LoRA the tensors alias the live parameters (no copy); clone them if you keep them across an
+        optimiser step or send them to another process.
+        """
+        if not self.lora:
+            return {k: v.detach() for k, v in self.model.state_dict().items()}
+        from peft.tuners.lora import LoraLayer
+
+        prefix = "base_model.model."
+        sd: dict[str, torch.Tensor] = {}
+        for name, t in self.model.state_dict().items():
+            if "lora_" in name:
+                continue
+            sd[name.removeprefix(prefix).replace(".base_layer.", ".")] = t.detach()
+        adapter = "default"
+        for mname, mod in self.model.named_modules():
+            if isinstance(mod, LoraLayer) and adapter in getattr(mod, "lora_A", {}):
+                key = mname.removeprefix(prefix) + ".weight"
+                sd[key] = sd[key] + mod.get_delta_weight(adapter).to(sd[key].dtype)
+        return sd
+
+    def trainable_state_dict(self) -> dict[str, torch.Tensor]:
+        """What a resume must restore besides the HF weights: the LoRA adapter tensors (empty without LoRA)."""
+        if not self.lora:
+            return {}
+        return {n: p.detach().clone() for n, p in self.model.named_parameters() if p.requires_grad}
+
+    def load_full_weights(self, state_dict: dict[str, torch.Tensor], source: str = "") -> None:
+        """Load HF-named full weights into the policy (not for LoRA). Tied weights may be absent; anything else
+        missing or unexpected is an error naming the key."""
+        if self.lora:
+            raise TrainerError("load_full_weights: a LoRA trainer restores its adapter, not full weights")
+        live = self.model.state_dict()
+        unexpected = [k for k in state_dict if k not in live]
+        if unexpected:
+            raise TrainerError(f"{source or 'weights'}: unexpected parameter {unexpected[0]!r} for this model")
+        loaded_ptrs = {live[k].data_ptr() for k in state_dict}
+        missing = [k for k in live if k not in state_dict and live[k].data_ptr() not in loaded_ptrs]
+        if missing:
+            raise TrainerError(f"{source or 'weights'}: missing parameter {missing[0]!r}")
+        with torch.no_grad():
+            for k, v in state_dict.items():
+                if tuple(v.shape) != tuple(live[k].shape):
+                    raise TrainerError(f"{source or 'weights'}: parameter {k!r} has shape {tuple(v.shape)}, model expects {tuple(live[k].shape)}")
+                live[k].copy_(v.to(live[k].dtype))
+
+    def load_trainable(self, state_dict: dict[str, torch.Tensor], source: str = "") -> None:
+        """Restore LoRA adapter tensors saved by `trainable_state_dict`."""
+        params = dict(self.model.named_parameters())
+        with torch.no_grad():
+            for k, v in state_dict.items():
+                if k not in params:
+                    raise TrainerError(f"{source or 'adapter'}: unexpected adapter parameter {k!r} (different LoRA options?)")
+                params[k].copy_(v.to(params[k].device, params[k].dtype))

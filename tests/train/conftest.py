@@ -1,0 +1,31 @@
+"""Tiny random HF models for trainer tests (built once per session, a few hundred kB each)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+
+def build_tiny_llama(path, *, seed=0, tie=False, vocab=64, attn=None):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                      intermediate_size=64, vocab_size=vocab, max_position_embeddings=128,
+                      tie_word_embeddings=tie, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    if attn:
+        cfg._attn_implementation = attn
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = LlamaForCausalLM(cfg)
+    model.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tmp_path_factory):
+    return build_tiny_llama(tmp_path_factory.mktemp("tiny_llama"))
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_tied(tmp_path_factory):
+    return build_tiny_llama(tmp_path_factory.mktemp("tiny_llama_tied"), seed=1, tie=True)
