@@ -14,6 +14,8 @@ def store(tmp_path, rollouts_for, rollout_factory):
     s = RolloutStore(tmp_path / "run")
     s.write_step(0, rollouts_for(0))
     s.write_step(1, rollouts_for(1)[:-1] + [rollout_factory(step=1, group=1, sample=2, status="errored", reward=None)])
+    # What a writer killed mid-write leaves behind: every tool below must ignore it.
+    (s.dir / ".step-000002.parquet.4242.tmp").write_bytes(b"PAR1 half written")
     return s
 
 
