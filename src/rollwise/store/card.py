@@ -15,7 +15,6 @@ non-safetensors files (tokenizer and config files are small and readable as they
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import platform
 from collections.abc import Mapping, Sequence
@@ -81,12 +80,6 @@ def checkpoint_hashes(path: str | os.PathLike[str]) -> dict[str, str]:
     return {f.name: sha256_file(f) for f in files}
 
 
-def hash_config(config: Mapping[str, Any]) -> str:
-    """sha256 of the config as canonical JSON (sorted keys), for loops that have no hash of their own."""
-    text = json.dumps(config, sort_keys=True, separators=(",", ":"), default=str)
-    return hashlib.sha256(text.encode()).hexdigest()
-
-
 def build_rollout_card(
     counts: Mapping[str, int],
     *,
@@ -98,6 +91,7 @@ def build_rollout_card(
 ) -> dict[str, Any]:
     """The card as a JSON-serialisable dict.
 
+    config_hash: the run config's hash, e.g. `rollwise.config.config_hash(cfg)`.
     counts: rollouts by status, e.g. `RolloutStore.counts_by_status()`.
     seeds: the run's seeds, named ({"run": 0, "sampling": 1}) or as a list.
     accuracy_method: how the reported accuracy is computed, in words (see ACCURACY_METHOD_DEFAULT).
