@@ -64,3 +64,49 @@ def test_concurrent_runs_do_not_interfere(sandbox):
     with ThreadPoolExecutor(4) as ex:
         outs = list(ex.map(lambda _: sandbox.run_python(code).stdout.strip(), range(4)))
     assert len(set(outs)) == 4  # four jails, four uids, each read back its own file
+
+
+def test_unprivileged_user_gets_a_user_namespace_jail():
+    """Run by a non-root user (nobody), the same jail is built inside a user namespace."""
+    import os
+    import shutil
+    import subprocess
+    import tempfile
+    import textwrap
+    from pathlib import Path
+
+    if os.geteuid() != 0 or not shutil.which("setpriv") or not os.access("/usr/bin/python3", os.X_OK):
+        pytest.skip("needs root (to become nobody with setpriv) and /usr/bin/python3")
+    src = Path(__file__).resolve().parents[2] / "src"
+    d = tempfile.mkdtemp(prefix="rollwise-nobody-")
+    os.chmod(d, 0o755)
+    script = Path(d, "probe.py")
+    script.write_text(textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {str(src)!r})
+        from rollwise.sandbox import Sandbox, SandboxLimits, isolation_status
+        ok, reason = isolation_status()
+        if not ok:
+            print("UNAVAILABLE", reason)
+            raise SystemExit(0)
+        sb = Sandbox(isolation="required")
+        lim = SandboxLimits(wall_s=3, nproc=16)
+        print(sb.run_python("print(open('/proc/self/status').read().split('CapEff:')[1].split()[0])", limits=lim).stdout.strip())
+        print(sb.run_python("open({str(src / 'rollwise' / '__init__.py')!r})", limits=lim).exit_code)
+        print(sb.run_python("import socket; socket.create_connection(('127.0.0.1', 22), timeout=1)", limits=lim).stderr.strip().splitlines()[-1])
+        bomb = sb.run_python("import os\\nwhile True: os.fork()", limits=lim)
+        print(bomb.exit_code, bomb.timed_out)
+    """))
+    try:
+        out = subprocess.run(["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups", "/usr/bin/python3", str(script)],
+                             capture_output=True, text=True, timeout=60, cwd=d)
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+    if out.stdout.startswith("UNAVAILABLE"):
+        pytest.skip(f"unprivileged user namespaces unavailable here: {out.stdout.strip()}")
+    lines = out.stdout.strip().splitlines()
+    assert out.returncode == 0, out.stderr
+    assert lines[0] == "0000000000000000"  # no capabilities
+    assert lines[1] == "1"  # project files unreadable
+    assert "Network is unreachable" in lines[2]
+    assert lines[3].split()[0] != "0"  # the fork bomb failed or was killed, and returned

@@ -12,7 +12,11 @@ Process tree (host view):
 - program: chroot into the tmpfs, drop every group and to a per-sandbox uid, no_new_privs, rlimits, scrubbed
   environment, exec. Its only writable places are /work and /tmp, both inside the tmpfs.
 
-NOTE: the per-sandbox uid is 100000 + launcher pid, unique among live sandboxes, so RLIMIT_NPROC (counted
+Run by root, the program gets a per-sandbox uid; run by anyone else, the launcher first creates a user
+namespace (where unprivileged user namespaces are allowed) and the program keeps the invoking user's uid,
+with no capabilities.
+
+NOTE: the per-sandbox uid (root mode) is 100000 + launcher pid, unique among live sandboxes, so RLIMIT_NPROC (counted
 per real uid) bounds each sandbox on its own and concurrent sandboxes cannot signal each other.
 
 Exit status: the program's exit code, 128 + signal if it was killed, or 125 with a line on stderr starting
@@ -26,7 +30,6 @@ import json
 import os
 import resource
 import select
-import shutil
 import signal
 import sys
 
@@ -50,6 +53,7 @@ PR_SET_PDEATHSIG = 1
 PR_SET_NO_NEW_PRIVS = 38
 
 JAIL_FAILED = 125
+USERNS_UID = 1000
 
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -116,12 +120,25 @@ def _build_root(cfg: dict) -> None:
     src_dir = cfg["files_dir"]
     for name in os.listdir(src_dir):
         dst = f"{root}/work/{name}"
-        shutil.copyfile(os.path.join(src_dir, name), dst)
+        with open(os.path.join(src_dir, name), "rb") as fin, open(dst, "wb") as fout:
+            fout.write(fin.read())
         os.chown(dst, uid, uid)
     try:
         _libc.sethostname(b"sandbox", 7)
     except Exception:  # noqa: BLE001 - cosmetic only
         pass
+
+
+def _count_procs_of(uid: int) -> int:
+    n = 0
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                if os.stat(f"/proc/{d}").st_uid == uid:
+                    n += 1
+            except OSError:
+                pass
+    return n
 
 
 def _exec_program(cfg: dict) -> None:
@@ -131,9 +148,10 @@ def _exec_program(cfg: dict) -> None:
     os.chdir("/work")
     for name, value in cfg["rlimits"].items():
         resource.setrlimit(getattr(resource, name), (value, value))
-    os.setgroups([])
-    os.setresgid(uid, uid, uid)
-    os.setresuid(uid, uid, uid)
+    if not cfg["userns"]:  # in a user namespace we already are the only mapped, unprivileged uid
+        os.setgroups([])
+        os.setresgid(uid, uid, uid)
+        os.setresuid(uid, uid, uid)
     _prctl(PR_SET_NO_NEW_PRIVS, 1)
     os.umask(0o077)
     os.execve(cfg["argv"][0], cfg["argv"], cfg["env"])
@@ -168,12 +186,29 @@ def main() -> None:
     _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() != cfg["parent_pid"]:  # the scorer died before PDEATHSIG was armed
         os._exit(137)
-    cfg["uid"] = 100000 + os.getpid()
     flags = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS
+    euid, egid = os.geteuid(), os.getegid()
+    cfg["userns"] = euid != 0
+    if cfg["userns"]:
+        # Unprivileged: a user namespace gives us the capabilities to build the jail; the program then runs
+        # as the invoking user (mapped to USERNS_UID inside) and loses every capability at execve.
+        flags |= CLONE_NEWUSER
+        cfg["uid"] = USERNS_UID
+        # RLIMIT_NPROC counts all of this user's processes, so the limit is on top of what already runs.
+        cfg["rlimits"]["RLIMIT_NPROC"] += _count_procs_of(euid)
+    else:
+        cfg["uid"] = 100000 + os.getpid()
     try:
         _check(_libc.unshare(flags), "unshare")
     except OSError as e:
-        _fail(f"cannot create namespaces (needs root or CAP_SYS_ADMIN): {e}")
+        _fail(f"cannot create namespaces (needs root, CAP_SYS_ADMIN or unprivileged user namespaces): {e}")
+    if cfg["userns"]:
+        try:
+            for name, text in (("setgroups", "deny"), ("uid_map", f"{USERNS_UID} {euid} 1"), ("gid_map", f"{USERNS_UID} {egid} 1")):
+                with open(f"/proc/self/{name}", "w") as fh:
+                    fh.write(text)
+        except OSError as e:
+            _fail(f"cannot map the user namespace: {e}")
     alive_r, alive_w = os.pipe()
     pid = os.fork()
     if pid == 0:

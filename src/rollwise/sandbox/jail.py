@@ -10,8 +10,10 @@ Deliberately left out: seccomp syscall filtering, cgroup memory/CPU accounting (
 N processes may each use up to the memory limit, N bounded by the process limit), and any protection of
 the *reward* from a program that forges its own result inside its process (see docs/sandbox.md).
 
-When namespaces are unavailable (not root, no CAP_SYS_ADMIN), `isolation="auto"` falls back to a plain
-child with rlimits and a scrubbed environment and warns loudly once; `isolation="required"` refuses.
+Run by root, the program gets its own uid; run by another user, the launcher builds the same jail inside
+an unprivileged user namespace (the program keeps the invoking uid, with no capabilities). When neither
+works, `isolation="auto"` falls back to a plain child with rlimits and a scrubbed environment and warns
+loudly once; `isolation="required"` (or $ROLLWISE_SANDBOX=required) refuses.
 """
 
 from __future__ import annotations
@@ -143,7 +145,9 @@ def _probe() -> tuple[bool, str]:
     except Exception as e:  # noqa: BLE001 - any failure means "not available", with its reason
         return False, f"{type(e).__name__}: {e}"
     if res.exit_code == 0:
-        return True, "namespaces (mount, pid, net, ipc, uts), chroot, dropped uid, rlimits"
+        if os.geteuid() == 0:
+            return True, "namespaces (mount, pid, net, ipc, uts), chroot, per-sandbox uid, rlimits"
+        return True, "user namespace + (mount, pid, net, ipc, uts), chroot, no capabilities, rlimits; runs as the invoking uid"
     reason = res.stderr.strip().splitlines()[-1] if res.stderr.strip() else f"exit code {res.exit_code}"
     return False, reason
 
@@ -184,6 +188,8 @@ class Sandbox:
         default_py, extra_ro = _default_python()
         self.python = python or default_py
         self.ro_paths = _SYSTEM_RO + extra_ro
+        # The launcher needs only the stdlib; the system interpreter starts faster than a pyenv/venv one.
+        self.launcher_python = default_py if not extra_ro else os.path.realpath(getattr(sys, "_base_executable", sys.executable))
         self.isolated = mode != "off"
         if mode != "off" and not _skip_check:
             ok, reason = isolation_status()
@@ -238,8 +244,7 @@ class Sandbox:
                         "argv": argv,
                         "env": env,
                     }
-                    host_py = os.path.realpath(getattr(sys, "_base_executable", sys.executable))
-                    cmd = [host_py, "-I", "-S", "-B", _LAUNCHER, json.dumps(cfg)]
+                    cmd = [self.launcher_python, "-I", "-S", "-B", _LAUNCHER, json.dumps(cfg)]
                     proc = subprocess.Popen(
                         cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                         pass_fds=(result_w,), start_new_session=True, env={}, cwd="/",
