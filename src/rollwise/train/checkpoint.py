@@ -1,0 +1,310 @@
+"""Checkpoints: HF-format weights plus everything a resume needs, written atomically, verified on load.
+
+Layout of `RUN_DIR/checkpoints/step-N/`:
+
+    config.json, model.safetensors (or shards), generation_config.json   # save_pretrained: loads anywhere
+    tokenizer files                                                        # when the trainer has a tokenizer
+    trainer_state.pt    # optimizer, scheduler, steps, python/numpy/torch RNG, caller's data position, LoRA adapter
+    checkpoint.json     # manifest: step, file sizes; written last, so its presence marks a complete checkpoint
+
+A checkpoint is written into a hidden temp directory next to the final one and renamed into place, so a crash
+leaves either the previous complete checkpoint or the new complete one, never a half-written `step-N`. The
+manifest's file sizes catch a checkpoint truncated afterwards (a full disk, a partial copy between machines).
+
+With LoRA the saved weights are the MERGED full model (what `rollwise eval`/the engine load), and the adapter
+tensors go into trainer_state.pt, so a resume rebuilds the same base + adapter exactly.
+
+`trainer_state.pt` holds only tensors and plain Python containers (numpy RNG arrays are stored as tensors), so it
+loads with `torch.load(weights_only=True)`: a checkpoint from elsewhere cannot run code on load.
+
+Deliberately left out: asynchronous/background saving and sharded optimizer state (single-process trainer).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+if TYPE_CHECKING:  # pragma: no cover
+    from rollwise.train.trainer import Trainer
+
+CHECKPOINTS = "checkpoints"
+STATE_FILE = "trainer_state.pt"
+MANIFEST = "checkpoint.json"
+FORMAT_VERSION = 1
+_STEP_RE = re.compile(r"^step-(\d+)$")
+_TOKENIZER_GLOBS = ("tokenizer*.json", "tokenizer.model", "vocab*", "merges.txt", "special_tokens_map.json",
+                    "added_tokens.json", "chat_template*")
+
+
+class CheckpointError(ValueError):
+    """A missing, incomplete or corrupt checkpoint; the message is one line and names the file."""
+
+
+@dataclass
+class Checkpoint:
+    """A verified checkpoint on disk, with its trainer state loaded (call `restore_checkpoint` to apply it)."""
+
+    path: Path
+    step: int  # RL step at which it was saved
+    data_position: dict[str, Any] = field(default_factory=dict)
+    state: dict[str, Any] = field(default_factory=dict)
+
+
+def checkpoint_dir(run_dir: str | Path, step: int) -> Path:
+    return Path(run_dir) / CHECKPOINTS / f"step-{step}"
+
+
+# ------------------------------------------------------------------------------------------------- RNG
+
+
+def _rng_state() -> dict[str, Any]:
+    np_state = np.random.get_state()
+    state: dict[str, Any] = {
+        "python": random.getstate(),
+        "numpy": {"name": np_state[0], "keys": torch.from_numpy(np.array(np_state[1], dtype=np.int64)),
+                  "pos": int(np_state[2]), "has_gauss": int(np_state[3]), "cached_gaussian": float(np_state[4])},
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    py = state["python"]
+    random.setstate((py[0], tuple(py[1]), py[2]))
+    n = state["numpy"]
+    np.random.set_state((n["name"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached_gaussian"]))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+# ------------------------------------------------------------------------------------------------- save
+
+
+def _fsync_tree(path: Path) -> None:
+    for p in sorted(path.rglob("*")):
+        if p.is_file():
+            with open(p, "rb") as f:
+                os.fsync(f.fileno())
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _save_weights(trainer: Trainer, out: Path) -> None:
+    if trainer.lora:
+        base = trainer.model.get_base_model()
+        merged = {k: v.detach().clone() for k, v in trainer.state_dict_for_sync().items()}
+        _save_plain_hf(base, merged, out)
+    else:
+        trainer.model.save_pretrained(str(out))
+
+
+def _save_plain_hf(base: torch.nn.Module, state_dict: dict[str, torch.Tensor], out: Path) -> None:
+    """Save merged weights under the plain HF names with the base config, as save_pretrained would."""
+    from safetensors.torch import save_file
+
+    cfg = base.config
+    seen: dict[int, str] = {}
+    tensors: dict[str, torch.Tensor] = {}
+    for k, v in state_dict.items():
+        # tied parameters (lm_head <-> embed_tokens) are stored once, as save_pretrained does
+        ptr = v.data_ptr()
+        if ptr in seen:
+            continue
+        seen[ptr] = k
+        tensors[k] = v.contiguous().cpu()
+    if getattr(cfg, "tie_word_embeddings", False):
+        tensors.pop("lm_head.weight", None)
+    cfg.save_pretrained(str(out))
+    gen = getattr(base, "generation_config", None)
+    if gen is not None:
+        gen.save_pretrained(str(out))
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+
+
+def _save_tokenizer(trainer: Trainer, tokenizer: Any, out: Path) -> None:
+    tok = tokenizer if tokenizer is not None else trainer.tokenizer
+    if tok is not None and hasattr(tok, "save_pretrained"):
+        tok.save_pretrained(str(out))
+        return
+    src = trainer.model_path  # no loadable tokenizer object: carry the files over as they are
+    for pattern in _TOKENIZER_GLOBS:
+        for f in src.glob(pattern):
+            if f.is_file():
+                shutil.copy2(f, out / f.name)
+
+
+def save_checkpoint(trainer: Trainer, run_dir: str | Path, step: int, *, data_position: dict[str, Any] | None = None,
+                    tokenizer: Any = None, keep: int | None = None) -> Path:
+    """Write `RUN_DIR/checkpoints/step-{step}/` atomically and return its path.
+
+    data_position: the caller's place in its data (e.g. {"epoch": 1, "index": 96, "sampler": generator.get_state()})
+    - tensors and plain containers only. keep: delete all but the newest `keep` checkpoints afterwards.
+    """
+    root = Path(run_dir) / CHECKPOINTS
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / f"step-{step}"
+    tmp = root / f".tmp-step-{step}-{os.getpid()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+    try:
+        _save_weights(trainer, tmp)
+        _save_tokenizer(trainer, tokenizer, tmp)
+        state = {
+            "format_version": FORMAT_VERSION,
+            "step": int(step),
+            "optimizer_steps": int(trainer.step),
+            "rl_steps": int(trainer.rl_step),
+            "optimizer": trainer.optimizer.state_dict(),
+            "scheduler": trainer.scheduler.state_dict(),
+            "rng": _rng_state(),
+            "data_position": dict(data_position or {}),
+            "trainable": trainer.trainable_state_dict(),
+            "lora": bool(trainer.lora),
+        }
+        torch.save(state, tmp / STATE_FILE)
+        files = {p.relative_to(tmp).as_posix(): p.stat().st_size for p in sorted(tmp.rglob("*")) if p.is_file()}
+        (tmp / MANIFEST).write_text(json.dumps({"format_version": FORMAT_VERSION, "step": int(step), "files": files}, indent=1))
+        _fsync_tree(tmp)
+        if final.exists():  # re-saving a step (e.g. after a resume): swap, then drop the old one
+            old = root / f".old-step-{step}-{os.getpid()}"
+            os.replace(final, old)
+            os.replace(tmp, final)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, final)
+        fd = os.open(root, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if keep is not None:
+        for _, old_path in _complete_checkpoints(run_dir)[:-keep]:
+            shutil.rmtree(old_path, ignore_errors=True)
+    return final
+
+
+# ------------------------------------------------------------------------------------------------- load
+
+
+def _complete_checkpoints(run_dir: str | Path) -> list[tuple[int, Path]]:
+    """(step, path) of checkpoints with a manifest, oldest first. Temp dirs and dirs without manifest are skipped."""
+    root = Path(run_dir) / CHECKPOINTS
+    if not root.is_dir():
+        return []
+    out = []
+    for p in root.iterdir():
+        m = _STEP_RE.match(p.name)
+        if m and p.is_dir() and (p / MANIFEST).is_file():
+            out.append((int(m.group(1)), p))
+    return sorted(out)
+
+
+def find_latest_checkpoint(run_dir: str | Path) -> Path | None:
+    """Path of the newest complete checkpoint under RUN_DIR/checkpoints, or None."""
+    found = _complete_checkpoints(run_dir)
+    return found[-1][1] if found else None
+
+
+def verify_checkpoint(path: str | Path) -> dict[str, Any]:
+    """Check the manifest against the files on disk; return the manifest. One-line CheckpointError naming the file."""
+    path = Path(path)
+    mf = path / MANIFEST
+    if not mf.is_file():
+        raise CheckpointError(f"incomplete checkpoint (no {MANIFEST}): {path}")
+    try:
+        manifest = json.loads(mf.read_text())
+        files = manifest["files"]
+    except (json.JSONDecodeError, KeyError, TypeError):
+        raise CheckpointError(f"corrupt checkpoint manifest: {mf}") from None
+    for name, size in files.items():
+        f = path / name
+        if not f.is_file():
+            raise CheckpointError(f"corrupt checkpoint: missing file {f}")
+        actual = f.stat().st_size
+        if actual != size:
+            raise CheckpointError(f"corrupt checkpoint: {f} is {actual} bytes, expected {size} (truncated?)")
+    return manifest
+
+
+def load_checkpoint(path: str | Path) -> Checkpoint | None:
+    """Load the newest complete checkpoint of a run directory (or a `step-N` directory itself).
+
+    Returns None when the run has no checkpoint yet. Raises CheckpointError (one line, naming the file) when the
+    checkpoint is truncated or corrupt; a damaged checkpoint is never silently skipped in favour of an older one,
+    because resuming from an older step without saying so would repeat data and steps.
+    """
+    path = Path(path)
+    if _STEP_RE.match(path.name) and path.is_dir():
+        ckpt = path
+    else:
+        if not path.is_dir():
+            raise CheckpointError(f"run directory not found: {path}")
+        ckpt = find_latest_checkpoint(path)
+        if ckpt is None:
+            return None
+    manifest = verify_checkpoint(ckpt)
+    sf = ckpt / STATE_FILE
+    try:
+        state = torch.load(sf, map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 - any unpickling failure means the file is damaged
+        raise CheckpointError(f"corrupt checkpoint file {sf}: {str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__}") from None
+    if not isinstance(state, dict) or state.get("format_version") != FORMAT_VERSION:
+        raise CheckpointError(f"corrupt checkpoint file {sf}: unknown format (expected format_version {FORMAT_VERSION})")
+    return Checkpoint(path=ckpt, step=int(manifest.get("step", state["step"])), data_position=state["data_position"], state=state)
+
+
+def _load_weight_files(ckpt: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    files = sorted(ckpt.glob("*.safetensors"))
+    if not files:
+        raise CheckpointError(f"corrupt checkpoint: no *.safetensors weights in {ckpt}")
+    sd: dict[str, torch.Tensor] = {}
+    for f in files:
+        try:
+            sd.update(load_file(str(f)))
+        except Exception as e:  # noqa: BLE001
+            raise CheckpointError(f"corrupt checkpoint file {f}: {str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__}") from None
+    return sd
+
+
+def restore_checkpoint(trainer: Trainer, ckpt: Checkpoint, *, restore_rng: bool = True) -> dict[str, Any]:
+    """Apply a loaded checkpoint to a freshly built Trainer (same model architecture and options): weights (or
+    the LoRA adapter), optimizer, scheduler, step counters and RNG. Returns the caller's data position."""
+    state = ckpt.state
+    if bool(state.get("lora")) != bool(trainer.lora):
+        raise CheckpointError(f"{ckpt.path / STATE_FILE}: saved with lora={state.get('lora')}, trainer has lora={trainer.lora}")
+    if trainer.lora:
+        trainer.load_trainable(state["trainable"], source=str(ckpt.path / STATE_FILE))
+    else:
+        trainer.load_full_weights(_load_weight_files(ckpt.path), source=str(ckpt.path))
+    try:
+        trainer.optimizer.load_state_dict(state["optimizer"])
+        trainer.scheduler.load_state_dict(state["scheduler"])
+    except (ValueError, KeyError, RuntimeError) as e:
+        raise CheckpointError(f"{ckpt.path / STATE_FILE}: optimizer state does not fit this trainer ({str(e).splitlines()[0]})") from None
+    trainer.step = int(state["optimizer_steps"])
+    trainer.rl_step = int(state["rl_steps"])
+    if restore_rng:
+        _set_rng_state(state["rng"])
+    return dict(state["data_position"])
