@@ -62,6 +62,11 @@ class CodeTests:
     sandbox: Sandbox | None = None
     name: str = "code_tests"
 
+    def __post_init__(self) -> None:
+        # Check isolation now, so a machine without it is reported loudly at start-up, not mid-run.
+        if self.sandbox is None:
+            self.sandbox = default_sandbox()
+
     def __call__(self, task: Task, completion: str) -> Score:
         md = task.metadata
         missing = [k for k in ("test", "entry_point") if k not in md]
