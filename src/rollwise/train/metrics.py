@@ -1,0 +1,176 @@
+"""`MetricsLogger`: one JSON object per step in RUN_DIR/metrics.jsonl, TensorBoard when installed, and a rich
+progress bar on a terminal.
+
+metrics.jsonl is the record of a run (the report, `pandas.read_json(lines=True)` and DuckDB read it), so each line
+is flushed and fsynced as it is written: a run killed at step N has N complete lines, at most followed by one torn
+line, which a resume drops (`resume_from_step`). Non-finite numbers are written as null (JSON has no NaN) and
+tensors / numpy scalars as plain numbers. Nested dicts are flattened with '/' ("time/generate").
+
+The terminal display is a convenience: it stays silent when stdout is not a TTY (CI logs, pipes), and TensorBoard
+is skipped silently when the `tensorboard` package is absent.
+
+Deliberately left out: wandb/mlflow sinks (another small sink class when someone needs one).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+DEFAULT_SHOW = ("reward", "accuracy", "loss", "kl", "entropy", "grad_norm", "logprob_diff_mean", "tokens_per_s")
+
+
+def _scalar(v: Any) -> Any:
+    """A JSON-safe value: numbers as int/float (non-finite -> None), strings and bools kept, else str()."""
+    if v is None or isinstance(v, (bool, str)):
+        return v
+    if hasattr(v, "item") and callable(v.item) and getattr(v, "ndim", 0) == 0:  # torch / numpy scalars
+        v = v.item()
+    if isinstance(v, int):
+        return v
+    if isinstance(v, float):
+        return v if math.isfinite(v) else None
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return str(v)
+    return f if math.isfinite(f) else None
+
+
+def flatten_metrics(metrics: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """{'time': {'train': 1.0}} -> {'time/train': 1.0}, values made JSON-safe."""
+    out: dict[str, Any] = {}
+    for k, v in metrics.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, Mapping):
+            out.update(flatten_metrics(v, key + "/"))
+        else:
+            out[key] = _scalar(v)
+    return out
+
+
+class MetricsLogger:
+    """Append-only per-step metrics. Use as a context manager or call `close()`."""
+
+    def __init__(self, run_dir: str | Path, *, total_steps: int | None = None, tensorboard: bool = True,
+                 console: Any = None, show: Sequence[str] = DEFAULT_SHOW, resume_from_step: int | None = None) -> None:
+        """run_dir: created if missing. total_steps: length of the progress bar. console: a rich Console (default:
+        stdout); the bar shows only when it is a terminal. show: metric keys displayed next to the bar.
+        resume_from_step: keep only lines with step <= this (a resumed run re-logs the steps after its checkpoint)."""
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.path = self.run_dir / "metrics.jsonl"
+        if resume_from_step is not None:
+            self._truncate_after(resume_from_step)
+        self._file = open(self.path, "a", encoding="utf-8")
+        self._t0 = time.time()
+        self.show = tuple(show)
+        self.last: dict[str, Any] = {}
+
+        self._tb = None
+        if tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+
+                self._tb = SummaryWriter(log_dir=str(self.run_dir / "tensorboard"))
+            except ImportError:  # tensorboard not installed: skip silently, metrics.jsonl is the record
+                self._tb = None
+
+        from rich.console import Console
+
+        self.console = console if console is not None else Console()
+        self._progress = None
+        self._task = None
+        if self.console.is_terminal:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self._progress = Progress(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                                      TextColumn("{task.description}"), console=self.console, transient=False)
+            self._progress.start()
+            self._task = self._progress.add_task("", total=total_steps, completed=resume_from_step or 0)
+
+    def _truncate_after(self, step: int) -> None:
+        if not self.path.exists():
+            return
+        keep = []
+        for line in self.path.read_text(encoding="utf-8").splitlines():
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a torn last line from a crash
+            if isinstance(rec, dict) and isinstance(rec.get("step"), int) and rec["step"] <= step:
+                keep.append(line)
+        tmp = self.path.with_suffix(".jsonl.tmp")
+        tmp.write_text("".join(line + "\n" for line in keep), encoding="utf-8")
+        os.replace(tmp, self.path)
+
+    def log(self, step: int, metrics: Mapping[str, Any]) -> dict[str, Any]:
+        """Write one line {"step": step, "wall_s": ..., **metrics} (flattened, JSON-safe); return it."""
+        rec: dict[str, Any] = {"step": int(step)}
+        rec["wall_s"] = round(time.time() - self._t0, 3)
+        rec.update(flatten_metrics(metrics))
+        self._file.write(json.dumps(rec, allow_nan=False) + "\n")
+        self._file.flush()
+        os.fsync(self._file.fileno())
+        if self._tb is not None:
+            for k, v in rec.items():
+                if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool):
+                    self._tb.add_scalar(k, v, global_step=int(step))
+            self._tb.flush()
+        if self._progress is not None:
+            shown = "  ".join(f"{k}={_fmt(rec[k])}" for k in self.show if rec.get(k) is not None)
+            self._progress.update(self._task, completed=int(step), description=shown)
+        self.last = rec
+        return rec
+
+    def print_table(self, title: str, rows: Mapping[str, Any]) -> None:
+        """A two-column rich table (e.g. accuracy before/after), on a terminal only."""
+        if not self.console.is_terminal:
+            return
+        from rich.table import Table
+
+        table = Table(title=title)
+        table.add_column("metric")
+        table.add_column("value", justify="right")
+        for k, v in flatten_metrics(rows).items():
+            table.add_row(k, _fmt(v))
+        self.console.print(table)
+
+    def close(self) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+            self._progress = None
+        if self._tb is not None:
+            self._tb.close()
+            self._tb = None
+        if not self._file.closed:
+            self._file.close()
+
+    def __enter__(self) -> MetricsLogger:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return str(v)
+
+
+def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
+    """All complete lines of RUN_DIR/metrics.jsonl (a torn last line is skipped)."""
+    path = Path(run_dir) / "metrics.jsonl"
+    out = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return out

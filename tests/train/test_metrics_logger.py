@@ -1,0 +1,91 @@
+"""MetricsLogger: metrics.jsonl lines, JSON-safe values, resume truncation, TensorBoard hook, TTY-only display."""
+
+from __future__ import annotations
+
+import io
+import json
+import sys
+import types
+
+import numpy as np
+import pytest
+import torch
+from rich.console import Console
+
+from rollwise.train.metrics import MetricsLogger, read_metrics
+
+
+def _quiet():
+    return Console(file=io.StringIO(), force_terminal=False)
+
+
+def test_lines_are_written_at_once_and_json_safe(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # tensorboard absent: skipped silently
+    log = MetricsLogger(tmp_path / "run", tensorboard=True, console=_quiet())
+    log.log(1, {"loss": torch.tensor(0.5), "reward": np.float32(0.25), "n": np.int64(3), "kl": float("nan"),
+                "time": {"train": 1.5, "generate": 2}, "note": "ok", "flag": True})
+    # visible on disk before close (flushed + fsynced per line)
+    rec = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])
+    assert rec["step"] == 1 and rec["loss"] == 0.5 and rec["reward"] == 0.25 and rec["n"] == 3
+    assert rec["kl"] is None and rec["time/train"] == 1.5 and rec["time/generate"] == 2
+    assert rec["note"] == "ok" and rec["flag"] is True and "wall_s" in rec
+    log.log(2, {"loss": 0.25})
+    log.close()
+    assert [r["step"] for r in read_metrics(tmp_path / "run")] == [1, 2]
+    assert log._tb is None
+    pd = pytest.importorskip("pandas")
+    df = pd.read_json(tmp_path / "run" / "metrics.jsonl", lines=True)
+    assert list(df["step"]) == [1, 2]
+
+
+def test_resume_drops_steps_after_checkpoint_and_torn_line(tmp_path):
+    with MetricsLogger(tmp_path, tensorboard=False, console=_quiet()) as log:
+        for s in range(1, 6):
+            log.log(s, {"loss": float(s)})
+    with open(tmp_path / "metrics.jsonl", "a") as f:
+        f.write('{"step": 6, "lo')  # killed mid-write
+    with MetricsLogger(tmp_path, tensorboard=False, console=_quiet(), resume_from_step=3) as log:
+        log.log(4, {"loss": 40.0})
+    recs = read_metrics(tmp_path)
+    assert [r["step"] for r in recs] == [1, 2, 3, 4] and recs[-1]["loss"] == 40.0
+
+
+def test_tensorboard_receives_numeric_scalars(tmp_path, monkeypatch):
+    calls = []
+
+    class FakeWriter:
+        def __init__(self, log_dir):
+            calls.append(("init", log_dir))
+
+        def add_scalar(self, tag, value, global_step):
+            calls.append((tag, value, global_step))
+
+        def flush(self):
+            pass
+
+        def close(self):
+            calls.append(("close",))
+
+    fake = types.ModuleType("torch.utils.tensorboard")
+    fake.SummaryWriter = FakeWriter
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", fake)
+    with MetricsLogger(tmp_path, console=_quiet()) as log:
+        log.log(7, {"loss": 1.0, "note": "x", "flag": True, "kl": float("inf")})
+    assert ("loss", 1.0, 7) in calls and calls[0] == ("init", str(tmp_path / "tensorboard"))
+    assert not any(c[0] in ("note", "flag", "kl", "step") for c in calls)
+    assert calls[-1] == ("close",)
+
+
+def test_terminal_display_only_on_a_tty(tmp_path):
+    quiet = _quiet()
+    with MetricsLogger(tmp_path / "a", tensorboard=False, console=quiet) as log:
+        log.log(1, {"reward": 0.5})
+        log.print_table("eval", {"accuracy": 0.9})
+    assert quiet.file.getvalue() == ""
+
+    tty = Console(file=io.StringIO(), force_terminal=True, width=120)
+    with MetricsLogger(tmp_path / "b", total_steps=4, tensorboard=False, console=tty) as log:
+        log.log(1, {"reward": 0.5, "loss": 0.125})
+        log.print_table("eval", {"accuracy": 0.9})
+    out = tty.file.getvalue()
+    assert "reward=0.5" in out and "accuracy" in out
