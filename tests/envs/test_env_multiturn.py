@@ -187,3 +187,33 @@ def test_python_tool_runs_in_the_sandbox():
     state = env.reset(TASK)
     assert env.step(state, "<python>print(347*29)</python>") == "<result>10063</result>\n"
     assert env.step(state, "<python>open('/etc/shadow').read()</python>").startswith("<error>FileNotFoundError")
+
+
+class CuttingEngine(ScriptedEngine):
+    """Like a real engine with stop strings: the stop string's tokens are kept, the text is cut before it."""
+
+    def generate(self, prompts, params):
+        outs = super().generate(prompts, params)
+        for o in outs:
+            for c in o.outputs:
+                for stop in params.stop or []:
+                    if stop in c.text:
+                        c.text = c.text[: c.text.index(stop)]
+        return outs
+
+
+def test_stop_strings_cut_from_text_still_parse():
+    tok = MergingTokenizer()
+    (ep,) = run_episodes(CuttingEngine(tok, calc_then_answer), tok, ToolCalcEnv(), [TASK], SP, 4, 512)
+    assert ep.texts[1] == ("policy", "<calc>347*29")
+    assert ep.score.value == 1.0 and ep.finish_reason == "stop"
+    assert ep.token_ids[: len("<calc>347*29</calc>")] == [ord(c) for c in "<calc>347*29</calc>"]
+
+
+def test_eos_ends_the_episode_even_after_a_call():
+    class EosTok(MergingTokenizer):
+        eos_token_id = ord("$")
+
+    tok = EosTok()
+    (ep,) = run_episodes(ScriptedEngine(tok, lambda conv, j: "<calc>1+1</calc>$"), tok, ToolCalcEnv(), [TASK], SP, 4, 512)
+    assert ep.finish_reason == "stop" and ep.turns == 1 and ep.token_ids[-1] == ord("$") and all(ep.loss_mask)

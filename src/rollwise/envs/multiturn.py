@@ -213,7 +213,10 @@ def _advance(ep: Episode, out: Any, env: Any, tokenizer: Any, max_turns: int, ma
         ep.finish_reason = "abort"
         ep.state.data["step_error"] = describe(e)  # type: ignore[union-attr]
         return False
-    if reply is None:
+    eos = getattr(tokenizer, "eos_token_id", None)
+    if reply is None or (eos is not None and ids and ids[-1] == eos):
+        # NOTE: a policy turn that ended with EOS ends the episode even if it also made a call: nothing may
+        # follow EOS in a trained sequence. The environment still saw the turn (it may hold the answer).
         ep.finish_reason = "stop"
         return False
     reply_ids = encode_reply(tokenizer, reply)
