@@ -41,6 +41,9 @@ class ModelRunner:
         spec = model.spec
         dtype = model.embed_tokens.weight.dtype
         self.kv_caches = []
+        self._workspace: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._kv_shape = (block_size, spec.num_kv_heads, spec.head_dim)
+        self._dtype = dtype
         for layer in model.layers:
             cache = torch.zeros(2, num_blocks, block_size, spec.num_kv_heads, spec.head_dim, dtype=dtype, device=device)
             layer.self_attn.kv_cache = cache
@@ -80,15 +83,28 @@ class ModelRunner:
         pos = [len(s) - 1 for s in seqs]
         slots = [s.block_table[p // bs] * bs + p % bs for s, p in zip(seqs, pos)]
         max_blocks = max(len(s.block_table) for s in seqs)
-        tables = [s.block_table + [0] * (max_blocks - len(s.block_table)) for s in seqs]
+        flat: list[int] = []
+        for s in seqs:
+            flat.extend(s.block_table)
+            flat.extend([0] * (max_blocks - len(s.block_table)))
         dev = self.device
         pos_t = torch.tensor(pos, dtype=torch.long, device=dev)
-        bt = torch.tensor(tables, dtype=torch.long, device=dev)
+        bt = torch.tensor(flat, dtype=torch.long, device=dev)
         key_pos = torch.arange(max_blocks * bs, device=dev)
         mask = (key_pos[None, :] <= pos_t[:, None]).view(len(seqs), 1, 1, -1)
         meta = AttnMetadata(False, torch.tensor(slots, dtype=torch.long, device=dev), bs,
-                            block_tables=bt, decode_mask=mask)
+                            block_tables=bt, num_seqs=len(seqs), decode_mask=mask,
+                            workspace=self._get_workspace(len(flat)))
         return torch.tensor(ids, dtype=torch.long, device=dev), pos_t, meta, None
+
+    def _get_workspace(self, num_blocks: int) -> tuple[torch.Tensor, torch.Tensor]:
+        ws = self._workspace
+        if ws is None or ws[0].shape[0] < num_blocks:
+            cap = max(num_blocks, 2 * (ws[0].shape[0] if ws is not None else 0))
+            cap = min(max(cap, num_blocks), max(num_blocks, self.num_blocks * 2))
+            ws = tuple(torch.empty((cap, *self._kv_shape), dtype=self._dtype, device=self.device) for _ in range(2))
+            self._workspace = ws  # type: ignore[assignment]
+        return ws  # type: ignore[return-value]
 
     def _sampling_batch(self, out: SchedulerOutput) -> SamplingBatch:
         seqs = out.sample_seqs

@@ -50,8 +50,12 @@ class AttnMetadata:
     # prefill: one entry per sequence (q_start, q_len, num_cached, block_table as a tensor)
     prefill_seqs: list[tuple[int, int, int, torch.Tensor]] | None = None
     # decode: one query token per sequence
-    block_tables: torch.Tensor | None = None  # [B, max_blocks] int64 (padded with 0)
+    block_tables: torch.Tensor | None = None  # [B * max_blocks] int64, flattened (padded with block 0)
+    num_seqs: int = 0
     decode_mask: torch.Tensor | None = None  # [B, 1, 1, max_blocks * block_size] bool: key is inside the context
+    # Reusable gather buffers [capacity_blocks, block_size, kvh, d] for K and V (shared by all layers).
+    # NOTE: on CPU a fresh multi-MB tensor per layer per step costs more in page faults than the copy itself.
+    workspace: tuple[torch.Tensor, torch.Tensor] | None = None
 
 
 class RMSNorm(nn.Module):
@@ -132,15 +136,17 @@ class Attention(nn.Module):
 
     def _decode(self, q: torch.Tensor, meta: AttnMetadata) -> torch.Tensor:
         bt = meta.block_tables
-        assert bt is not None and meta.decode_mask is not None
-        b = bt.shape[0]
-        kv = self.kv_cache[:, bt]  # [2, B, max_blocks, block_size, kvh, d]
-        kv = kv.view(2, b, -1, self.kvh, self.d).transpose(2, 3)  # [2, B, kvh, L, d]
-        qi = q.unsqueeze(2)  # [B, h, 1, d]
-        o = F.scaled_dot_product_attention(
-            qi, kv[0], kv[1], attn_mask=meta.decode_mask, scale=self.scale, enable_gqa=True
-        )
-        return o.squeeze(2)  # [B, h, d]
+        assert bt is not None and meta.decode_mask is not None and meta.workspace is not None
+        b = meta.num_seqs
+        nb = bt.shape[0]
+        kbuf, vbuf = meta.workspace
+        k = torch.index_select(self.kv_cache[0], 0, bt, out=kbuf[:nb])  # [B * max_blocks, bs, kvh, d]
+        v = torch.index_select(self.kv_cache[1], 0, bt, out=vbuf[:nb])
+        k = k.view(b, -1, self.kvh, self.d).transpose(1, 2)  # [B, kvh, L, d]
+        v = v.view(b, -1, self.kvh, self.d).transpose(1, 2)
+        o = F.scaled_dot_product_attention(q.unsqueeze(2), k, v, attn_mask=meta.decode_mask, scale=self.scale,
+                                           enable_gqa=True)  # [B, h, 1, d]
+        return o.squeeze(2)
 
 
 class MLP(nn.Module):
