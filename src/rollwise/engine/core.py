@@ -249,6 +249,11 @@ class EngineCore:
                                          list(seq.output_weight_versions)))
         return RequestOutput(req.request_id, req.prompt_token_ids, outs)
 
+    def snapshot(self, request_id: str) -> RequestOutput | None:
+        """The request's output so far (unfinished samples have finish_reason None); for streaming."""
+        req = self.requests.get(request_id)
+        return None if req is None else self._make_output(req)
+
     # ------------------------------------------------------------------ control
     def abort(self, request_id: str) -> RequestOutput | None:
         """End a request now; returns its partial output (unfinished samples get finish_reason 'abort')."""
