@@ -110,3 +110,10 @@ def test_unprivileged_user_gets_a_user_namespace_jail():
     assert lines[1] == "1"  # project files unreadable
     assert "Network is unreachable" in lines[2]
     assert lines[3].split()[0] != "0"  # the fork bomb failed or was killed, and returned
+
+
+def test_unread_large_stdin_does_not_block_and_unicode_survives(sandbox):
+    res = sandbox.run_python("import time\ntime.sleep(5)", stdin="x" * (1 << 20), limits=SandboxLimits(wall_s=1.0))
+    assert res.timed_out and res.wall_s < 4
+    uni = sandbox.run_python("print('héllo → 世界')")
+    assert uni.ok and uni.stdout.strip() == "héllo → 世界"

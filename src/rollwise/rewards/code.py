@@ -19,7 +19,7 @@ from rollwise.types import Score
 _HARNESS = '''\
 import os
 _fd = int(os.environ.pop("ROLLWISE_RESULT_FD"))
-with open("program.py") as _f:
+with open("program.py", encoding="utf-8") as _f:
     _src = _f.read()
 try:
     exec(compile(_src, "program.py", "exec"), {"__name__": "__main__", "__builtins__": __builtins__})

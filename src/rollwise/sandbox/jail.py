@@ -19,7 +19,6 @@ loudly once; `isolation="required"` (or $ROLLWISE_SANDBOX=required) refuses.
 from __future__ import annotations
 
 import json
-import logging
 import math
 import os
 import resource
@@ -35,7 +34,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-log = logging.getLogger(__name__)
 
 _LAUNCHER = str(Path(__file__).with_name("_launcher.py"))
 _JAIL_FAILED = 125
@@ -107,6 +105,20 @@ class SandboxResult:
     @property
     def ok(self) -> bool:
         return self.exit_code == 0 and not self.timed_out and not self.output_limited
+
+
+def _feed(pipe, data: bytes) -> None:
+    try:
+        if data:
+            pipe.write(data)
+        pipe.close()
+    except (BrokenPipeError, OSError, ValueError):
+        pass
+
+
+def _set_rlimits(limits: dict[str, int]) -> None:
+    for name, value in limits.items():
+        resource.setrlimit(getattr(resource, name), (value, value))
 
 
 def _default_python() -> tuple[str, list[str]]:
@@ -220,7 +232,7 @@ class Sandbox:
             for name, text in (files or {}).items():
                 if "/" in name or name in ("", ".", ".."):
                     raise ValueError(f"sandbox file names must be plain names, got {name!r}")
-                Path(files_dir, name).write_text(text)
+                Path(files_dir, name).write_text(text, encoding="utf-8")
             result_r, result_w = os.pipe()
             env = {
                 "PATH": "/usr/local/bin:/usr/bin:/bin",
@@ -250,12 +262,12 @@ class Sandbox:
                         pass_fds=(result_w,), start_new_session=True, env={}, cwd="/",
                     )
                 else:
-                    rl = lim.rlimits()
-                    run_dir = os.path.join(tmp, "files")
+                    # NOTE: no RLIMIT_NPROC here: without a uid of its own it would count all of the user's processes.
+                    rl = {k: v for k, v in lim.rlimits().items() if k != "RLIMIT_NPROC"}
                     proc = subprocess.Popen(
                         argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                        pass_fds=(result_w,), start_new_session=True, env=env, cwd=run_dir,
-                        preexec_fn=lambda: [resource.setrlimit(getattr(resource, k), (v, v)) for k, v in rl.items() if k != "RLIMIT_NPROC"],
+                        pass_fds=(result_w,), start_new_session=True, env=env, cwd=files_dir,
+                        preexec_fn=lambda: _set_rlimits(rl),
                     )
             finally:
                 os.close(result_w)
@@ -272,11 +284,8 @@ class Sandbox:
         sel.register(proc.stderr, selectors.EVENT_READ, "stderr")
         result_file = os.fdopen(result_r, "rb", buffering=0)
         sel.register(result_file, selectors.EVENT_READ, "result")
-        try:
-            proc.stdin.write(stdin.encode())
-            proc.stdin.close()
-        except (BrokenPipeError, OSError):
-            pass
+        # A writer thread, so a program that never reads a large stdin cannot block us past the deadline.
+        threading.Thread(target=_feed, args=(proc.stdin, stdin.encode()), daemon=True).start()
         timed_out = output_limited = False
         killed_at: float | None = None
         try:
