@@ -1,4 +1,4 @@
-"""Reward test fixture: the real datasets in ../shared/data beside the repository (skipped if missing)."""
+"""Environment test fixture: the real datasets in ../shared/data beside the repository (skipped if missing)."""
 
 from __future__ import annotations
 
