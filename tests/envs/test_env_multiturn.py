@@ -161,6 +161,7 @@ def test_engine_abort_and_bad_logprobs():
     assert ep.finish_reason == "abort" and ep.to_rollout().status == "aborted"
     with pytest.raises(ValueError, match="log-probs for"):
         run_episodes(ScriptedEngine(tok, calc_then_answer, bad_logprobs=True), tok, ToolCalcEnv(), [TASK], SP, 4, 512)
+    assert run_episodes(ScriptedEngine(tok, calc_then_answer), tok, ToolCalcEnv(), [], SP, 4, 512) == []
     with pytest.raises(ValueError, match="max_total_tokens"):
         run_episodes(ScriptedEngine(tok, calc_then_answer), tok, ToolCalcEnv(), [TASK], SP, 4, 5)
 

@@ -123,6 +123,8 @@ def run_episodes(
         raise ValueError(f"run_episodes: max_turns must be >= 1, got {max_turns}")
     if max_total_tokens < 2:
         raise ValueError(f"run_episodes: max_total_tokens must be >= 2, got {max_total_tokens}")
+    if not tasks:
+        return []
     stops = list(sampling_params.stop or []) + [s for s in getattr(env, "stop", ()) if s not in (sampling_params.stop or [])]
     episodes: list[Episode] = []
     for task in tasks:
