@@ -12,6 +12,7 @@ Deliberately left out: async environments and batched scoring inside the protoco
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -55,10 +56,10 @@ class EpisodeState:
 class MultiTurnEnvironment(Environment, Protocol):
     """An environment whose episodes alternate policy turns and environment observations.
 
-    `step` gets the policy's latest completion text and returns the observation to append (the runner
-    tokenizes exactly that text and appends it), or None when the episode is over. `score` sees the
-    whole policy side of the conversation joined by newlines, or the environment reads `state` kept in
-    the task's last episode through `score_episode`.
+    `reset` opens an episode; `step` gets the policy's latest turn as text and returns the observation to
+    append (the runner tokenizes exactly that text, alone, and appends it), or None when the episode is
+    over; `score_episode` scores the finished episode from its state. `score(task, text)` stays available
+    for scoring a whole transcript given as one string (e.g. by `rollwise score`).
     """
 
     def reset(self, task: Task) -> EpisodeState: ...
@@ -70,7 +71,5 @@ class MultiTurnEnvironment(Environment, Protocol):
 
 def split_of(key: str, test_fraction: float) -> str:
     """Deterministic train/test assignment by hashing a problem's canonical text (disjoint by construction)."""
-    import hashlib
-
     h = int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big") / 2**64
     return "test" if h < test_fraction else "train"
