@@ -265,7 +265,8 @@ class Trainer:
 
         loss, pg_loss, kl, entropy, clip_frac, ratio_mean (token-weighted over micro-batches), ratio_max, grad_norm
         (before clipping, last update), lr, logprob_diff_mean / logprob_diff_max (|trainer - engine| log-prob on
-        the same policy tokens, before any update of this step), train_tokens, micro_batches, train_s, skipped_steps.
+        the same policy tokens, before any update of this step), train_tokens, micro_batches, skipped_steps, and
+        wall times: train_s (all), ref_s (reference / proximal forward passes), optim_s (clip + AdamW).
         """
         t0 = time.perf_counter()
         use_ref = self.has_reference
@@ -279,6 +280,8 @@ class Trainer:
             # The proximal policy is the one before this step's first update; with a single update the loss
             # takes logprobs.detach(), which is the same thing without a second forward.
             prox_full = self.compute_logprobs(batch)  # [B, T]
+        ref_s = time.perf_counter() - t0
+        optim_s = 0.0
         if n_updates == 1:
             minis = [(list(range(batch.num_sequences)), batch)]
         else:
@@ -330,6 +333,7 @@ class Trainer:
                     diff_sum += float(d.sum().item())
                     diff_n += w
                     diff_max = max(diff_max, float(d.max().item()) if d.numel() else 0.0)
+            t_opt = time.perf_counter()
             params = [p for p in self.model.parameters() if p.requires_grad]
             clip = self.cfg.grad_clip if self.cfg.grad_clip is not None else float("inf")
             gn = torch.nn.utils.clip_grad_norm_(params, clip)
@@ -340,6 +344,7 @@ class Trainer:
                 skipped += 1
             self.scheduler.step()
             self.step += 1
+            optim_s += time.perf_counter() - t_opt
         self.optimizer.zero_grad(set_to_none=True)
         self.rl_step += 1
 
@@ -354,6 +359,8 @@ class Trainer:
             train_tokens=float(batch.num_tokens),
             micro_batches=float(micro_count),
             skipped_steps=float(skipped),
+            ref_s=ref_s,
+            optim_s=optim_s,
             train_s=time.perf_counter() - t0,
         )
         return out
