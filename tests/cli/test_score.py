@@ -186,3 +186,18 @@ def test_score_module_does_not_import_torch():
 
     code = "import sys, rollwise.cli.score, rollwise.envs, rollwise.rewards; print('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "False"
+
+
+def test_mbpp_samples_with_integer_task_ids(tmp_path, capsys):
+    data = _shared_data()
+    recs = json.loads((data / "mbpp" / "sanitized-mbpp.json").read_text())[:3]
+    inp = _write(tmp_path / "mbpp.jsonl", [{"task_id": recs[0]["task_id"], "completion": recs[0]["code"]},
+                                            {"task_id": f"mbpp/{recs[1]['task_id']}", "completion": recs[1]["code"]},
+                                            {"task_id": recs[2]["task_id"], "completion": "def f():\n    pass\n"},
+                                            {"task_id": True, "completion": "x"}])
+    out = tmp_path / "mbpp.out.jsonl"
+    assert main(["score", "--env", "mbpp", "--input", str(inp), "--output", str(out), "--data", str(data)]) == 1
+    rows = _read(out)
+    assert [r.get("passed") for r in rows[:3]] == [True, True, False] and rows[2]["result"].startswith("failed: ")
+    assert rows[3]["error"] == "field 'task_id' must be a string, got bool"
+    assert "pass@1 2/3" in capsys.readouterr().out

@@ -1,6 +1,8 @@
-"""Built-in environments: arithmetic, countdown (and its safe evaluator), GSM8K, HumanEval, tool_calc."""
+"""Built-in environments: arithmetic, countdown (and its safe evaluator), GSM8K, HumanEval, MBPP, tool_calc."""
 
 from __future__ import annotations
+
+import random
 
 import pytest
 from hypothesis import given, settings
@@ -78,7 +80,7 @@ def test_countdown_equation_extraction():
 def test_safe_evaluator_is_exact_and_refuses_code():
     assert evaluate("7/2*2") == (7, [7, 2, 2])
     assert evaluate("2^10")[0] == 1024
-    for bad in ["__import__('os').system('x')", "1/0", "(1).real", "9**99", "[1]", "a+1", "", "1" * 300]:
+    for bad in ["__import__('os').system('x')", "1/0", "1e400", "(1).real", "9**99", "[1]", "a+1", "", "1" * 300]:
         with pytest.raises(CalcError):
             evaluate(bad)
 
@@ -118,8 +120,27 @@ def test_humaneval_loads_and_scores(shared_data):
 
 
 def test_every_builtin_satisfies_the_protocol(shared_data):
-    for name in ("arithmetic", "countdown", "gsm8k", "humaneval", "tool_calc"):
-        env = get_env(name, path=str(shared_data)) if name in ("gsm8k", "humaneval") else get_env(name)
+    for name in ("arithmetic", "countdown", "gsm8k", "humaneval", "mbpp", "tool_calc"):
+        env = get_env(name, path=str(shared_data)) if name in ("gsm8k", "humaneval", "mbpp") else get_env(name)
         assert isinstance(env, Environment) and env.name == name
         task = env.load("test", n=2)[0]
         assert isinstance(task.id, str) and isinstance(task.prompt, str)
+
+
+def test_mbpp_references_pass_and_broken_code_fails(shared_data):
+    from rollwise.envs.mbpp import strip_fence
+    from rollwise.rewards import score_many
+
+    env = get_env("mbpp", path=str(shared_data))
+    tasks = env.load("test")
+    assert len(tasks) == 427 and "Your code should pass these tests:" in tasks[0].prompt
+    # NOTE: mbpp/123's reference is O(n^2) up to 9999 and takes seconds: it times out on a loaded 2-core box.
+    sample = [t for t in random.Random(0).sample(tasks, 25) if t.id != "mbpp/123"]
+    fenced = [(t, f"Here you go:\n```python\n{t.answer}\n```\nDone.") for t in sample]
+    broken = [(t, "def nothing():\n    pass\n") for t in sample[:5]]
+    scores = score_many(env, fenced + broken, max_workers=4)
+    assert [s.info["result"] for s in scores[: len(sample)]] == ["passed"] * len(sample)
+    assert all(s.value == 0.0 and s.info["result"].startswith("failed: ") for s in scores[len(sample):])
+    assert strip_fence("no fence") == "no fence"
+    with pytest.raises(ValueError, match="one 'test' split"):
+        env.load("train")

@@ -2,8 +2,8 @@
 
 Record formats follow the datasets' own conventions:
 - gsm8k: `question`, `answer` (worked solution ending `#### N`), `completion` -> adds `score`, `correct`, `extracted`.
-- humaneval: `task_id`, `completion` (HumanEval samples format) -> adds `passed`, `result` as HumanEval writes them;
-  the problems come from `--data` (the problems file or the data root).
+- humaneval, mbpp: `task_id`, `completion` (HumanEval samples format) -> adds `passed`, `result` as HumanEval
+  writes them; the problems come from `--data` (the problems file or the data root).
 - any other environment: `answer`, `completion`, optional `id`, `prompt`, `metadata` -> adds `score`, `parts`.
 A malformed record is reported on stderr as `FILE:LINE: problem`, written to the output with an `error`,
 and the rest of the file is still scored. Exit code 0 when every record was well formed, 1 otherwise.
@@ -54,14 +54,32 @@ def _require_str(rec: dict, key: str) -> str:
     return rec[key]
 
 
+CODE_ENVS = ("humaneval", "mbpp")
+"""Environments whose records are samples (`task_id`, `completion`) of a known problem set."""
+
+
+def known_tasks(env: Any, env_name: str) -> dict[str, Any] | None:
+    """task_id -> Task for the sample-format environments (MBPP ids also without the "mbpp/" prefix)."""
+    if env_name not in CODE_ENVS:
+        return None
+    tasks = {t.id: t for t in env.load("test")}
+    if env_name == "mbpp":
+        tasks.update({t.id.split("/", 1)[1]: t for t in list(tasks.values())})
+    return tasks
+
+
 def _make_task(env: Any, env_name: str, rec: dict, line: int, problems: dict | None) -> Any:
     from rollwise.envs.base import Task
 
-    if env_name == "humaneval":
-        tid = _require_str(rec, "task_id")
-        if tid not in problems:  # type: ignore[operator]
-            raise ValueError(f"unknown task_id {tid[:80]!r}")
-        return env.task_from_problem(problems[tid])  # type: ignore[index]
+    if problems is not None:
+        if "task_id" not in rec:
+            raise ValueError("missing field 'task_id'")
+        tid = rec["task_id"]
+        if not isinstance(tid, (str, int)) or isinstance(tid, bool):
+            raise ValueError(f"field 'task_id' must be a string, got {type(tid).__name__}")
+        if str(tid) not in problems:
+            raise ValueError(f"unknown task_id {str(tid)[:80]!r}")
+        return problems[str(tid)]
     if hasattr(env, "task_from_record"):
         return env.task_from_record(rec, line)
     if "answer" not in rec:
@@ -106,7 +124,7 @@ def read_items(path: str, env: Any, env_name: str, problems: dict | None) -> lis
 
 def _scored_record(env_name: str, rec: dict, score: Any) -> dict:
     out = dict(rec)
-    if env_name == "humaneval":
+    if env_name in CODE_ENVS:
         result = score.info.get("result") or f"failed: {score.error}"
         out.update(passed=result == "passed", result=result)
     else:
@@ -127,16 +145,12 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--workers must be >= 1, got {args.workers}")
     if not os.path.isfile(args.input):
         raise UserError(f"--input {args.input!r}: no such file")
-    kwargs = {"path": args.data} if args.data and args.env in ("gsm8k", "humaneval") else {}
+    kwargs = {"path": args.data} if args.data and args.env in ("gsm8k", "humaneval", "mbpp") else {}
     try:
         env = get_env(args.env, **kwargs)
     except (ValueError, TypeError) as e:
         raise UserError(str(e)) from None
-    problems = None
-    if args.env == "humaneval":
-        from rollwise.envs.humaneval import read_problems
-
-        problems = read_problems(args.data)
+    problems = known_tasks(env, args.env)
     t0 = time.monotonic()
     items = read_items(args.input, env, args.env, problems)
     for it in items:
@@ -161,7 +175,7 @@ def run(args: argparse.Namespace) -> int:
     correct = sum(1 for s in scores if not s.error and s.value >= 1.0)
     mean = sum(s.value for s in scores) / len(scores) if scores else 0.0
     acc = correct / len(good) if good else 0.0
-    label = "pass@1" if args.env == "humaneval" else "accuracy"
+    label = "pass@1" if args.env in CODE_ENVS else "accuracy"
     print(f"scored {len(good)} of {len(items)} records ({n_bad} malformed, {len(errored)} errored) in "
           f"{time.monotonic() - t0:.1f}s: {label} {correct}/{len(good)} = {acc:.4f}, mean score {mean:.4f}")
     return 1 if n_bad else 0

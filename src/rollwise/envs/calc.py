@@ -7,6 +7,7 @@ so `7/2*2 == 7` and no float surprises; never `eval`, so a completion cannot run
 from __future__ import annotations
 
 import ast
+import math
 from fractions import Fraction
 
 MAX_EXPR_CHARS = 200
@@ -29,6 +30,8 @@ def _eval(node: ast.AST, numbers: list[Fraction]) -> Fraction:
     if isinstance(node, ast.Expression):
         return _eval(node.body, numbers)
     if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)) and not isinstance(node.value, bool):
+        if isinstance(node.value, float) and not math.isfinite(node.value):
+            raise CalcError(f"value out of range: {node.value}")
         v = Fraction(str(node.value))
         if abs(v) > MAX_ABS:
             raise CalcError(f"value out of range (|x| > {MAX_ABS})")

@@ -23,6 +23,7 @@ BUILTIN_ENVS: dict[str, str] = {
     "countdown": "rollwise.envs.countdown:CountdownEnv",
     "gsm8k": "rollwise.envs.gsm8k:GSM8KEnv",
     "humaneval": "rollwise.envs.humaneval:HumanEvalEnv",
+    "mbpp": "rollwise.envs.mbpp:MBPPEnv",
     "tool_calc": "rollwise.envs.tool_calc:ToolCalcEnv",
 }
 _REGISTRY: dict[str, Callable[..., Any]] = {}
