@@ -1,0 +1,572 @@
+"""`OpenAIServer`: an OpenAI-compatible HTTP server over one `EngineCore` (stdlib `ThreadingHTTPServer`).
+
+Threads: one per connection for HTTP (parsing, tokenizing, waiting, writing), and the single engine thread
+of `EngineWorker` that runs the continuous batch. Handlers never touch the engine.
+
+Routes:
+    POST /v1/completions            POST /v1/chat/completions      GET /v1/models      GET /health
+    POST /admin/load_weights        (Bearer admin key) body {"path": DIR} or raw safetensors bytes
+    POST /update_weights_from_disk  (SGLang's route name, same key) body {"model_path": DIR}
+    POST /collective_rpc            (vLLM dev-mode route name, same key) body {"method": "reload_weights"}
+
+Why the standard library: no extra dependency, `rollwise --help` stays fast, and one Python thread per
+connection is plenty next to an engine whose step takes milliseconds; the engine thread releases the GIL
+inside torch.
+
+Left out on purpose: TLS, API keys on the generation routes, multiple models, prompt log-probs.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import queue
+import select
+import socket
+import threading
+import time
+from dataclasses import dataclass, replace
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any, Callable
+
+from rollwise.serve.chat import render_chat
+from rollwise.serve.protocol import (APIError, GenerationRequest, ModelInfo, chat_logprobs, completion_logprobs,
+                                     parse_chat, parse_completion, resolve_max_tokens, stop_reason, usage)
+from rollwise.serve.worker import EngineWorker, Event
+from rollwise.types import CompletionOutput, RequestOutput
+
+log = logging.getLogger("rollwise.serve")
+
+
+@dataclass
+class ServeConfig:
+    """HTTP-side settings of `rollwise serve` (engine sizing lives in `EngineConfig`)."""
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    """0 picks a free port (see `OpenAIServer.url`)."""
+    served_model_name: str | None = None
+    """The `model` clients must send; default: the model directory as given."""
+    admin_key: str | None = None
+    """Bearer key of the weight-loading routes; None disables them (403)."""
+    max_body_mb: float = 32.0
+    """Largest JSON body; weight uploads to /admin/load_weights may be up to `max_upload_gb`."""
+    max_upload_gb: float = 64.0
+    weight_load_timeout_s: float = 600.0
+    disconnect_poll_s: float = 0.1
+    """How often a waiting handler checks whether its client hung up (then the request is aborted)."""
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port < 65536:
+            raise ValueError(f"port must be in [0, 65535], got {self.port}")
+
+
+class OpenAIServer:
+    """Serve `engine` over HTTP. `start()` runs in background threads; `serve_forever()` blocks.
+
+    >>> with OpenAIServer(EngineCore.from_pretrained(d), d, ServeConfig(port=0)) as srv:
+    ...     print(srv.url)
+    """
+
+    def __init__(self, engine: Any, model_dir: str | Path, config: ServeConfig | None = None) -> None:
+        self.config = config or ServeConfig()
+        self.engine = engine
+        self.model_dir = str(model_dir)
+        self.tokenizer = engine.tokenizer
+        self.info = ModelInfo(name=self.config.served_model_name or self.model_dir, max_model_len=engine.max_model_len,
+                              vocab_size=engine.model.spec.vocab_size, max_num_seqs=engine.config.max_num_seqs,
+                              has_tokenizer=self.tokenizer is not None)
+        self.worker = EngineWorker(engine)
+        self.created = int(time.time())
+        self._tok_lock = threading.Lock()
+        self._httpd = _HTTPServer((self.config.host, self.config.port), _Handler)
+        self._httpd.app = self
+        self._http_thread: threading.Thread | None = None
+        self._closed = False
+        self._serving = False
+        self._close_lock = threading.Lock()
+        self._shut = threading.Event()
+
+    # ------------------------------------------------------------------ lifecycle
+    @property
+    def url(self) -> str:
+        host, port = self._httpd.server_address[:2]
+        return f"http://{host}:{port}"
+
+    def start(self) -> "OpenAIServer":
+        """Start the engine thread and serve HTTP on a background thread."""
+        self.worker.start()
+        self._serving = True
+        self._http_thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.1},
+                                             name="rollwise-http", daemon=True)
+        self._http_thread.start()
+        return self
+
+    def serve_forever(self) -> None:
+        """Serve in the calling thread until `shutdown()` (e.g. from a signal handler's thread)."""
+        if not self.worker.alive:
+            self.worker.start()
+        self._serving = True
+        self._httpd.serve_forever(poll_interval=0.1)
+
+    def shutdown(self, drain_s: float = 5.0) -> None:
+        """Stop accepting requests, let running ones finish for up to `drain_s`, abort the rest, close."""
+        with self._close_lock:
+            first = not self._closed
+            self._closed = True
+        if not first:  # another thread (a signal handler's) is shutting down: wait for it
+            self._shut.wait()
+            return
+        if self._serving:  # httpd.shutdown() blocks unless serve_forever is running
+            self._httpd.shutdown()
+        deadline = time.monotonic() + drain_s
+        while self.worker.num_requests and time.monotonic() < deadline:
+            time.sleep(0.02)
+        self.worker.stop()
+        self._httpd.server_close()
+        self._shut.set()
+
+    def __enter__(self) -> "OpenAIServer":
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.shutdown(drain_s=0.0)
+
+    # ------------------------------------------------------------------ helpers used by handlers
+    def encode(self, text: str, add_special_tokens: bool) -> list[int]:
+        with self._tok_lock:
+            return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens))
+
+    def pieces(self, ids: list[int]) -> tuple[list[str], list[str]]:
+        """Per token: its name (decoded with special tokens) and its share of the text (without them)."""
+        if self.tokenizer is None:
+            return ["" for _ in ids], ["" for _ in ids]
+        with self._tok_lock:
+            names = [self.tokenizer.decode([t], skip_special_tokens=False) for t in ids]
+            special = set(getattr(self.tokenizer, "all_special_ids", ()) or ())
+            texts = ["" if t in special else nm for t, nm in zip(ids, names)]
+            return names, texts
+
+    def full_text(self, ids: list[int]) -> str | None:
+        if self.tokenizer is None:
+            return None
+        with self._tok_lock:
+            return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def check_admin(self, headers: Any) -> None:
+        key = self.config.admin_key
+        if not key:
+            raise APIError(403, "admin routes are disabled: start the server with --admin-key or ROLLWISE_ADMIN_KEY")
+        auth = headers.get("Authorization", "")
+        given = auth[7:] if auth.startswith("Bearer ") else ""
+        if not given:
+            raise APIError(401, "missing admin key: send 'Authorization: Bearer KEY'")
+        if not hmac.compare_digest(given.encode(), key.encode()):
+            raise APIError(401, "invalid admin key")
+
+    def load_weights(self, tensors: dict[str, Any]) -> int:
+        """Copy HF-named tensors into the engine between two steps; returns the new weight version."""
+        fut = self.worker.call(lambda eng: eng.load_weights(tensors))
+        try:
+            fut.result(timeout=self.config.weight_load_timeout_s)
+        except TimeoutError:
+            raise APIError(503, f"weight load did not finish within {self.config.weight_load_timeout_s:.0f}s") from None
+        except ValueError as e:  # CheckpointError: names or shapes do not fit this model
+            raise APIError(400, f"cannot load these weights: {e}") from None
+        return self.engine.weight_version
+
+
+class _HTTPServer(ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 1024  # 64+ clients connect at once; the default backlog of 5 drops SYNs
+    app: OpenAIServer
+
+
+def _read_dir_tensors(path: Any) -> dict[str, Any]:
+    from rollwise.models.loader import iter_safetensors
+
+    if not isinstance(path, str) or not path:
+        raise APIError(400, "the checkpoint directory must be given as a non-empty string", "path")
+    if not Path(path).is_dir():
+        raise APIError(400, f"checkpoint directory not found on the server: {path}", "path")
+    try:
+        return dict(iter_safetensors(path))
+    except ValueError as e:
+        raise APIError(400, str(e), "path") from None
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: _HTTPServer
+
+    # ------------------------------------------------------------------ plumbing
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
+        log.debug("%s " + format, self.address_string(), *args)
+
+    @property
+    def app(self) -> OpenAIServer:
+        return self.server.app
+
+    def _send_json(self, status: int, obj: Any) -> None:
+        data = json.dumps(obj, allow_nan=False).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _send_error(self, e: APIError) -> None:
+        self._send_json(e.status, e.to_json())
+
+    def _read_body(self, limit: int) -> bytes:
+        length = self.headers.get("Content-Length")
+        if length is None:
+            if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
+                raise APIError(411, "chunked request bodies are not supported; send Content-Length")
+            return b""
+        try:
+            n = int(length)
+        except ValueError:
+            raise APIError(400, f"bad Content-Length {length!r}") from None
+        if n < 0:
+            raise APIError(400, f"bad Content-Length {length!r}")
+        if n > limit:
+            raise APIError(413, f"request body of {n} bytes exceeds the limit of {limit} bytes")
+        data = self.rfile.read(n)
+        self._consumed = True
+        return data
+
+    def _read_json(self) -> Any:
+        raw = self._read_body(int(self.app.config.max_body_mb * 2**20))
+        if not raw:
+            raise APIError(400, "request body is empty; send a JSON object")
+        try:
+            return json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise APIError(400, f"invalid JSON body: {e}") from None
+
+    def _dispatch(self, routes: dict[str, Callable[[], None]]) -> None:
+        path = self.path.split("?", 1)[0].rstrip("/") or "/"
+        fn = routes.get(path)
+        self._consumed = False
+        try:
+            if fn is None:
+                other = {"GET": ("/health", "/v1/models"), "POST": ("/v1/completions", "/v1/chat/completions")}
+                if path in sum(other.values(), ()):
+                    raise APIError(405, f"{self.command} is not allowed on {path}")
+                raise APIError(404, f"no route {self.command} {path}")
+            fn()
+        except APIError as e:
+            if not self._consumed and self.headers.get("Content-Length", "0") not in ("", "0"):
+                self.close_connection = True  # an unread body would be parsed as the next request
+            self._send_error(e)
+        except (BrokenPipeError, ConnectionResetError):
+            self.close_connection = True
+        except Exception as e:  # noqa: BLE001 - a bug must answer 500, not kill the connection silently
+            log.exception("unhandled error on %s %s", self.command, path)
+            try:
+                self._send_error(APIError(500, f"internal error: {type(e).__name__}: {e}"))
+            except OSError:
+                self.close_connection = True
+
+    def do_GET(self) -> None:  # noqa: N802 - stdlib name
+        self._dispatch({"/health": self._health, "/v1/models": self._models})
+
+    def do_POST(self) -> None:  # noqa: N802
+        self._dispatch({"/v1/completions": self._completions, "/v1/chat/completions": self._chat,
+                        "/admin/load_weights": self._admin_load, "/update_weights_from_disk": self._sglang_load,
+                        "/collective_rpc": self._vllm_rpc})
+
+    def _client_gone(self) -> bool:
+        """True when the client closed its side (EOF readable) while we wait for the engine."""
+        try:
+            r, _, _ = select.select([self.connection], [], [], 0)
+            if not r:
+                return False
+            return self.connection.recv(1, socket.MSG_PEEK) == b""
+        except (BlockingIOError, InterruptedError):
+            return False
+        except OSError:
+            return True
+
+    # ------------------------------------------------------------------ simple routes
+    def _health(self) -> None:
+        app = self.app
+        self._send_json(200 if app.worker.alive else 503, {
+            "status": "ok" if app.worker.alive else "stopping", "model": app.info.name,
+            "weight_version": app.engine.weight_version, "num_requests": app.worker.num_requests,
+            "engine_steps": app.worker.steps, "engine_errors": app.worker.errors,
+        })
+
+    def _models(self) -> None:
+        app = self.app
+        self._send_json(200, {"object": "list", "data": [{
+            "id": app.info.name, "object": "model", "created": app.created, "owned_by": "rollwise",
+            "root": app.model_dir, "parent": None, "max_model_len": app.info.max_model_len, "permission": [],
+        }]})
+
+    # ------------------------------------------------------------------ admin routes
+    def _admin_load(self) -> None:
+        app = self.app
+        app.check_admin(self.headers)
+        ctype = self.headers.get("Content-Type", "application/json").split(";")[0].strip()
+        if ctype == "application/octet-stream":
+            raw = self._read_body(int(app.config.max_upload_gb * 2**30))
+            if not raw:
+                raise APIError(400, "empty weight upload; send a safetensors file as the body")
+            from safetensors import SafetensorError
+            from safetensors.torch import load as st_load
+
+            try:
+                tensors = st_load(raw)
+            except (SafetensorError, ValueError) as e:
+                raise APIError(400, f"the body is not a valid safetensors file: {e}") from None
+        else:
+            body = self._read_json()
+            if not isinstance(body, dict):
+                raise APIError(400, "request body must be a JSON object")
+            tensors = _read_dir_tensors(body.get("path", body.get("model_path")))
+        version = app.load_weights(tensors)
+        self._send_json(200, {"success": True, "weight_version": version, "num_tensors": len(tensors),
+                              "message": f"loaded {len(tensors)} tensors; weight_version={version}"})
+
+    def _sglang_load(self) -> None:
+        app = self.app
+        app.check_admin(self.headers)
+        body = self._read_json()
+        if not isinstance(body, dict):
+            raise APIError(400, "request body must be a JSON object")
+        tensors = _read_dir_tensors(body.get("model_path"))
+        version = app.load_weights(tensors)
+        self._send_json(200, {"success": True, "message": f"loaded {len(tensors)} tensors", "weight_version": version,
+                              "num_paused_requests": 0})
+
+    def _vllm_rpc(self) -> None:
+        app = self.app
+        app.check_admin(self.headers)
+        body = self._read_json()
+        if not isinstance(body, dict) or body.get("method") != "reload_weights":
+            raise APIError(400, "only {'method': 'reload_weights'} is supported (reloads the served model directory)",
+                           "method")
+        version = app.load_weights(_read_dir_tensors(app.model_dir))
+        self._send_json(200, {"results": [None], "weight_version": version})
+
+    # ------------------------------------------------------------------ generation
+    def _completions(self) -> None:
+        req = parse_completion(self._read_json(), self.app.info)
+        self._generate(req, chat=False)
+
+    def _chat(self) -> None:
+        app = self.app
+        req = parse_chat(self._read_json(), app.info)
+        with app._tok_lock:
+            try:
+                req.prompts = [render_chat(app.tokenizer, req.messages)]
+            except Exception as e:  # noqa: BLE001 - a template error is the request's problem
+                raise APIError(400, f"cannot apply the chat template: {type(e).__name__}: {e}") from None
+        self._generate(req, chat=True)
+
+    def _generate(self, req: GenerationRequest, chat: bool) -> None:
+        app = self.app
+        prompt_ids: list[list[int]] = []
+        params = []
+        for p in req.prompts:
+            ids = app.encode(p, req.add_special_tokens) if isinstance(p, str) else p
+            if not ids:
+                raise APIError(400, "the prompt is empty after tokenization", "prompt")
+            bad = [t for t in ids if not 0 <= t < app.info.vocab_size]
+            if bad:
+                raise APIError(400, f"prompt token ids outside the vocabulary: {bad[:5]}", "prompt")
+            prompt_ids.append(ids)
+            params.append(replace(req.params, max_tokens=resolve_max_tokens(req, len(ids), app.info)))
+        events: queue.Queue[Event] = queue.Queue()
+        rids = [f"{req.request_id}-{i}" for i in range(len(prompt_ids))]
+        for rid, ids, sp in zip(rids, prompt_ids, params):
+            app.worker.submit(rid, ids, sp, req.stream, events)
+        run = _Run(self, req, chat, rids, prompt_ids, params, events)
+        if req.stream:
+            run.stream()
+        else:
+            run.respond()
+
+
+class _Run:
+    """One generation request in flight: waits on engine events, shapes JSON or SSE responses."""
+
+    def __init__(self, h: _Handler, req: GenerationRequest, chat: bool, rids: list[str], prompt_ids: list[list[int]],
+                 params: list[Any], events: "queue.Queue[Event]") -> None:
+        self.h, self.app, self.req, self.chat = h, h.app, req, chat
+        self.rids, self.prompt_ids, self.params, self.events = rids, prompt_ids, params, events
+        self.index = {rid: i for i, rid in enumerate(rids)}
+        self.pending = set(rids)
+        self.n = req.params.n
+        kind = "chatcmpl" if chat else "cmpl"
+        self.id = f"{kind}-{req.request_id}"
+
+    def _abort_all(self) -> None:
+        for rid in self.pending:
+            self.app.worker.abort(rid)
+
+    def _next(self) -> Event | None:
+        """The next engine event; None when the client hung up (its requests are then aborted)."""
+        while True:
+            try:
+                return self.events.get(timeout=self.app.config.disconnect_poll_s)
+            except queue.Empty:
+                if self.h._client_gone():
+                    self._abort_all()
+                    self.h.close_connection = True
+                    return None
+
+    def _version(self, outs: list[RequestOutput]) -> int:
+        vs = [v for o in outs for c in o.outputs for v in c.weight_versions[-1:]]
+        return max(vs) if vs else self.app.engine.weight_version
+
+    # ------------------------------------------------------------------ non-streaming
+    def respond(self) -> None:
+        done: dict[str, RequestOutput] = {}
+        while self.pending:
+            ev = self._next()
+            if ev is None:
+                return
+            if ev.kind == "error":
+                self.pending.discard(ev.request_id)
+                self._abort_all()
+                raise ev.error  # type: ignore[misc]
+            if ev.kind == "final":
+                self.pending.discard(ev.request_id)
+                if ev.output is None:
+                    self._abort_all()
+                    raise APIError(500, f"request {ev.request_id} ended without output")
+                done[ev.request_id] = ev.output
+        outs = [done[rid] for rid in self.rids]
+        choices = []
+        for i, out in enumerate(outs):
+            for c in out.outputs:
+                choices.append(self._choice(i, c, out))
+        n_prompt = sum(len(p) for p in self.prompt_ids)
+        n_out = sum(len(c.token_ids) for o in outs for c in o.outputs)
+        body = {"id": self.id, "object": "chat.completion" if self.chat else "text_completion",
+                "created": self.req.created, "model": self.req.model, "choices": choices,
+                "usage": usage(n_prompt, n_out), "weight_version": self._version(outs)}
+        self.h._send_json(200, body)
+
+    def _choice(self, i: int, c: CompletionOutput, out: RequestOutput) -> dict[str, Any]:
+        req, app = self.req, self.app
+        params = self.params[i]
+        full = app.full_text(c.token_ids) if params.stop else None
+        ch: dict[str, Any] = {"index": i * self.n + c.index}
+        if self.chat:
+            ch["message"] = {"role": "assistant", "content": c.text}
+        else:
+            ch["text"] = c.text
+        ch["logprobs"] = self._logprobs(c.token_ids, c.logprobs, 0) if req.logprobs is not None else None
+        ch["finish_reason"] = c.finish_reason
+        ch["stop_reason"] = stop_reason(c, params, full, app.engine.eos_token_ids)
+        if req.return_token_ids:
+            ch["token_ids"] = list(c.token_ids)
+            ch["prompt_token_ids"] = list(out.prompt_token_ids)
+            ch["weight_versions"] = list(c.weight_versions)
+        return ch
+
+    def _logprobs(self, ids: list[int], lps: list[float], offset0: int) -> dict[str, Any]:
+        k = self.req.logprobs or 0
+        as_ids = self.req.return_tokens_as_token_ids or self.app.tokenizer is None
+        names, texts = self.app.pieces(ids)
+        if self.chat:
+            return chat_logprobs(ids, lps, names, k, as_ids)
+        return completion_logprobs(ids, lps, names, k, as_ids, offset0, texts)
+
+    # ------------------------------------------------------------------ streaming (SSE)
+    def stream(self) -> None:
+        h = self.h
+        h.close_connection = True  # the stream ends when we close: no Content-Length
+        h.send_response(200)
+        h.send_header("Content-Type", "text/event-stream")
+        h.send_header("Cache-Control", "no-cache")
+        h.send_header("Connection", "close")
+        h.end_headers()
+        n_choices = len(self.rids) * self.n
+        sent_tok = [0] * n_choices
+        sent_txt = [0] * n_choices
+        sent_off = [0] * n_choices
+        started = [False] * n_choices
+        hold = max((len(s) for s in self.req.params.stop or []), default=1) - 1
+        final: dict[str, RequestOutput] = {}
+        try:
+            while self.pending:
+                ev = self._next()
+                if ev is None:
+                    return
+                if ev.kind == "error":
+                    self.pending.discard(ev.request_id)
+                    self._abort_all()
+                    self._write({"error": ev.error.to_json()["error"]})  # type: ignore[union-attr]
+                    break
+                out = ev.output
+                if ev.kind == "final":
+                    self.pending.discard(ev.request_id)
+                    if out is None:
+                        continue
+                    final[ev.request_id] = out
+                i = self.index[ev.request_id]
+                for c in out.outputs:  # type: ignore[union-attr]
+                    k = i * self.n + c.index
+                    new_ids = c.token_ids[sent_tok[k]:]
+                    new_lps = c.logprobs[sent_tok[k]:]
+                    if c.finish_reason is None:
+                        stable = len(c.text) - hold
+                        while stable > sent_txt[k] and c.text[stable - 1] == "\ufffd":
+                            stable -= 1  # an incomplete UTF-8 character: wait for the rest
+                        new_text = c.text[sent_txt[k]:stable] if stable > sent_txt[k] else ""
+                    else:
+                        new_text = c.text[sent_txt[k]:]
+                    if not new_ids and not new_text and c.finish_reason is None:
+                        continue
+                    chunk = self._chunk(k, i, c, new_ids, new_lps, new_text, sent_off[k], not started[k])
+                    started[k] = True
+                    self._write(chunk)
+                    sent_tok[k] += len(new_ids)
+                    sent_txt[k] += len(new_text)
+                    sent_off[k] += sum(len(p) for p in self.app.pieces(new_ids)[1]) if self.req.logprobs is not None else 0
+            if self.req.include_usage and final:
+                outs = list(final.values())
+                n_out = sum(len(c.token_ids) for o in outs for c in o.outputs)
+                self._write({"id": self.id, "object": self._obj, "created": self.req.created, "model": self.req.model,
+                             "choices": [], "usage": usage(sum(len(p) for p in self.prompt_ids), n_out)})
+            h.wfile.write(b"data: [DONE]\n\n")
+            h.wfile.flush()
+        except (BrokenPipeError, ConnectionResetError):
+            self._abort_all()
+
+    @property
+    def _obj(self) -> str:
+        return "chat.completion.chunk" if self.chat else "text_completion"
+
+    def _chunk(self, k: int, i: int, c: CompletionOutput, ids: list[int], lps: list[float], text: str, off: int,
+               first: bool) -> dict[str, Any]:
+        ch: dict[str, Any] = {"index": k}
+        if self.chat:
+            delta: dict[str, Any] = {"content": text}
+            if first:
+                delta["role"] = "assistant"
+            ch["delta"] = delta
+        else:
+            ch["text"] = text
+        ch["logprobs"] = self._logprobs(ids, lps, off) if self.req.logprobs is not None and ids else None
+        ch["finish_reason"] = c.finish_reason
+        if c.finish_reason is not None:
+            full = self.app.full_text(c.token_ids) if self.params[i].stop else None
+            ch["stop_reason"] = stop_reason(c, self.params[i], full, self.app.engine.eos_token_ids)
+        if self.req.return_token_ids:
+            ch["token_ids"] = list(ids)
+            ch["weight_versions"] = list(c.weight_versions[len(c.token_ids) - len(ids):])
+        return {"id": self.id, "object": self._obj, "created": self.req.created, "model": self.req.model,
+                "choices": [ch], "weight_version": c.weight_versions[-1] if c.weight_versions else
+                self.app.engine.weight_version}
+
+    def _write(self, obj: Any) -> None:
+        self.h.wfile.write(b"data: " + json.dumps(obj, allow_nan=False).encode() + b"\n\n")
+        self.h.wfile.flush()
