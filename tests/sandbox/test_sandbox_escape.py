@@ -284,3 +284,20 @@ def test_identity_is_dropped_and_environment_scrubbed(sandbox, monkeypatch):
     assert "ROLLWISE_SECRET_TOKEN" not in lines[1] and "hunter2" not in res.stdout
     assert "NoNewPrivs:\\t1" in lines[2] and "CapEff:\\t0000000000000000" in lines[2]
     assert int(lines[3].split()[-1]) <= 3  # its own PID namespace: init, itself (and nothing of the host)
+
+
+def test_init_process_is_no_way_out(sandbox):
+    code = textwrap.dedent(f"""
+        import os
+        for p in ['/proc/1/root{REPO}/pyproject.toml', '/proc/1/root/root', '/proc/1/cwd', '/proc/1/environ', '/proc/1/fd/0']:
+            try:
+                if os.path.isdir(p):
+                    print('LISTED', p, os.listdir(p)[:3])
+                else:
+                    print('READ', p, open(p, 'rb').read()[:40])
+            except OSError as e:
+                print('blocked', p, e.errno)
+    """)
+    res = sandbox.run_python(code, limits=FAST)
+    assert res.exit_code == 0, res.stderr
+    assert res.stdout.count("blocked") == 5, res.stdout

@@ -9,7 +9,7 @@ Process tree (host view):
   size-capped tmpfs as the new root, bind-mounts the system directories read-only (nosuid, nodev), mounts
   a fresh /proc, then forks the program. When init exits (or is killed), the kernel SIGKILLs every process
   left in the namespace: nothing the program started can outlive it.
-- program: chroot into the tmpfs, drop every group and to a per-sandbox uid, no_new_privs, rlimits, scrubbed
+- program: (already chrooted by init into the tmpfs) drop every group and to a per-sandbox uid, no_new_privs, rlimits, scrubbed
   environment, exec. Its only writable places are /work and /tmp, both inside the tmpfs.
 
 Run by root, the program gets a per-sandbox uid; run by anyone else, the launcher first creates a user
@@ -144,8 +144,7 @@ def _count_procs_of(uid: int) -> int:
 def _exec_program(cfg: dict) -> None:
     """Runs in the program's process: chroot, drop privileges, rlimits, exec. Never returns."""
     uid = cfg["uid"]
-    os.chroot(cfg["root"])
-    os.chdir("/work")
+    os.chdir("/work")  # init already chrooted; the program inherits its root
     for name, value in cfg["rlimits"].items():
         resource.setrlimit(getattr(resource, name), (value, value))
     if not cfg["userns"]:  # in a user namespace we already are the only mapped, unprivileged uid
@@ -161,6 +160,9 @@ def _init(cfg: dict) -> None:
     """pid 1 of the sandbox's PID namespace. Never returns."""
     try:
         _build_root(cfg)
+        # NOTE: init enters the jail too, so even /proc/1/root (were it readable) leads only into the jail.
+        os.chroot(cfg["root"])
+        os.chdir("/")
     except OSError as e:
         _fail(f"cannot build the sandbox root: {e}")
     pid = os.fork()
