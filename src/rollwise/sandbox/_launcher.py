@@ -7,10 +7,10 @@ Process tree (host view):
 - launcher: sets PDEATHSIG so it dies with the scorer, unshares the namespaces, forks init, relays its status.
 - init: pid 1 of the new PID namespace, root in a private mount namespace with no network. It mounts a
   size-capped tmpfs as the new root, bind-mounts the system directories read-only (nosuid, nodev), mounts
-  a fresh /proc, then forks the program. When init exits (or is killed), the kernel SIGKILLs every process
+  a fresh /proc, chroots into it, then forks the program. When init exits (or is killed), the kernel SIGKILLs every process
   left in the namespace: nothing the program started can outlive it.
-- program: (already chrooted by init into the tmpfs) drop every group and to a per-sandbox uid, no_new_privs, rlimits, scrubbed
-  environment, exec. Its only writable places are /work and /tmp, both inside the tmpfs.
+- program: inherits init's root; drops every group and to a per-sandbox uid, no_new_privs, rlimits, a
+  scrubbed environment, exec. Its only writable places are /work and /tmp, both inside the tmpfs.
 
 Run by root, the program gets a per-sandbox uid; run by anyone else, the launcher first creates a user
 namespace (where unprivileged user namespaces are allowed) and the program keeps the invoking user's uid,
