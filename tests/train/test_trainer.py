@@ -257,4 +257,5 @@ def test_scheduler_follows_config(tiny_llama):
     tr = Trainer(tiny_llama, TrainConfig(lr=1e-3, schedule="linear", warmup_steps=1, steps=3, min_lr_ratio=0.0))
     batch = TrainBatch.from_rollouts(make_rollouts(4), 64)
     lrs = [tr.train_step(batch, LOSSES["grpo"], LossConfig())["lr"] for _ in range(3)]
-    assert lrs == pytest.approx([1e-3, 5e-4, 0.0])
+    assert lrs == pytest.approx([1e-3, 1e-3, 5e-4])  # the LR each update used
+    assert tr.optimizer.param_groups[0]["lr"] == pytest.approx(0.0)  # the schedule reached its end

@@ -1,1 +1,15 @@
-"""rollwise.train"""
+"""rollwise.train: turn scored rollouts into a weight update.
+
+Modules, in the order a step uses them (nothing is imported here, so `import rollwise.train` stays cheap):
+
+- `advantages`: `ADVANTAGES[name](rewards [G, K], mask [G, K]) -> [G, K]`; `assign_advantages(groups, name)`.
+- `batch`: `TrainBatch.from_rollouts(rollouts, micro_batch_tokens)`, sequences packed into padding-free rows.
+- `losses`: `LOSSES[name](logprobs, old_logprobs, advantages, mask, *, cfg=LossConfig) -> (loss, metrics)`.
+- `trainer`: `Trainer(model_dir, TrainConfig, device=, temperature=, reference=)`, `.train_step(batch, loss_fn,
+  loss_cfg)`, `.compute_logprobs(batch)`, `.state_dict_for_sync()` for `engine.load_weights`.
+- `checkpoint`: `save_checkpoint(trainer, run_dir, step, data_position=)`, `load_checkpoint(run_dir)`,
+  `restore_checkpoint(trainer, ckpt)`.
+- `metrics`: `MetricsLogger(run_dir)` -> metrics.jsonl, TensorBoard, terminal progress.
+
+The RL loop that wires them with the engine and environments is `train.loop` (and the recipes).
+"""

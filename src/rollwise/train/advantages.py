@@ -15,6 +15,7 @@ trainer only sees the numbers (ARCHITECTURE.md: the trainer is algorithm-blind).
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -163,15 +164,20 @@ def group_table(groups: Sequence[RolloutGroup]) -> tuple[np.ndarray, np.ndarray]
     return rewards, mask
 
 
-def assign_advantages(groups: Sequence[RolloutGroup], name: str, **kwargs: Any) -> np.ndarray:
+def assign_advantages(groups: Sequence[RolloutGroup], name: str, *, eps: float = 1e-6, **kwargs: Any) -> np.ndarray:
     """Compute advantages with estimator `name` and write them into each `Rollout.advantage` (invalid: 0.0).
 
-    Returns the `[G, K_max]` advantage table. Errors name the unknown estimator and the known ones.
+    `eps` (algo.adv_eps) goes to the estimators that normalise by a std and is ignored by the others, so a loop
+    can call every estimator the same way. Returns the `[G, K_max]` advantage table. Errors name the unknown
+    estimator and the known ones.
     """
     if name not in ADVANTAGES:
         raise ValueError(f"unknown advantage estimator {name!r}; known: {', '.join(sorted(ADVANTAGES))}")
+    fn = ADVANTAGES[name]
+    if "eps" in inspect.signature(fn).parameters:
+        kwargs["eps"] = eps
     rewards, mask = group_table(groups)
-    adv = ADVANTAGES[name](rewards, mask, **kwargs)  # [G, K_max]
+    adv = fn(rewards, mask, **kwargs)  # [G, K_max]
     for gi, g in enumerate(groups):
         for ki, ro in enumerate(g.rollouts):
             ro.advantage = float(adv[gi, ki]) if mask[gi, ki] else 0.0

@@ -85,6 +85,24 @@ def load_causal_lm(path: str | Path, device: torch.device | str, attn_implementa
     return model.to(device)
 
 
+def resolve_device(device: str | torch.device) -> torch.device:
+    """'auto' -> CUDA when available, else CPU; anything else as torch.device."""
+    if str(device) == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def seed_all(seed: int) -> None:
+    """Seed python, numpy and torch (all devices): call once at the start of a run, before building anything."""
+    import random
+
+    import numpy as np
+
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
 class Trainer:
     """Holds the policy (and optionally a frozen reference), the optimiser and the LR schedule.
 
@@ -105,14 +123,14 @@ class Trainer:
         attn_implementation: str | None = None,
         tokenizer_path: str | Path | None = None,
     ) -> None:
-        """model_path: an HF checkpoint dir. temperature: the sampling temperature of the rollouts (> 0).
+        """model_path: an HF checkpoint dir. device: 'cpu', 'cuda', 'cuda:N' or 'auto'. temperature: the sampling temperature of the rollouts (> 0).
         reference: keep a frozen copy of the initial policy for the KL penalty (with LoRA: the adapter-free base).
         total_steps: RL steps the LR schedule spans (default cfg.steps)."""
         self.cfg = cfg or TrainConfig()
         if temperature <= 0:
             raise TrainerError(f"trainer temperature must be > 0 (the rollouts' sampling temperature), got {temperature}")
         self.temperature = float(temperature)
-        self.device = torch.device(device)
+        self.device = resolve_device(device)
         self.model_path = Path(model_path)
         self.step = 0  # optimiser steps taken
         self.rl_step = 0  # train_step calls completed
@@ -264,7 +282,7 @@ class Trainer:
         `generator`), gradient accumulation over packed micro-batches. Returns float metrics:
 
         loss, pg_loss, kl, entropy, clip_frac, ratio_mean (token-weighted over micro-batches), ratio_max, grad_norm
-        (before clipping, last update), lr, logprob_diff_mean / logprob_diff_max (|trainer - engine| log-prob on
+        (before clipping, last update), lr (used by the last update), logprob_diff_mean / logprob_diff_max (|trainer - engine| log-prob on
         the same policy tokens, before any update of this step), train_tokens, micro_batches, skipped_steps, and
         wall times: train_s (all), ref_s (reference / proximal forward passes), optim_s (clip + AdamW).
         """
@@ -294,6 +312,7 @@ class Trainer:
         loss_total = 0.0
         diff_sum, diff_n, diff_max = 0.0, 0.0, 0.0
         grad_norm = float("nan")
+        lr_used = float(self.optimizer.param_groups[0]["lr"])
         skipped = 0
         micro_count = 0
         self.model.train()
@@ -334,6 +353,7 @@ class Trainer:
                     diff_n += w
                     diff_max = max(diff_max, float(d.max().item()) if d.numel() else 0.0)
             t_opt = time.perf_counter()
+            lr_used = float(self.optimizer.param_groups[0]["lr"])
             params = [p for p in self.model.parameters() if p.requires_grad]
             clip = self.cfg.grad_clip if self.cfg.grad_clip is not None else float("inf")
             gn = torch.nn.utils.clip_grad_norm_(params, clip)
@@ -353,7 +373,7 @@ class Trainer:
             loss=loss_total / len(minis),
             ratio_max=ratio_max,
             grad_norm=grad_norm,
-            lr=float(self.scheduler.get_last_lr()[0]),
+            lr=lr_used,
             logprob_diff_mean=diff_sum / max(diff_n, 1.0),
             logprob_diff_max=diff_max,
             train_tokens=float(batch.num_tokens),
