@@ -493,6 +493,7 @@ class _Run:
         sent_txt = [0] * n_choices
         sent_off = [0] * n_choices
         started = [False] * n_choices
+        ended = [False] * n_choices
         hold = max((len(s) for s in self.req.params.stop or []), default=1) - 1
         final: dict[str, RequestOutput] = {}
         try:
@@ -514,6 +515,8 @@ class _Run:
                 i = self.index[ev.request_id]
                 for c in out.outputs:  # type: ignore[union-attr]
                     k = i * self.n + c.index
+                    if ended[k]:
+                        continue
                     new_ids = c.token_ids[sent_tok[k]:]
                     new_lps = c.logprobs[sent_tok[k]:]
                     if c.finish_reason is None:
@@ -527,6 +530,7 @@ class _Run:
                         continue
                     chunk = self._chunk(k, i, c, new_ids, new_lps, new_text, sent_off[k], not started[k])
                     started[k] = True
+                    ended[k] = c.finish_reason is not None
                     self._write(chunk)
                     sent_tok[k] += len(new_ids)
                     sent_txt[k] += len(new_text)
