@@ -13,7 +13,7 @@ import torch
 from rollwise.config import LoraConfig, TrainConfig
 from rollwise.train.batch import TrainBatch
 from rollwise.train.losses import LOSSES, LossConfig
-from rollwise.train.trainer import Trainer, TrainerError, lr_lambda
+from rollwise.train.trainer import Trainer, TrainerError, lr_lambda, token_logprobs
 from rollwise.types import Rollout
 
 from .conftest import build_tiny_llama
@@ -107,6 +107,7 @@ def test_one_update_equals_naive_unpacked_gradient(tiny_llama, loss_name):
     lcfg = LossConfig(max_length=12)
     ros = make_rollouts(8, seed=1)
     tr = _sgd(Trainer(tiny_llama, TrainConfig(grad_clip=0.5), temperature=0.8))
+    tr.logprob_chunk = 5  # exercise the chunked, recomputed log-prob path through the model
     naive = copy.deepcopy(tr.model)
     before = [p.detach().clone() for p in tr.model.parameters()]
     m = tr.train_step(TrainBatch.from_rollouts(ros, 20), LOSSES[loss_name], lcfg)
@@ -259,3 +260,22 @@ def test_scheduler_follows_config(tiny_llama):
     lrs = [tr.train_step(batch, LOSSES["grpo"], LossConfig())["lr"] for _ in range(3)]
     assert lrs == pytest.approx([1e-3, 1e-3, 5e-4])  # the LR each update used
     assert tr.optimizer.param_groups[0]["lr"] == pytest.approx(0.0)  # the schedule reached its end
+
+
+def test_chunked_token_logprobs_are_exact():
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(37, 50, generator=g, dtype=torch.float32).requires_grad_(True)
+    targets = torch.randint(0, 50, (37,), generator=g)
+    w = torch.randn(37, generator=g)
+    out = []
+    for chunk in (8, 10_000):
+        lp, ent = token_logprobs(logits, targets, 0.7, need_entropy=True, chunk=chunk)
+        (lp * w).sum().backward()
+        out.append((lp.detach(), ent, logits.grad.clone()))
+        logits.grad = None
+    for a, b in zip(out[0], out[1]):
+        assert torch.equal(a, b)
+    ref = torch.log_softmax(logits.detach() / 0.7, -1).gather(-1, targets[:, None])[:, 0]
+    torch.testing.assert_close(out[0][0], ref)
+    p = torch.softmax(logits.detach() / 0.7, -1)
+    torch.testing.assert_close(out[0][1], -(p * p.log()).sum(-1))

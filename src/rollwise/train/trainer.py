@@ -85,6 +85,45 @@ def load_causal_lm(path: str | Path, device: torch.device | str, attn_implementa
     return model.to(device)
 
 
+def _chunk_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float) -> torch.Tensor:
+    """float32 log_softmax(logits / T)[target] of one chunk. [n, V], [n] -> [n]"""
+    x = logits.float() / temperature
+    return x.gather(-1, targets[:, None])[:, 0] - torch.logsumexp(x, dim=-1)
+
+
+def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float, need_entropy: bool = False,
+                   chunk: int = 1024) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Per-target float32 log-probs (and entropies) of `logits / temperature`, `chunk` rows at a time.
+
+    logits [N, V] (any float dtype), targets [N] -> ([N], [N] | None). With a large vocabulary the float32 copies of
+    [N, V] dominate a step's memory (16k tokens x 152k vocab = 10 GB per copy), so each chunk's float32 work is
+    recomputed in backward (activation checkpointing) instead of kept: peak extra memory is one chunk, and the
+    numbers are identical to the unchunked computation (each row is independent).
+    """
+    from torch.utils.checkpoint import checkpoint
+
+    n = logits.shape[0]
+    grad = torch.is_grad_enabled() and logits.requires_grad
+    parts = []
+    ents = []
+    for s in range(0, n, chunk):
+        lg, tg = logits[s:s + chunk], targets[s:s + chunk]
+        if grad and n > chunk:
+            parts.append(checkpoint(_chunk_logprobs, lg, tg, temperature, use_reentrant=False))
+        else:
+            parts.append(_chunk_logprobs(lg, tg, temperature))
+        if need_entropy:
+            with torch.no_grad():
+                x = lg.float() / temperature
+                logz = torch.logsumexp(x, dim=-1)
+                ents.append(logz - (torch.softmax(x, dim=-1) * x).sum(-1))
+    if not parts:
+        empty = logits.new_zeros(0, dtype=torch.float32) + logits.sum() * 0  # keep the graph for backward
+        return empty, (empty.detach() if need_entropy else None)
+    lp = torch.cat(parts)
+    return lp, (torch.cat(ents) if need_entropy else None)
+
+
 def resolve_device(device: str | torch.device) -> torch.device:
     """'auto' -> CUDA when available, else CPU; anything else as torch.device."""
     if str(device) == "auto":
@@ -132,6 +171,7 @@ class Trainer:
         self.temperature = float(temperature)
         self.device = resolve_device(device)
         self.model_path = Path(model_path)
+        self.logprob_chunk = 1024  # rows of [N, V] logits turned into float32 log-probs at a time
         self.step = 0  # optimiser steps taken
         self.rl_step = 0  # train_step calls completed
 
@@ -230,15 +270,8 @@ class Trainer:
         with self._autocast():
             out = model(input_ids=ids, position_ids=pos, attention_mask=self._attention_mask(model, mb),
                         use_cache=False, logits_to_keep=pred)
-        logits = out.logits[0].float() / self.temperature  # [N, V]: only the positions that predict targets
-        logz = torch.logsumexp(logits, dim=-1)  # [N]
-        lp = logits.gather(-1, mb.target_ids.to(self.device)[:, None])[:, 0] - logz  # [N]
-        ent = None
-        if need_entropy:
-            with torch.no_grad():
-                probs = torch.softmax(logits, dim=-1)
-                ent = logz - (probs * logits).sum(-1)  # [N]
-        return lp, ent
+        logits = out.logits[0]  # [N, V] in the forward's dtype: only the positions that predict targets
+        return token_logprobs(logits, mb.target_ids.to(self.device), self.temperature, need_entropy, self.logprob_chunk)
 
     @staticmethod
     def _scatter(values: torch.Tensor, mb: PackedMicroBatch, width: int) -> torch.Tensor:
