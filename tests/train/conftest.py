@@ -29,3 +29,12 @@ def tiny_llama(tmp_path_factory):
 @pytest.fixture(scope="session")
 def tiny_llama_tied(tmp_path_factory):
     return build_tiny_llama(tmp_path_factory.mktemp("tiny_llama_tied"), seed=1, tie=True)
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """The models here are tiny: thread start-up costs more than it saves, and CI machines are shared."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

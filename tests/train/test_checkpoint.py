@@ -53,29 +53,29 @@ def _seed(s):
     torch.manual_seed(s)
 
 
-CFG = TrainConfig(lr=1e-3, schedule="cosine", warmup_steps=2, steps=6, weight_decay=0.01)
+CFG = TrainConfig(lr=1e-3, schedule="cosine", warmup_steps=1, steps=4, weight_decay=0.01)
 
 
 def test_resume_matches_uninterrupted_run(tiny_llama, tmp_path):
     _seed(0)
     full = Trainer(tiny_llama, CFG)
-    _run(full, 6)
+    _run(full, 4)
 
     _seed(0)
     first = Trainer(tiny_llama, CFG)
-    _run(first, 3)
-    path = save_checkpoint(first, tmp_path, 3, data_position={"index": 18, "gen": torch.Generator().manual_seed(5).get_state()})
-    assert path == tmp_path / "checkpoints" / "step-3"
+    _run(first, 2)
+    path = save_checkpoint(first, tmp_path, 2, data_position={"index": 18, "gen": torch.Generator().manual_seed(5).get_state()})
+    assert path == tmp_path / "checkpoints" / "step-2"
     _seed(123)  # the "new process" starts with different RNG state
     del first
 
     resumed = Trainer(tiny_llama, CFG)
     ckpt = load_checkpoint(tmp_path)
-    assert ckpt is not None and ckpt.step == 3
+    assert ckpt is not None and ckpt.step == 2
     pos = restore_checkpoint(resumed, ckpt)
     assert pos["index"] == 18 and torch.equal(pos["gen"], torch.Generator().manual_seed(5).get_state())
-    assert resumed.step == 3 and resumed.rl_step == 3
-    _run(resumed, 3, start=3)
+    assert resumed.step == 2 and resumed.rl_step == 2
+    _run(resumed, 2, start=2)
     torch.testing.assert_close(_params(resumed), _params(full), atol=1e-6, rtol=0)
     assert resumed.scheduler.get_last_lr() == pytest.approx(full.scheduler.get_last_lr())
 
@@ -157,14 +157,14 @@ def test_lora_resume(tiny_llama, tmp_path):
     cfg = TrainConfig(lr=1e-2, lora=LoraConfig(enabled=True, r=4))
     _seed(2)
     full = Trainer(tiny_llama, cfg)
-    _run(full, 4)
+    _run(full, 3)
     _seed(2)
     first = Trainer(tiny_llama, cfg)
     _run(first, 2)
     path = save_checkpoint(first, tmp_path, 2)
     resumed = Trainer(tiny_llama, cfg)
     restore_checkpoint(resumed, load_checkpoint(tmp_path))
-    _run(resumed, 2, start=2)
+    _run(resumed, 1, start=2)
     torch.testing.assert_close(_params(resumed), _params(full), atol=1e-6, rtol=0)
     # the saved weights are the merged model, under plain HF names
     from safetensors.torch import load_file
