@@ -1,0 +1,289 @@
+"""The synchronous RL loop, top to bottom: generate -> score -> advantages -> train -> sync weights.
+
+    for step in steps:
+        tasks   = next prompts from a seeded, resumable data order
+        groups  = engine samples n completions per prompt; the environment scores each (errors recorded)
+        adv     = advantages within each group (GRPO & co); zero-variance groups are filtered, and counted
+        metrics = trainer.train_step(batch of kept + truncated rollouts, loss)
+        engine.load_weights(trainer weights)          # timed; the log-prob gap shows a broken sync at once
+        store the step's rollouts (Parquet), log metrics, checkpoint every N steps
+
+Everything the run writes lives in `RUN_DIR` (see ARCHITECTURE.md). `--resume` continues from the latest
+complete checkpoint: model, optimiser, step, RNG and data position, and rewrites the rollouts and metrics of
+any step after it, so each completed step is stored exactly once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from rollwise.config import RunConfig, config_hash, dump_config
+from rollwise.types import SamplingParams
+
+Log = Callable[[str], None]
+
+
+def resolve_device(device: str) -> str:
+    import torch
+
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"model.device={device!r} but CUDA is not available on this machine")
+    return device
+
+
+def make_env(cfg: RunConfig) -> Any:
+    from rollwise.envs import get_env
+    from rollwise.envs.registry import load_object
+
+    if cfg.env.module:
+        spec = cfg.env.module
+        if ":" in spec:
+            load_object(spec)
+        else:
+            import importlib
+
+            importlib.import_module(spec)
+    return get_env(cfg.env.name, **cfg.env.kwargs)
+
+
+@dataclass
+class DataOrder:
+    """A seeded permutation of the training tasks, reshuffled every epoch; its position is checkpointed."""
+
+    n: int
+    seed: int
+    epoch: int = 0
+    index: int = 0
+
+    def _perm(self) -> list[int]:
+        order = list(range(self.n))
+        random.Random(f"{self.seed}/{self.epoch}").shuffle(order)
+        return order
+
+    def take(self, k: int) -> list[int]:
+        out: list[int] = []
+        perm = self._perm()
+        while len(out) < k:
+            if self.index >= self.n:
+                self.epoch, self.index = self.epoch + 1, 0
+                perm = self._perm()
+            out.append(perm[self.index])
+            self.index += 1
+        return out
+
+    def state(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "index": self.index}
+
+
+def prepare_model(cfg: RunConfig, env: Any, train_tasks: list, run_dir: Path, log: Log) -> tuple[Path, dict[str, Any]]:
+    """The initial policy checkpoint directory (the built-in model is built and warmed up into RUN_DIR)."""
+    if cfg.model.path != "builtin:tiny":
+        p = Path(cfg.model.path)
+        if not (p / "config.json").is_file():
+            raise ValueError(f"model.path {str(p)!r} is not an HF checkpoint directory (no config.json)")
+        return p, {}
+    from rollwise.run.warmup import prepare_builtin_model
+
+    charset = getattr(env, "charset", None)
+    if not charset:
+        raise ValueError(f"the built-in model needs an environment with a `charset` (env {cfg.env.name!r} has none); "
+                         "set model.path to an HF checkpoint instead")
+    dest = run_dir / "init_model"
+    if (dest / "config.json").is_file() and (dest / "warmup.json").is_file() or (
+            (dest / "config.json").is_file() and not cfg.warmup.enabled):
+        return dest, {}
+    sig = f"{cfg.env.name}:{json.dumps(cfg.env.kwargs, sort_keys=True)}:{cfg.env.train_size}"
+    info = prepare_builtin_model(dest, charset, train_tasks, cfg.model.builtin, cfg.warmup, sig, cfg.train.seed, log)
+    return dest, info
+
+
+def _write_json_atomic(path: Path, obj: Any) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=2, default=str))
+    os.replace(tmp, path)
+
+
+def run_sync(cfg: RunConfig, log: Log = print, *, stop_after: int | None = None) -> dict[str, Any] | None:
+    """Run (or resume) RL training as `cfg` says; returns the summary written to RUN_DIR/summary.json.
+
+    stop_after: end this invocation after that many steps as if interrupted (no final eval or summary;
+    returns None). Used by the resume tests and by time-boxed jobs; `run.resume` continues later.
+    """
+    import numpy as np
+    import torch
+
+    from rollwise.engine.llm import LLM
+    from rollwise.run.rollouts import ACCURACY_METHOD, evaluate, generate_and_score
+    from rollwise.store.card import build_rollout_card
+    from rollwise.store.writer import RolloutStore
+    from rollwise.train.advantages import assign_advantages
+    from rollwise.train.batch import TrainBatch
+    from rollwise.train.checkpoint import find_latest_checkpoint, load_checkpoint, restore_checkpoint, save_checkpoint
+    from rollwise.train.losses import LOSSES, LossConfig
+    from rollwise.train.metrics import MetricsLogger
+    from rollwise.train.trainer import Trainer
+
+    t_start = time.perf_counter()
+    run_dir = Path(cfg.run.out_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    seed = cfg.train.seed
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    device = resolve_device(cfg.model.device)
+    R, A = cfg.rollout, cfg.algo
+
+    # ---- environment and data
+    env = make_env(cfg)
+    train_tasks = env.load("train", n=cfg.env.train_size, seed=seed)
+    eval_tasks = env.load("test", n=cfg.run.eval_size or cfg.env.eval_size, seed=seed)
+    if not train_tasks:
+        raise ValueError(f"environment {cfg.env.name!r} returned no training tasks")
+
+    # ---- resume point
+    ckpt = None
+    if cfg.run.resume:
+        latest = find_latest_checkpoint(run_dir)
+        if latest is None:
+            log(f"resume: no complete checkpoint in {run_dir}; starting from scratch")
+        else:
+            ckpt = load_checkpoint(latest)
+    (run_dir / "config.yaml").write_text(dump_config(cfg))
+
+    # ---- models: engine (generation) and trainer (updates), both from the initial checkpoint
+    init_dir, warm_info = prepare_model(cfg, env, train_tasks, run_dir, log)
+    E = cfg.engine
+    engine = LLM(init_dir, device=device, dtype=cfg.model.dtype, tokenizer=None,
+                 max_num_seqs=E.max_num_seqs, max_num_batched_tokens=E.max_num_batched_tokens,
+                 max_model_len=E.max_model_len, block_size=E.block_size, num_kv_blocks=E.num_kv_blocks,
+                 kv_cache_gb=E.kv_cache_gb, enable_prefix_caching=E.enable_prefix_caching, seed=seed)
+    tokenizer = engine.tokenizer
+    trainer = Trainer(init_dir, cfg.train, device=device, temperature=R.temperature if R.temperature > 0 else 1.0,
+                      reference=A.kl_coef > 0, total_steps=cfg.train.steps)
+    loss_fn = LOSSES[A.loss]
+    loss_cfg = LossConfig.from_algo(A, max_length=R.max_tokens)
+    order = DataOrder(len(train_tasks), seed)
+    start_step = 0
+    prev_wall = 0.0
+    if ckpt is not None:
+        pos = restore_checkpoint(trainer, ckpt)
+        order.epoch, order.index = int(pos.get("epoch", 0)), int(pos.get("index", 0))
+        prev_wall = float(pos.get("wall_s", 0.0))
+        start_step = ckpt.step
+        engine.load_weights(trainer.state_dict_for_sync())
+        log(f"resume: continuing after step {start_step} from {ckpt.path}")
+
+    store = RolloutStore(run_dir, decode=(lambda ids: tokenizer.decode(ids)) if tokenizer is not None else None)
+    store.truncate_after(start_step)
+    metrics = MetricsLogger(run_dir, total_steps=cfg.train.steps, tensorboard=cfg.run.tensorboard,
+                            resume_from_step=start_step)
+    eval_kw = dict(temperature=R.temperature if R.temperature > 0 else 1.0, samples=4, max_tokens=R.max_tokens,
+                   seed=seed + 7919)
+    before_path = run_dir / "eval_before.json"
+    if ckpt is not None and before_path.is_file():
+        eval_before = json.loads(before_path.read_text())
+    else:
+        eval_before = evaluate(engine, tokenizer, env, eval_tasks, **eval_kw)
+        _write_json_atomic(before_path, eval_before)
+    log(f"held-out accuracy before RL: {eval_before['accuracy']:.3f} sampled (T={eval_kw['temperature']}), "
+        f"{eval_before['accuracy_greedy']:.3f} greedy, on {len(eval_tasks)} problems")
+
+    # ---- the loop
+    ckpt_dir = None
+    step = start_step
+    try:
+        for step in range(start_step + 1, cfg.train.steps + 1):
+            if stop_after is not None and step > start_step + stop_after:
+                return None
+            t_step = time.perf_counter()
+            tasks = [train_tasks[i] for i in order.take(R.prompts_per_step)]
+            sp = SamplingParams(n=R.samples_per_prompt, temperature=R.temperature, top_p=R.top_p, top_k=R.top_k,
+                                max_tokens=R.max_tokens, seed=seed * 1_000_003 + step)
+            sr = generate_and_score(engine, tokenizer, env, tasks, sp, step=step)
+            groups = sr.groups
+            assign_advantages(groups, A.advantage, **({"eps": A.adv_eps} if A.advantage in ("grpo", "reinforce_pp") else {}))
+            zero_var = 0
+            for g in groups:
+                if g.zero_variance:
+                    zero_var += 1
+                    if A.skip_zero_variance:
+                        for r in g.rollouts:
+                            if r.status in ("kept", "truncated"):
+                                r.status, r.status_reason = "filtered", "zero-variance group (no GRPO signal)"
+            trainable = [r for g in groups for r in g.rollouts if r.status in ("kept", "truncated")]
+            train_m: dict[str, float] = {}
+            sync_s = 0.0
+            if trainable:
+                batch = TrainBatch.from_rollouts(trainable, cfg.train.micro_batch_tokens)
+                train_m = trainer.train_step(batch, loss_fn, loss_cfg)
+                t_sync = time.perf_counter()
+                engine.load_weights(trainer.state_dict_for_sync())
+                sync_s = time.perf_counter() - t_sync
+            all_r = [r for g in groups for r in g.rollouts]
+            store.write_step(step, all_r)
+            scores = [s for gs in sr.scores for s in gs]
+            lens = [len(r.completion_token_ids) for r in all_r]
+            useful = sum(len(r.completion_token_ids) for r in trainable if abs(r.advantage or 0.0) > 0)
+            counts = {s: sum(r.status == s for r in all_r) for s in ("kept", "filtered", "errored", "truncated", "aborted")}
+            rec = {
+                "reward_mean": float(np.mean([r.reward if r.reward is not None else 0.0 for r in all_r])),
+                "accuracy": float(np.mean([r.reward_parts.get("correct", r.reward or 0.0) >= 1.0 - 1e-9
+                                           if r.status != "errored" else 0.0 for r in all_r])),
+                "zero_var_frac": zero_var / len(groups),
+                "resp_len_mean": float(np.mean(lens)), "resp_len_max": int(max(lens)),
+                "truncation_rate": counts["truncated"] / len(all_r),
+                "gen_tokens": sr.gen_tokens, "gen_tokens_per_s": sr.gen_tokens / max(sr.gen_s, 1e-9),
+                "gen_tokens_per_useful_token": sr.gen_tokens / max(useful, 1),
+                "time_generate_s": sr.gen_s, "time_score_s": sr.score_s,
+                "time_train_s": train_m.get("train_s", 0.0), "time_sync_s": sync_s,
+                "staleness_mean": 0.0,
+                "logprob_mismatch_mean": train_m.get("logprob_diff_mean", float("nan")) if train_m else None,
+                "logprob_mismatch_max": train_m.get("logprob_diff_max") if train_m else None,
+                "kl": train_m.get("kl"), "entropy": train_m.get("entropy"), "grad_norm": train_m.get("grad_norm"),
+                "loss": train_m.get("loss"), "clip_frac": train_m.get("clip_frac"), "lr": train_m.get("lr"),
+                "score_errors": sum(s.error is not None for s in scores),
+                "weight_version": engine.weight_version,
+                "rollouts": counts, "step_s": time.perf_counter() - t_step,
+                "tokens_per_s": sr.gen_tokens / max(time.perf_counter() - t_step, 1e-9),
+            }
+            if cfg.run.eval_every and step % cfg.run.eval_every == 0 and step < cfg.train.steps:
+                ev = evaluate(engine, tokenizer, env, eval_tasks, **eval_kw)
+                rec["eval_accuracy"], rec["eval_accuracy_greedy"] = ev["accuracy"], ev["accuracy_greedy"]
+            metrics.log(step, {k: v for k, v in rec.items() if v is not None})
+            if (cfg.run.checkpoint_every and step % cfg.run.checkpoint_every == 0) or step == cfg.train.steps:
+                ckpt_dir = save_checkpoint(trainer, run_dir, step, tokenizer=tokenizer, keep=cfg.run.keep_checkpoints,
+                                           data_position={**order.state(),
+                                                          "wall_s": prev_wall + time.perf_counter() - t_start})
+    finally:
+        metrics.close()
+
+    eval_after = evaluate(engine, tokenizer, env, eval_tasks, **eval_kw)
+    log(f"held-out accuracy after RL:  {eval_after['accuracy']:.3f} sampled, {eval_after['accuracy_greedy']:.3f} greedy "
+        f"({cfg.train.steps} steps)")
+    counts = store.counts_by_status()
+    card = build_rollout_card(counts, config_hash=config_hash(cfg), seeds={"train": seed, "eval": eval_kw["seed"]},
+                              accuracy_method=ACCURACY_METHOD,
+                              checkpoints={"init": init_dir, **({"final": ckpt_dir} if ckpt_dir else {})})
+    summary = {
+        **card,
+        "eval_before": eval_before, "eval_after": eval_after,
+        "accuracy_gain": eval_after["accuracy"] - eval_before["accuracy"],
+        "steps": cfg.train.steps, "wall_s": prev_wall + time.perf_counter() - t_start,
+        "device": device, "warmup": warm_info, "run_dir": str(run_dir),
+    }
+    _write_json_atomic(run_dir / "summary.json", summary)
+    try:
+        from rollwise.report import write_report
+
+        write_report(run_dir)
+    except Exception as e:  # noqa: BLE001 - the run is done and saved; a report failure must not hide that
+        log(f"warning: report not written: {type(e).__name__}: {e}")
+    return summary
