@@ -174,5 +174,11 @@ def test_lora_resume(tiny_llama, tmp_path):
     assert set(saved) <= set(merged) and "model.layers.0.self_attn.q_proj.weight" in saved
     for k, v in saved.items():
         torch.testing.assert_close(v, merged[k])
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
+    for k, v in hf.state_dict().items():
+        torch.testing.assert_close(v, merged[k], msg=k)
+    assert hf.config.use_cache  # the saved config is the model's own, not the trainer's forward settings
     with pytest.raises(CheckpointError, match="lora"):
         restore_checkpoint(Trainer(tiny_llama), load_checkpoint(tmp_path))

@@ -183,8 +183,6 @@ class Trainer:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             if self.lora:
                 model.enable_input_require_grads()
-        if hasattr(model, "config"):
-            model.config.use_cache = False
         self.model = model
 
         self.ref_model: torch.nn.Module | None = None
