@@ -290,7 +290,11 @@ def _load_weight_files(ckpt: Path) -> dict[str, torch.Tensor]:
 
 def restore_checkpoint(trainer: Trainer, ckpt: Checkpoint, *, restore_rng: bool = True) -> dict[str, Any]:
     """Apply a loaded checkpoint to a freshly built Trainer (same model architecture and options): weights (or
-    the LoRA adapter), optimizer, scheduler, step counters and RNG. Returns the caller's data position."""
+    the LoRA adapter), optimizer, scheduler, step counters and RNG. Returns the caller's data position.
+
+    NOTE: build that Trainer from the run's ORIGINAL model path, not from the checkpoint directory: the frozen
+    reference model of the KL penalty is the initial policy, copied when the Trainer is built.
+    """
     state = ckpt.state
     if bool(state.get("lora")) != bool(trainer.lora):
         raise CheckpointError(f"{ckpt.path / STATE_FILE}: saved with lora={state.get('lora')}, trainer has lora={trainer.lora}")
