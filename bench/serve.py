@@ -37,9 +37,12 @@ def make_prompts(count: int, vocab: int, seed: int = 1) -> list[list[int]]:
 
 def start_server(model: Path, device: str, dtype: str, max_num_seqs: int,
                  threads: int | None) -> tuple[subprocess.Popen, str]:
-    exe = str(Path(sys.executable).with_name("rollwise"))
+    # The CLI's own entry point, without needing the `rollwise` console script installed (a bare GPU box).
+    exe = [sys.executable, "-c", "import sys; from rollwise.cli.main import main; sys.exit(main())"]
     env = dict(os.environ, **({"OMP_NUM_THREADS": str(threads)} if threads else {}))
-    proc = subprocess.Popen([exe, "serve", "--model", str(model), "--port", "0", "--device", device, "--dtype", dtype,
+    src = str(Path(__file__).resolve().parents[1] / "src")
+    env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
+    proc = subprocess.Popen([*exe, "serve", "--model", str(model), "--port", "0", "--device", device, "--dtype", dtype,
                              "--served-model-name", "bench", "--max-num-seqs", str(max_num_seqs),
                              "--max-model-len", "1024"], stderr=subprocess.PIPE, text=True, env=env)
     line = proc.stderr.readline()
