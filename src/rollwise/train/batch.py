@@ -13,6 +13,11 @@ Two layouts live side by side, because the model and the loss want different one
 Packing is first-fit decreasing over whole sequences: no padding at all and few rows. A sequence longer than
 `micro_batch_tokens` gets a row of its own (it cannot be split without changing its log-probs).
 
+NOTE on cost: with the dense block-diagonal mask (sdpa/eager) a row's attention costs O(L^2), not sum of l_i^2, so
+a long row full of short sequences wastes attention work: keep `micro_batch_tokens` modest on CPU (a 128-hidden,
+3-layer model with 128 sequences of ~18 tokens: one 4096-token row 1.39 s per step, 256-token rows 0.55 s).
+Flash-attention (position_ids only, no dense mask) has no such cost.
+
 NOTE: the row holds no padding, and positions restart per sequence; that is what makes the packed log-probs
 equal to per-sequence log-probs (HF Llama takes positions from `position_ids`, not from the mask: FINDINGS.md).
 
