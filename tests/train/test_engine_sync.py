@@ -5,7 +5,6 @@ shows up in the mismatch metric."""
 from __future__ import annotations
 
 import pytest
-import torch
 
 from rollwise.config import TrainConfig
 from rollwise.train.advantages import assign_advantages
