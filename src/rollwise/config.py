@@ -177,6 +177,9 @@ class AlgoConfig(_Section):
     """Policy loss (`rollwise.train.losses.LOSSES`)."""
     adv_eps: float = Field(1e-6, gt=0)
     """Added to the std in GRPO / REINFORCE++ normalisation."""
+    reinforce_baseline: Literal["group", "batch"] = "group"
+    """REINFORCE++ baseline: subtract the group mean (REINFORCE++-baseline) or the batch mean, then divide by the
+    batch std."""
     clip_eps_low: float = Field(0.2, ge=0)
     """Lower clip of the importance ratio: 1 - clip_eps_low."""
     clip_eps_high: float | None = Field(None, ge=0)

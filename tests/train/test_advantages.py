@@ -158,7 +158,9 @@ def test_assign_advantages_ragged_groups():
     assert [r.advantage for r in groups[0].rollouts] == [0.5, -0.5, 0.0]
     assert [r.advantage for r in groups[1].rollouts] == [0.5, -0.5, -0.5, 0.5]
     for name in ADVANTAGES:  # one calling convention for all
-        assign_advantages(groups, name, eps=1e-4)
+        assign_advantages(groups, name, eps=1e-4, baseline="batch")
+    with pytest.raises(ValueError, match="has no option 'epsilon'"):
+        assign_advantages(groups, "grpo", epsilon=1e-4)
     assign_advantages(groups, "grpo", eps=0.0)
     assert [r.advantage for r in groups[1].rollouts] == pytest.approx([0.8660254, -0.8660254, -0.8660254, 0.8660254])
     with pytest.raises(ValueError, match="unknown advantage estimator 'grpoo'"):

@@ -164,18 +164,24 @@ def group_table(groups: Sequence[RolloutGroup]) -> tuple[np.ndarray, np.ndarray]
     return rewards, mask
 
 
-def assign_advantages(groups: Sequence[RolloutGroup], name: str, *, eps: float = 1e-6, **kwargs: Any) -> np.ndarray:
+_SHARED_KNOBS = frozenset({"eps", "baseline", "unbiased_std"})
+
+
+def assign_advantages(groups: Sequence[RolloutGroup], name: str, **knobs: Any) -> np.ndarray:
     """Compute advantages with estimator `name` and write them into each `Rollout.advantage` (invalid: 0.0).
 
-    `eps` (algo.adv_eps) goes to the estimators that normalise by a std and is ignored by the others, so a loop
-    can call every estimator the same way. Returns the `[G, K_max]` advantage table. Errors name the unknown
-    estimator and the known ones.
+    Knobs from the config (`eps=algo.adv_eps`, `baseline=algo.reinforce_baseline`) go to the estimators that take
+    them and are ignored by the others, so a loop calls every estimator the same way; any other unknown keyword is
+    an error. Returns the `[G, K_max]` advantage table.
     """
     if name not in ADVANTAGES:
         raise ValueError(f"unknown advantage estimator {name!r}; known: {', '.join(sorted(ADVANTAGES))}")
     fn = ADVANTAGES[name]
-    if "eps" in inspect.signature(fn).parameters:
-        kwargs["eps"] = eps
+    accepted = inspect.signature(fn).parameters
+    bad = [k for k in knobs if k not in accepted and k not in _SHARED_KNOBS]
+    if bad:
+        raise ValueError(f"advantage estimator {name!r} has no option {bad[0]!r}")
+    kwargs = {k: v for k, v in knobs.items() if k in accepted}
     rewards, mask = group_table(groups)
     adv = fn(rewards, mask, **kwargs)  # [G, K_max]
     for gi, g in enumerate(groups):
