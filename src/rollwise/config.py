@@ -42,6 +42,7 @@ __all__ = [
     "TrainConfig",
     "RunOptions",
     "WarmupConfig",
+    "ControlConfig",
     "RunConfig",
     "load_config",
     "dump_config",
@@ -298,6 +299,43 @@ class WarmupConfig(_Section):
     """Where warmed-up models are cached; None = ~/.cache/rollwise/warmup."""
 
 
+class ControlConfig(_Section):
+    """The rollout controller (rollwise.control): which prompts to sample, how many samples, when to stop.
+    The default (policy 'uniform', select 'all') is the loop's plain behaviour and bypasses the controller."""
+
+    policy: Literal["uniform", "dynamic", "adaptive", "early_stop", "partial"] = "uniform"
+    """Generation policy (`rollwise.control.POLICIES`): 'uniform' K samples per prompt; 'dynamic' DAPO over-sample
+    and refill with informative groups; 'adaptive' pilot groups, full groups only for mixed pilots; 'early_stop'
+    abort groups decided zero-variance; 'partial' stop at the batch target and carry unfinished samples over."""
+    select: Literal["all", "posterior"] = "all"
+    """Prompt selector (`rollwise.control.SELECTORS`): 'all', or 'posterior' to skip prompts whose Beta pass-rate
+    posterior says the group would almost surely be all-correct or all-wrong."""
+    oversample: float = Field(1.5, ge=1)
+    """dynamic / adaptive: prompts per round = ceil(missing informative groups x oversample)."""
+    max_rounds: int = Field(4, ge=1)
+    """dynamic / adaptive: most generation rounds per step (the batch may then be short)."""
+    pilot_samples: int = Field(2, ge=2)
+    """adaptive: samples in each prompt's pilot group; must be < rollout.samples_per_prompt."""
+    budget_factor: float = Field(1.0, gt=0)
+    """adaptive: rollouts per step = budget_factor x prompts_per_step x samples_per_prompt."""
+    confidence: float = Field(0.9, gt=0, lt=1)
+    """early_stop: abort the rest of a group once P(all remaining samples agree) exceeds this."""
+    min_finished: int = Field(2, ge=1)
+    """early_stop: never decide on fewer finished samples than this."""
+    over_provision: float = Field(0.5, ge=0)
+    """partial: groups kept in flight = ceil(prompts_per_step x (1 + over_provision))."""
+    prior_a: float = Field(1.0, gt=0)
+    """Beta prior a (pseudo-successes) of a prompt's pass rate (posterior selector, early_stop)."""
+    prior_b: float = Field(1.0, gt=0)
+    """Beta prior b (pseudo-failures) of a prompt's pass rate."""
+    decay: float = Field(0.8, ge=0, le=1)
+    """posterior: per weight version, evidence shrinks toward the prior by this factor (1 = never forget)."""
+    skip_above: float = Field(0.9, gt=0, le=1)
+    """posterior: skip a prompt when P(its next group is zero-variance) exceeds this."""
+    explore: float = Field(0.1, ge=0, le=1)
+    """posterior: probability of sampling a prompt anyway when it would be skipped."""
+
+
 class RunConfig(BaseModel):
     """The whole run config: one section per component."""
 
@@ -319,6 +357,8 @@ class RunConfig(BaseModel):
     """Run directory, checkpoints, evaluation."""
     warmup: WarmupConfig = Field(default_factory=WarmupConfig)
     """Supervised warm-up of the built-in model."""
+    control: ControlConfig = Field(default_factory=ControlConfig)
+    """Rollout controller: prompt selection, group sizes, early stops, partial rollouts."""
 
 
 # ------------------------------------------------------------------------------------------------- loading
