@@ -1,1 +1,58 @@
-"""rollwise.control"""
+"""rollwise.control: decide what to generate each step, and account for every rollout and token.
+
+`RolloutController` (base.py) runs one generation policy, optionally behind a prompt selector, and returns a
+step's scored groups with an `Accounting` whose counts add up. Policies are one module each, registered in
+`POLICIES` by the name `control.policy` takes; selectors in `SELECTORS` by `control.select`. See docs/control.md.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from rollwise.control.adaptive import AdaptiveGroupPolicy
+from rollwise.control.base import (Accounting, ControlStep, Driver, ParamsFn, Policy, RolloutController, Selector,
+                                   StepContext)
+from rollwise.control.dynamic import DynamicSamplingPolicy
+from rollwise.control.early_stop import EarlyStopPolicy
+from rollwise.control.partial import PartialRolloutPolicy
+from rollwise.control.posterior import PassRatePosterior
+from rollwise.control.uniform import UniformPolicy
+
+POLICIES: dict[str, Callable[[Any], Policy]] = {
+    "uniform": lambda c: UniformPolicy(),
+    "dynamic": lambda c: DynamicSamplingPolicy(oversample=c.oversample, max_rounds=c.max_rounds),
+    "adaptive": lambda c: AdaptiveGroupPolicy(pilot=c.pilot_samples, budget_factor=c.budget_factor,
+                                              oversample=c.oversample, max_rounds=c.max_rounds),
+    "early_stop": lambda c: EarlyStopPolicy(confidence=c.confidence, min_finished=c.min_finished),
+    "partial": lambda c: PartialRolloutPolicy(over_provision=c.over_provision),
+}
+"""control.policy name -> factory taking the `control` config section."""
+
+SELECTORS: dict[str, Callable[[Any, int], Selector | None]] = {
+    "all": lambda c, seed: None,
+    "posterior": lambda c, seed: PassRatePosterior(prior=(c.prior_a, c.prior_b), decay=c.decay,
+                                                   skip_above=c.skip_above, explore=c.explore, seed=seed),
+}
+"""control.select name -> factory taking the `control` config section and a seed."""
+
+
+def is_default(control_cfg: Any) -> bool:
+    """True when the section asks for exactly the loop's built-in behaviour (uniform, every prompt)."""
+    return control_cfg.policy == "uniform" and control_cfg.select == "all"
+
+
+def make_controller(control_cfg: Any, env: Any, tokenizer: Any, *, seed: int = 0,
+                    params_fn: ParamsFn | None = None) -> RolloutController:
+    """Build the controller a `control` config section describes (duck-typed: no pydantic import here)."""
+    if control_cfg.policy not in POLICIES:
+        raise ValueError(f"unknown control.policy {control_cfg.policy!r}; known: {', '.join(sorted(POLICIES))}")
+    if control_cfg.select not in SELECTORS:
+        raise ValueError(f"unknown control.select {control_cfg.select!r}; known: {', '.join(sorted(SELECTORS))}")
+    return RolloutController(POLICIES[control_cfg.policy](control_cfg), env, tokenizer,
+                             selector=SELECTORS[control_cfg.select](control_cfg, seed),
+                             prior=(control_cfg.prior_a, control_cfg.prior_b), params_fn=params_fn)
+
+
+__all__ = ["Accounting", "AdaptiveGroupPolicy", "ControlStep", "Driver", "DynamicSamplingPolicy", "EarlyStopPolicy",
+           "POLICIES", "PartialRolloutPolicy", "PassRatePosterior", "RolloutController", "SELECTORS", "StepContext",
+           "UniformPolicy", "is_default", "make_controller"]

@@ -1,0 +1,77 @@
+"""Adaptive group size: a small pilot group per prompt, the full group only where the pilot is mixed.
+
+Under uniform sampling every prompt gets K samples, and the many prompts the policy always solves (or never
+does) burn K samples for a zero-variance group. Here each prompt first gets `pilot` samples; a prompt whose
+pilot rewards already differ is extended to K (its group is informative whatever the rest say); a unanimous
+pilot stops there and its rollouts are filtered (counted, never trained). Rounds of fresh pilots continue
+until `batch_groups` informative groups are in hand, the step's rollout budget (budget_factor x batch_groups
+x K samples, the uniform step's cost by default) is spent, or `max_rounds` is reached.
+
+Deliberately left out: extending unanimous pilots with a few more samples to catch rare successes (the
+posterior selector, retrying skipped prompts, covers that across steps), and group sizes other than pilot or K.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from rollwise.control.base import PendingGroup, StepContext, build_group, informative, mark
+from rollwise.types import RolloutGroup
+
+
+@dataclass
+class AdaptiveGroupPolicy:
+    pilot: int = 2
+    """Samples per prompt in the pilot; must be >= 2 (one sample cannot show a mix) and < the group size."""
+    budget_factor: float = 1.0
+    """Rollouts per step = budget_factor x batch_groups x K."""
+    oversample: float = 2.0
+    """Pilots per round = ceil(missing informative groups x oversample)."""
+    max_rounds: int = 4
+    """Most pilot rounds per step."""
+
+    def __post_init__(self) -> None:
+        if self.pilot < 2 or self.budget_factor <= 0 or self.oversample < 1 or self.max_rounds < 1:
+            raise ValueError(f"adaptive needs pilot >= 2, budget_factor > 0, oversample >= 1, max_rounds >= 1; got "
+                             f"{self.pilot}, {self.budget_factor}, {self.oversample}, {self.max_rounds}")
+
+    def run(self, ctx: StepContext) -> list[RolloutGroup]:
+        k = ctx.group_size
+        if self.pilot >= k:
+            raise ValueError(f"adaptive: control.pilot_samples ({self.pilot}) must be smaller than the group size "
+                             f"rollout.samples_per_prompt ({k})")
+        budget = max(self.pilot, round(self.budget_factor * ctx.batch_groups * k))
+        spent = n_info = 0
+        out: list[RolloutGroup] = []
+        while n_info < ctx.batch_groups and ctx.acc.rounds < self.max_rounds and budget - spent >= self.pilot:
+            ctx.acc.rounds += 1
+            missing = ctx.batch_groups - n_info
+            # NOTE: a round's pilots get at most half the budget left, so mixed pilots can still be extended.
+            m = min(math.ceil(missing * self.oversample), max(1, (budget - spent) // (2 * self.pilot)))
+            pend = [ctx.new_group(t, k) for t in ctx.take(m)]
+            ctx.generate(pend, [range(self.pilot)] * len(pend))
+            spent += self.pilot * len(pend)
+            mixed = [p for p in pend if _pilot_mixed(p, self.pilot)]
+            ext: list[PendingGroup] = []
+            for p in mixed[:missing]:
+                if budget - spent < k - self.pilot:
+                    break
+                ext.append(p)
+                spent += k - self.pilot
+            ctx.generate(ext, [range(self.pilot, k)] * len(ext))
+            for p in pend:
+                if p not in ext:  # a pilot-only group: drop the slots it never used
+                    p.outputs, p.scores = p.outputs[: self.pilot], p.scores[: self.pilot]
+                g = build_group(p, ctx.step, ctx.params.max_tokens)
+                if informative(g):
+                    n_info += 1
+                else:
+                    mark(g, "filtered", f"adaptive: unanimous pilot of {self.pilot}")
+                out.append(g)
+        return out
+
+
+def _pilot_mixed(p: PendingGroup, pilot: int) -> bool:
+    rs = [s.value for s in p.scores[:pilot] if s is not None and s.error is None]
+    return len(rs) > 1 and max(rs) - min(rs) > 1e-9

@@ -1,0 +1,498 @@
+"""The rollout controller: decide what to generate each step, and account for every token of it.
+
+The idea. A step asks the controller for a batch of scored `RolloutGroup`s. The controller hands a *policy*
+(one module each: uniform, dynamic, adaptive, early_stop, partial) a `StepContext` with everything it may use
+(an engine `Driver`, a source of tasks already filtered by the optional prompt selector, the sampling params,
+scoring) and gets groups back. It then checks that every rollout has a status and that the token ledger
+balances, and keeps cross-step state (the pass-rate posterior, partial samples carried to the next step).
+
+Two engine shapes are supported by the `Driver`:
+- step-level (`add_request` / `step` / `abort`, i.e. `EngineCore` or `llm.engine`): samples are submitted as
+  one request each (n=1, a seed per sample), so one sample can be scored or aborted while its group-mates
+  run, and the driver measures how much of the engine's batch sits empty while the long tail finishes;
+- batch-only (`generate`, e.g. `RemoteEngine`): whole batches, no per-sample control (uniform, dynamic and
+  adaptive still work; early_stop and partial refuse at construction with a one-line reason).
+
+NOTE on the token ledger (checked every step by `Accounting.check`):
+    generated_tokens = rollout_tokens + carried_out_tokens - carried_in_tokens
+where rollout_tokens counts every completion token of the step's rollouts (any status, aborted included),
+and carried_* count the tokens of samples held over between steps (partial rollouts). The rollout counts add
+up too: kept + filtered + errored + truncated + aborted = rollouts.
+
+Deliberately left out: cross-step scheduling of the trainer (that is the async loop) and any knowledge of
+advantages beyond "which groups have zero reward variance" (advantages are computed by the loop, after).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+import zlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from rollwise.envs.base import Task
+from rollwise.rewards.concurrent import score_many
+from rollwise.types import (ROLLOUT_STATUSES, CompletionOutput, RequestOutput, Rollout, RolloutGroup,
+                            SamplingParams, Score)
+
+TaskSource = Callable[[int], list[Task]]
+"""`take(k)` -> the next k training tasks (the loop's seeded, resumable data order)."""
+ParamsFn = Callable[[Task, int, SamplingParams], SamplingParams]
+"""Per-sample sampling params override `(task, sample_index, base) -> params` (benches draw lengths with it)."""
+
+
+# ------------------------------------------------------------------------------------------------- accounting
+
+
+@dataclass
+class Accounting:
+    """Where one step's rollouts and tokens went. Every count is per step; `check` proves they add up."""
+
+    rollouts: dict[str, int] = field(default_factory=lambda: {s: 0 for s in ROLLOUT_STATUSES})
+    """Rollouts by final status (kept / filtered / errored / truncated / aborted)."""
+    groups: int = 0
+    """Groups returned this step."""
+    zero_variance_groups: int = 0
+    """Returned groups whose valid rewards are all equal (no GRPO signal)."""
+    generated_tokens: int = 0
+    """Tokens the engine produced during this step (for every sample, finished, aborted or carried)."""
+    rollout_tokens: int = 0
+    """Completion tokens of this step's rollouts, any status."""
+    aborted_tokens: int = 0
+    """Completion tokens of rollouts the controller aborted (status 'aborted'): spent, never trained."""
+    carried_in_tokens: int = 0
+    """Tokens of samples carried into this step from earlier ones (partial rollouts)."""
+    carried_out_tokens: int = 0
+    """Tokens of unfinished samples carried from this step into the next one."""
+    useful_tokens: int = 0
+    """Tokens of trainable rollouts with a non-zero advantage (filled by `finalize`, after advantages)."""
+    trained_tokens: int = 0
+    """Tokens of trainable (kept / truncated) rollouts."""
+    skipped_prompts: int = 0
+    """Prompts the selector skipped (posterior: almost surely all-correct or all-wrong)."""
+    prompts: int = 0
+    """Prompts sampled this step (a prompt refilled by dynamic sampling counts again)."""
+    rounds: int = 0
+    """Generation rounds (dynamic sampling and adaptive refill in rounds)."""
+    gen_s: float = 0.0
+    """Wall time in the engine."""
+    score_s: float = 0.0
+    """Wall time scoring."""
+    idle_s: float = 0.0
+    """Engine time left idle waiting for the long tail: sum over engine steps of step time x the fraction of
+    the step's batch capacity (the most samples in flight at once this step) that was empty. 0 for batch-only
+    engines, where it cannot be observed."""
+    staleness_mean: float = 0.0
+    """Mean age, in weight versions, of the trained tokens (version trained - version that sampled them)."""
+    staleness_max: int = 0
+    """Largest such age."""
+
+    def check(self) -> None:
+        """Raise if the ledger does not balance (a bug in a policy, never a user error)."""
+        if self.generated_tokens != self.rollout_tokens + self.carried_out_tokens - self.carried_in_tokens:
+            raise AssertionError(
+                f"token ledger does not balance: generated {self.generated_tokens} != rollouts {self.rollout_tokens}"
+                f" + carried out {self.carried_out_tokens} - carried in {self.carried_in_tokens}")
+
+    @property
+    def total_rollouts(self) -> int:
+        return sum(self.rollouts.values())
+
+    def metrics(self) -> dict[str, float]:
+        """Flat `control_*` metrics for metrics.jsonl (staleness under the loop's own key names)."""
+        m: dict[str, float] = {f"control_{k}": float(getattr(self, k)) for k in (
+            "groups", "zero_variance_groups", "generated_tokens", "aborted_tokens", "carried_in_tokens",
+            "carried_out_tokens", "useful_tokens", "skipped_prompts", "prompts", "rounds", "idle_s")}
+        m["control_zero_var_frac"] = self.zero_variance_groups / max(self.groups, 1)
+        m["control_tokens_per_useful_group"] = self.generated_tokens / max(self.groups - self.zero_variance_groups, 1)
+        m["control_gen_tokens_per_useful_token"] = self.generated_tokens / max(self.useful_tokens, 1)
+        m["staleness_mean"] = self.staleness_mean
+        m["staleness_max"] = float(self.staleness_max)
+        return m
+
+
+# ------------------------------------------------------------------------------------------------- the engine
+
+
+def step_engine(engine: Any) -> Any | None:
+    """The step-level engine behind `engine` (an `EngineCore`, or `LLM.engine`), else None."""
+    for cand in (engine, getattr(engine, "engine", None)):
+        if cand is not None and all(callable(getattr(cand, a, None)) for a in ("add_request", "step", "abort")):
+            return cand
+    return None
+
+
+@dataclass
+class SampleRequest:
+    """One sample to generate: which group and index it is, with its own params (n=1, own seed)."""
+
+    group_id: str
+    index: int
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    partial: CompletionOutput | None = None
+    """Resume this aborted sample instead of starting fresh (partial rollouts)."""
+
+    @property
+    def request_id(self) -> str:
+        return f"{self.group_id}/{self.index}"
+
+
+class Driver:
+    """Runs samples on an engine and keeps the books: engine time, generated tokens, idle batch capacity."""
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+        self.core = step_engine(engine)
+        if self.core is None and not callable(getattr(engine, "generate", None)):
+            raise ValueError(f"{type(engine).__name__} is not an engine: it has neither add_request/step/abort nor generate")
+        self.inflight: dict[str, tuple[SampleRequest, int]] = {}  # request id -> (request, tokens at submit)
+        self.reset()
+
+    def reset(self) -> None:
+        self.gen_s = 0.0
+        self.idle_s = 0.0
+        self.generated_tokens = 0
+        self._peak = 0
+
+    @property
+    def stepwise(self) -> bool:
+        return self.core is not None
+
+    @property
+    def weight_version(self) -> int:
+        src = self.core if self.core is not None else self.engine
+        return int(getattr(src, "weight_version", 0))
+
+    def submit(self, req: SampleRequest) -> None:
+        if self.core is None:
+            raise RuntimeError("submit needs a step-level engine (add_request/step/abort)")
+        partial = [req.partial] if req.partial is not None else None
+        self.core.add_request(req.request_id, req.prompt_token_ids, req.params, partial=partial)
+        self.inflight[req.request_id] = (req, len(req.partial.token_ids) if req.partial is not None else 0)
+        self._peak = max(self._peak, len(self.inflight))
+
+    def step(self) -> list[tuple[SampleRequest, CompletionOutput]]:
+        """One engine step; the samples that finished in it."""
+        n_before = len(self.inflight)
+        t0 = time.perf_counter()
+        outs = self.core.step()
+        dt = time.perf_counter() - t0
+        self.gen_s += dt
+        if self._peak:
+            self.idle_s += dt * (1.0 - n_before / self._peak)
+        done = [self._close(o) for o in outs]
+        if not outs and n_before and not self.core.has_unfinished():
+            raise RuntimeError(f"engine went idle with {n_before} samples in flight")
+        return done
+
+    def abort(self, request_id: str) -> tuple[SampleRequest, CompletionOutput] | None:
+        """Stop a sample now; its partial output (finish_reason 'abort'), or None when it was not in flight."""
+        if request_id not in self.inflight:
+            return None
+        out = self.core.abort(request_id)
+        if out is None:
+            raise RuntimeError(f"engine lost request {request_id!r}")
+        return self._close(out)
+
+    def _close(self, out: RequestOutput) -> tuple[SampleRequest, CompletionOutput]:
+        req, before = self.inflight.pop(out.request_id)
+        o = out.outputs[0]
+        self.generated_tokens += len(o.token_ids) - before
+        if not self.inflight:
+            self._peak = 0  # the next wave of submissions sets its own capacity
+        return req, o
+
+    def run(self, reqs: Sequence[SampleRequest]) -> list[CompletionOutput]:
+        """Generate every sample to completion; outputs in the order of `reqs`."""
+        if not reqs:
+            return []
+        if self.core is None:
+            t0 = time.perf_counter()
+            outs = self.engine.generate([r.prompt_token_ids for r in reqs], [r.params for r in reqs])
+            self.gen_s += time.perf_counter() - t0
+            flat = [o.outputs[0] for o in outs]
+            self.generated_tokens += sum(len(o.token_ids) for o in flat)
+            return flat
+        for r in reqs:
+            self.submit(r)
+        got: dict[str, CompletionOutput] = {}
+        while len(got) < len(reqs):
+            for req, o in self.step():
+                got[req.request_id] = o
+        return [got[r.request_id] for r in reqs]
+
+
+# ------------------------------------------------------------------------------------------------- the step
+
+
+def sample_params(base: SamplingParams, group_id: str, index: int) -> SamplingParams:
+    """n=1 params with a seed of its own per (step seed, group, sample): reproducible, distinct within a group."""
+    seed = None if base.seed is None else (base.seed * 1_000_003 + zlib.crc32(f"{group_id}/{index}".encode())) % (1 << 62)
+    return dataclasses.replace(base, n=1, seed=seed)
+
+
+@dataclass
+class PendingGroup:
+    """A group being generated: its task, prompt, and samples so far (None = not finished yet)."""
+
+    task: Task
+    group_id: str
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput | None]
+    scores: list[Score | None]
+
+    @property
+    def size(self) -> int:
+        return len(self.outputs)
+
+    def finished(self) -> bool:
+        return all(o is not None for o in self.outputs)
+
+
+@dataclass
+class StepContext:
+    """What a policy may use in one step."""
+
+    driver: Driver
+    take: TaskSource
+    """Next k tasks, already passed through the prompt selector."""
+    params: SamplingParams
+    """The step's base sampling params (n = the group size K)."""
+    step: int
+    batch_groups: int
+    """Target number of groups (rollout.prompts_per_step)."""
+    encode: Callable[[Task], list[int]]
+    score_fn: Callable[[list[tuple[Task, str]]], list[Score]]
+    params_fn: ParamsFn | None
+    acc: Accounting
+    prior: Callable[[str], tuple[float, float]]
+    """Beta(a, b) belief about a prompt's pass rate (the posterior when enabled, else the config prior)."""
+    _next_group: int = 0
+
+    @property
+    def group_size(self) -> int:
+        return self.params.n
+
+    def new_group(self, task: Task, size: int) -> PendingGroup:
+        gid = f"s{self.step}-g{self._next_group}"
+        self._next_group += 1
+        self.acc.prompts += 1
+        return PendingGroup(task, gid, self.encode(task), [None] * size, [None] * size)
+
+    def request(self, g: PendingGroup, j: int, partial: CompletionOutput | None = None) -> SampleRequest:
+        sp = sample_params(self.params, g.group_id, j)
+        if self.params_fn is not None:
+            sp = self.params_fn(g.task, j, sp)
+        return SampleRequest(g.group_id, j, g.prompt_token_ids, sp, partial)
+
+    def score(self, pairs: list[tuple[PendingGroup, int]]) -> None:
+        """Score finished, non-aborted samples (concurrently) into their groups."""
+        todo = [(g, j) for g, j in pairs if g.outputs[j] is not None and g.outputs[j].finish_reason != "abort"]
+        if not todo:
+            return
+        t0 = time.perf_counter()
+        scores = self.score_fn([(g.task, g.outputs[j].text) for g, j in todo])
+        self.acc.score_s += time.perf_counter() - t0
+        for (g, j), s in zip(todo, scores):
+            g.scores[j] = s
+
+    def generate(self, groups: Sequence[PendingGroup], indices: Sequence[Sequence[int]] | None = None) -> None:
+        """Generate and score the given sample indices of each group (default: all of them) in one batch."""
+        idx = indices if indices is not None else [range(g.size) for g in groups]
+        reqs = [(g, j) for g, js in zip(groups, idx) for j in js]
+        outs = self.driver.run([self.request(g, j) for g, j in reqs])
+        for (g, j), o in zip(reqs, outs):
+            g.outputs[j] = o
+        self.score(reqs)
+
+
+def build_group(g: PendingGroup, step: int, max_tokens: int) -> RolloutGroup:
+    """Lay a finished pending group out as Rollouts with statuses (errored > aborted > truncated > kept)."""
+    rollouts = []
+    for j, (o, sc) in enumerate(zip(g.outputs, g.scores)):
+        if o is None:
+            raise RuntimeError(f"group {g.group_id} sample {j} was never generated")
+        status, reason = "kept", ""
+        if o.finish_reason == "abort":
+            status, reason = "aborted", "aborted by the controller"
+        elif sc is None:
+            raise RuntimeError(f"group {g.group_id} sample {j} finished but was never scored")
+        elif sc.error is not None:
+            status, reason = "errored", sc.error
+        elif o.finish_reason == "length":
+            status, reason = "truncated", f"hit max_tokens={max_tokens}"
+        scored = sc is not None and sc.error is None and status != "aborted"
+        rollouts.append(Rollout(
+            prompt_id=g.task.id, group_id=g.group_id, sample_index=j, prompt_token_ids=list(g.prompt_token_ids),
+            completion_token_ids=list(o.token_ids), logprobs=list(o.logprobs),
+            weight_versions=list(o.weight_versions) or [0] * len(o.token_ids), loss_mask=[1] * len(o.token_ids),
+            text=o.text, finish_reason=o.finish_reason, reward=float(sc.value) if scored else None,
+            reward_parts=dict(sc.parts) if sc is not None else {}, status=status, status_reason=reason, step=step,
+            env_info={k: v for k, v in (sc.info if sc is not None else {}).items()
+                      if isinstance(v, (int, float, str, bool))},
+        ))
+    return RolloutGroup(g.task.id, g.group_id, rollouts)
+
+
+def mark(group: RolloutGroup, status: str, reason: str) -> None:
+    """Re-mark a group's trainable rollouts (kept / truncated) with `status` and `reason`; others keep theirs."""
+    for r in group.rollouts:
+        if r.status in ("kept", "truncated"):
+            r.status, r.status_reason = status, reason  # type: ignore[assignment]
+
+
+def informative(group: RolloutGroup) -> bool:
+    """A group with at least two valid rewards that differ: it carries a GRPO signal."""
+    rs = [r.reward for r in group.rollouts if r.reward is not None and r.status not in ("errored", "aborted")]
+    return len(rs) > 1 and max(rs) - min(rs) > 1e-9
+
+
+class Policy(Protocol):
+    """A generation policy: given the step's context, return the step's scored groups."""
+
+    def run(self, ctx: StepContext) -> list[RolloutGroup]: ...
+
+
+class Selector(Protocol):
+    """A prompt selector: skips prompts not worth sampling now, learns from every scored rollout."""
+
+    def skip(self, task_id: str, group_size: int) -> bool: ...
+
+    def observe(self, groups: Sequence[RolloutGroup]) -> None: ...
+
+    def on_weights(self, versions_moved: int) -> None: ...
+
+    def belief(self, task_id: str) -> tuple[float, float]: ...
+
+
+# ------------------------------------------------------------------------------------------------- controller
+
+
+@dataclass
+class ControlStep:
+    """One step's result: the groups (every rollout with a status) and the books."""
+
+    groups: list[RolloutGroup]
+    accounting: Accounting
+
+
+class RolloutController:
+    """Runs one policy (and optionally a prompt selector) step after step; owns their cross-step state."""
+
+    def __init__(self, policy: Policy, env: Any, tokenizer: Any, *, selector: Selector | None = None,
+                 prior: tuple[float, float] = (0.5, 0.5), max_skip_factor: int = 4, score_workers: int = 8,
+                 score_timeout_s: float | None = 30.0, params_fn: ParamsFn | None = None) -> None:
+        if max_skip_factor < 1:
+            raise ValueError(f"max_skip_factor must be >= 1, got {max_skip_factor}")
+        self.policy = policy
+        self.env = env
+        self.tokenizer = tokenizer
+        self.selector = selector
+        self.prior = prior
+        self.max_skip_factor = max_skip_factor
+        self.score_workers = score_workers
+        self.score_timeout_s = score_timeout_s
+        self.params_fn = params_fn
+        self._driver: Driver | None = None
+        self._version: int | None = None
+
+    def _encode(self, task: Task) -> list[int]:
+        if self.tokenizer is None:
+            raise ValueError("the model has no tokenizer: text tasks need one next to the weights (model.tokenizer)")
+        ids = list(self.tokenizer.encode(task.prompt, add_special_tokens=False))
+        if not ids:
+            raise ValueError(f"task {task.id!r} has an empty prompt after tokenization")
+        return ids
+
+    def _score(self, items: list[tuple[Task, str]]) -> list[Score]:
+        return score_many(self.env, items, max_workers=max(1, min(self.score_workers, len(items))),
+                          timeout_s=self.score_timeout_s)
+
+    def _selecting(self, source: TaskSource, acc: Accounting, group_size: int) -> TaskSource:
+        sel = self.selector
+        if sel is None:
+            return source
+
+        def take(k: int) -> list[Task]:
+            out: list[Task] = []
+            drawn = 0
+            while len(out) < k:
+                for t in source(k - len(out)):
+                    drawn += 1
+                    # NOTE: after max_skip_factor x k draws everything is accepted, so a step always fills even
+                    # when the selector would skip the whole data set.
+                    if drawn <= self.max_skip_factor * k and sel.skip(t.id, group_size):
+                        acc.skipped_prompts += 1
+                    else:
+                        out.append(t)
+            return out
+
+        return take
+
+    def run_step(self, engine: Any, source: TaskSource, params: SamplingParams, *, step: int,
+                 batch_groups: int) -> ControlStep:
+        """Generate and score one step's groups. `params.n` is the group size; `batch_groups` the target."""
+        if batch_groups < 1:
+            raise ValueError(f"batch_groups must be >= 1, got {batch_groups}")
+        if self._driver is None or self._driver.engine is not engine:
+            self._driver = Driver(engine)
+        drv = self._driver
+        drv.reset()
+        v = drv.weight_version
+        if self.selector is not None and self._version is not None and v != self._version:
+            self.selector.on_weights(v - self._version)
+        self._version = v
+        acc = Accounting()
+        sel = self.selector
+        ctx = StepContext(drv, self._selecting(source, acc, params.n), params, step, batch_groups, self._encode,
+                          self._score, self.params_fn, acc,
+                          prior=(sel.belief if sel is not None else (lambda _tid: self.prior)))
+        groups = self.policy.run(ctx)
+        acc.gen_s, acc.idle_s, acc.generated_tokens = drv.gen_s, drv.idle_s, drv.generated_tokens
+        acc.groups = len(groups)
+        acc.zero_variance_groups = sum(not informative(g) for g in groups)
+        for g in groups:
+            for r in g.rollouts:
+                if r.status not in acc.rollouts:
+                    raise RuntimeError(f"rollout {r.group_id}/{r.sample_index} has unknown status {r.status!r}")
+                acc.rollouts[r.status] += 1
+                acc.rollout_tokens += len(r.completion_token_ids)
+                if r.status == "aborted":
+                    acc.aborted_tokens += len(r.completion_token_ids)
+        acc.check()  # carried_in/out_tokens were set by the policy (partial rollouts), 0 otherwise
+        if sel is not None:
+            sel.observe(groups)
+        return ControlStep(groups, acc)
+
+    @staticmethod
+    def finalize(result: ControlStep, trained_version: int) -> Accounting:
+        """After the loop assigned advantages and statuses: useful tokens and staleness of what trains."""
+        acc = result.accounting
+        ages: list[int] = []
+        acc.useful_tokens = acc.trained_tokens = 0
+        acc.rollouts = {s: 0 for s in ROLLOUT_STATUSES}
+        for g in result.groups:
+            for r in g.rollouts:
+                acc.rollouts[r.status] += 1
+                if r.status not in ("kept", "truncated"):
+                    continue
+                n = len(r.completion_token_ids)
+                acc.trained_tokens += n
+                if abs(r.advantage or 0.0) > 0:
+                    acc.useful_tokens += n
+                ages.extend(trained_version - w for w in r.weight_versions)
+        acc.staleness_mean = sum(ages) / len(ages) if ages else 0.0
+        acc.staleness_max = max(ages) if ages else 0
+        return acc
+
+
+def beta_all_equal(a: float, b: float, r: int, success: bool) -> float:
+    """P(the next r samples all succeed (or all fail)) when the pass rate is Beta(a, b): B(a+r, b) / B(a, b)."""
+    if r <= 0:
+        return 1.0
+    x, y = (a, b) if success else (b, a)
+    return math.exp(math.lgamma(x + r) + math.lgamma(x + y) - math.lgamma(x) - math.lgamma(x + y + r))

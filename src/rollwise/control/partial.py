@@ -1,0 +1,75 @@
+"""Partial rollouts: never wait for the long tail; carry unfinished samples into the next step.
+
+Each step keeps ceil(batch_groups x (1 + over_provision)) groups in flight (groups carried from the last step
+first, then fresh prompts), drives the engine until `batch_groups` groups have all K samples finished, then
+aborts every sample still running and keeps its partial output. At the next step - after the trainer's update
+reached the engine - those samples are resubmitted with `add_request(partial=...)`: their earlier tokens keep
+their log-probs and weight versions, new tokens get the new version, so every token records which policy
+sampled it and the loop measures staleness (trained version - sampling version) of what it trains on. The loss
+corrects for it through TIS / decoupled PPO (algo.tis_cap, algo.decoupled).
+
+NOTE: carried groups are resubmitted before fresh ones, so the engine's FIFO scheduler finishes the oldest
+first and staleness stays bounded in practice; `control.staleness_max` in the metrics shows the worst case.
+Carried samples live in this object: a resumed run starts with none (their tokens are simply not trained).
+
+Deliberately left out: a hard staleness cap that drops old samples (prefer TIS over throwing tokens away).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from rollwise.control.base import PendingGroup, StepContext, build_group
+from rollwise.types import RolloutGroup
+
+
+@dataclass
+class PartialRolloutPolicy:
+    over_provision: float = 0.5
+    """Extra groups kept in flight, as a fraction of batch_groups."""
+    carry: list[PendingGroup] = field(default_factory=list)
+    """Groups with unfinished samples carried into the next step (finish_reason 'abort' = resume me)."""
+
+    def __post_init__(self) -> None:
+        if self.over_provision < 0:
+            raise ValueError(f"partial rollouts need over_provision >= 0, got {self.over_provision}")
+
+    def run(self, ctx: StepContext) -> list[RolloutGroup]:
+        drv = ctx.driver
+        if not drv.stepwise:
+            raise ValueError("control.policy=partial needs a step-level engine (the in-process engine)")
+        ctx.acc.carried_in_tokens = _tokens(self.carry)
+        want = math.ceil(ctx.batch_groups * (1.0 + self.over_provision))
+        groups = self.carry + [ctx.new_group(t, ctx.group_size) for t in ctx.take(max(0, want - len(self.carry)))]
+        self.carry = []
+        by_id = {g.group_id: g for g in groups}
+        for g in groups:
+            for j, o in enumerate(g.outputs):
+                if o is None or o.finish_reason == "abort":
+                    drv.submit(ctx.request(g, j, partial=o if o is not None and o.token_ids else None))
+        ctx.acc.rounds = 1
+        complete: list[PendingGroup] = [g for g in groups if _complete(g)]
+        while len(complete) < ctx.batch_groups and drv.inflight:
+            for req, o in drv.step():
+                g = by_id[req.group_id]
+                g.outputs[req.index] = o
+                if _complete(g):
+                    complete.append(g)
+        for rid in list(drv.inflight):
+            got = drv.abort(rid)
+            if got is not None:
+                by_id[got[0].group_id].outputs[got[0].index] = got[1]
+        done_ids = {g.group_id for g in complete}
+        self.carry = [g for g in groups if g.group_id not in done_ids]
+        ctx.acc.carried_out_tokens = _tokens(self.carry)
+        ctx.score([(g, j) for g in complete for j in range(g.size)])
+        return [build_group(g, ctx.step, ctx.params.max_tokens) for g in complete]
+
+
+def _complete(g: PendingGroup) -> bool:
+    return all(o is not None and o.finish_reason in ("stop", "length") for o in g.outputs)
+
+
+def _tokens(groups: list[PendingGroup]) -> int:
+    return sum(len(o.token_ids) for g in groups for o in g.outputs if o is not None)

@@ -1,0 +1,23 @@
+"""Uniform sampling (the baseline): the step's prompts, K samples each, every group returned as generated.
+
+Same decisions as `run.rollouts.generate_and_score` (the loop's default path), with the controller's books:
+per-sample requests on a step-level engine, so engine idle time waiting for the long tail is measured too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rollwise.control.base import StepContext, build_group
+from rollwise.types import RolloutGroup
+
+
+@dataclass
+class UniformPolicy:
+    """No choices: take `batch_groups` prompts, sample K each."""
+
+    def run(self, ctx: StepContext) -> list[RolloutGroup]:
+        groups = [ctx.new_group(t, ctx.group_size) for t in ctx.take(ctx.batch_groups)]
+        ctx.acc.rounds = 1
+        ctx.generate(groups)
+        return [build_group(g, ctx.step, ctx.params.max_tokens) for g in groups]

@@ -1,0 +1,266 @@
+"""Each policy's decisions and the books, on a fake engine with fake scores (no model)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from rollwise.control import (AdaptiveGroupPolicy, DynamicSamplingPolicy, EarlyStopPolicy, PartialRolloutPolicy,
+                              PassRatePosterior, RolloutController, UniformPolicy)
+from rollwise.control.base import beta_all_equal
+from rollwise.types import ROLLOUT_STATUSES, SamplingParams
+from tests.control.fakes import BatchOnlyEngine, FakeEngine, FakeEnv, FakeTokenizer, TaskStream, task
+
+SP = SamplingParams(n=8, max_tokens=64, seed=1)
+
+
+def controller(policy, **kw):
+    return RolloutController(policy, FakeEnv(), FakeTokenizer(), score_workers=2, **kw)
+
+
+def check_books(res, engine=None, statuses=None):
+    """Every rollout has one known status, the counts add up, and the token ledger balances."""
+    acc = res.accounting
+    rolls = [r for g in res.groups for r in g.rollouts]
+    assert acc.total_rollouts == len(rolls)
+    assert acc.rollouts == {s: sum(r.status == s for r in rolls) for s in ROLLOUT_STATUSES}
+    assert all(r.status_reason for r in rolls if r.status != "kept")
+    assert acc.rollout_tokens == sum(len(r.completion_token_ids) for r in rolls)
+    assert acc.aborted_tokens == sum(len(r.completion_token_ids) for r in rolls if r.status == "aborted")
+    assert acc.generated_tokens == acc.rollout_tokens + acc.carried_out_tokens - acc.carried_in_tokens
+    assert acc.zero_variance_groups == sum(len({r.reward for r in g.rollouts if r.reward is not None}) <= 1
+                                           for g in res.groups)
+    if statuses is not None:
+        assert {r.status for r in rolls} <= set(statuses)
+
+
+def test_uniform_samples_every_prompt_k_times_and_books_balance_against_the_engine():
+    tasks = [task(0, 1.0), task(1, 0.0), task(2, 0.5, length=[2, 9])]
+    eng = FakeEngine(tasks)
+    res = controller(UniformPolicy()).run_step(eng, TaskStream(tasks), SP, step=1, batch_groups=3)
+    assert [g.prompt_id for g in res.groups] == ["t0", "t1", "t2"] and all(len(g.rollouts) == 8 for g in res.groups)
+    check_books(res, statuses={"kept"})
+    assert res.accounting.generated_tokens == eng.produced
+    assert res.accounting.zero_variance_groups == 2 and not res.groups[2].zero_variance
+    # Short samples leave their slots empty while the 9-token ones finish: idle time is measured.
+    assert res.accounting.idle_s > 0
+    assert len({r.seed for g in res.groups for r in g.rollouts}) == 1  # the step seed, as the loop stores it
+    assert len({tuple(r.completion_token_ids) + (r.reward,) for r in res.groups[2].rollouts}) > 1
+
+
+def test_uniform_works_on_a_batch_only_engine_and_step_policies_refuse_it():
+    tasks = [task(0, 0.5)]
+    res = controller(UniformPolicy()).run_step(BatchOnlyEngine(tasks), TaskStream(tasks), SP, step=1, batch_groups=1)
+    check_books(res)
+    assert res.accounting.generated_tokens == 24 and res.accounting.idle_s == 0
+    for pol in (EarlyStopPolicy(), PartialRolloutPolicy()):
+        with pytest.raises(ValueError, match="step-level engine"):
+            controller(pol).run_step(BatchOnlyEngine(tasks), TaskStream(tasks), SP, step=1, batch_groups=1)
+
+
+def test_errored_scores_and_truncation_get_their_status():
+    tasks = [task(0, 0.5, broken=True), task(1, 0.5, length=100)]
+    res = controller(UniformPolicy()).run_step(FakeEngine(tasks), TaskStream(tasks), SP, step=1, batch_groups=2)
+    check_books(res)
+    assert {r.status for r in res.groups[0].rollouts} == {"errored"}
+    assert "verifier crashed" in res.groups[0].rollouts[0].status_reason
+    assert {r.status for r in res.groups[1].rollouts} == {"truncated"}
+
+
+def test_dynamic_sampling_refills_until_the_batch_is_informative_and_counts_what_it_drops():
+    tasks = [task(i, [1.0, 0.0, 0.5][i % 3]) for i in range(30)]
+    eng = FakeEngine(tasks)
+    src = TaskStream(tasks)
+    res = controller(DynamicSamplingPolicy(oversample=1.5, max_rounds=10)).run_step(eng, src, SP, step=1, batch_groups=4)
+    check_books(res, eng, statuses={"kept", "filtered"})
+    kept = [g for g in res.groups if g.rollouts[0].status == "kept"]
+    assert len(kept) == 4 and all(not g.zero_variance for g in kept)
+    for g in res.groups:
+        if g.zero_variance:
+            assert {r.status_reason for r in g.rollouts} == {"dynamic sampling: zero-variance group"}
+    assert res.accounting.rounds > 1 and res.accounting.prompts == src.pos == len(res.groups)
+    assert res.accounting.generated_tokens == eng.produced
+
+
+def test_dynamic_sampling_stops_at_max_rounds_when_nothing_is_informative():
+    tasks = [task(i, 1.0) for i in range(5)]
+    res = controller(DynamicSamplingPolicy(max_rounds=3)).run_step(FakeEngine(tasks), TaskStream(tasks), SP, step=1,
+                                                                   batch_groups=2)
+    check_books(res, statuses={"filtered"})
+    assert res.accounting.rounds == 3 and res.accounting.zero_variance_groups == len(res.groups)
+
+
+def test_posterior_maths_update_decay_and_skip():
+    post = PassRatePosterior(prior=(1.0, 1.0), decay=0.5, skip_above=0.9, explore=0.0)
+    # Uniform prior, K=2: P(both equal) = 2/3 (p^2 + (1-p)^2 integrated).
+    assert math.isclose(post.p_zero_variance("x", 2), 2 / 3)
+    assert math.isclose(beta_all_equal(3.0, 1.0, 2, True), 3 / 4 * 4 / 5)
+    for _ in range(30):
+        post.update("x", 1.0)
+    # Beta(31, 1): P(8 more all correct) = 31/39 < 0.9, plus a negligible all-wrong tail: not yet skipped.
+    assert post.belief("x") == (31.0, 1.0) and not post.skip("x", 8)
+    for _ in range(50):
+        post.update("x", 1.0)
+    assert post.p_zero_variance("x", 8) > 81 / 89 and post.skip("x", 8)
+    assert not post.skip("never-seen", 8)
+    post.on_weights(3)  # the policy moved: evidence shrinks toward the prior
+    assert post.belief("x") == (1.0 + 80 / 8, 1.0)
+    assert not post.skip("x", 8)
+    with pytest.raises(ValueError, match="prior"):
+        PassRatePosterior(prior=(0.0, 1.0))
+
+
+def test_posterior_selector_skips_decided_prompts_and_still_explores_them():
+    tasks = [task(0, 1.0), task(1, 0.0), task(2, 0.5), task(3, 0.5)]
+    eng = FakeEngine(tasks)
+    post = PassRatePosterior(decay=1.0, skip_above=0.9, explore=0.2, seed=3)
+    ctl = controller(UniformPolicy(), selector=post)
+    src = TaskStream(tasks)
+    seen: list[str] = []
+    skipped = 0
+    for step in range(1, 41):
+        res = ctl.run_step(eng, src, SP, step=step, batch_groups=2)
+        check_books(res)
+        seen += [g.prompt_id for g in res.groups]
+        skipped += res.accounting.skipped_prompts
+    later = seen[16:]
+    # After one look each, t0 (all correct) and t1 (all wrong) are mostly skipped, but exploration retries them.
+    assert skipped > 0
+    assert 0 < later.count("t0") < later.count("t2") / 2 and 0 < later.count("t1") < later.count("t3") / 2
+    assert post.belief("t0")[0] > 8 and post.belief("t1")[1] > 8
+
+
+def test_selector_fills_the_step_even_when_every_prompt_would_be_skipped():
+    tasks = [task(i, 1.0) for i in range(3)]
+    post = PassRatePosterior(explore=0.0)
+    for t in tasks:
+        for _ in range(50):
+            post.update(t.id, 1.0)
+    res = controller(UniformPolicy(), selector=post).run_step(FakeEngine(tasks), TaskStream(tasks), SP, step=1,
+                                                             batch_groups=2)
+    assert len(res.groups) == 2 and res.accounting.skipped_prompts == 8  # 4 x 2 draws skipped, then accepted
+
+
+def test_adaptive_pilots_every_prompt_and_extends_only_mixed_ones_within_budget():
+    # Three prompts in four are always or never solved (the common case the policy is for).
+    tasks = [task(i, [1.0, 0.0, 1.0, 0.5][i % 4]) for i in range(400)]
+    p_of = {t.id: t.metadata["p"] for t in tasks}
+
+    def run(policy, steps=6):
+        eng, src, ctl = FakeEngine(tasks), TaskStream(tasks), controller(policy)
+        tokens = useful = extended = 0
+        for s in range(1, steps + 1):
+            res = ctl.run_step(eng, src, SP, step=s, batch_groups=8)
+            check_books(res, eng, statuses={"kept", "filtered"})
+            assert res.accounting.total_rollouts <= 8 * 8  # the uniform step's budget
+            assert res.accounting.generated_tokens == eng.produced - tokens
+            tokens = eng.produced
+            useful += res.accounting.groups - res.accounting.zero_variance_groups
+            for g in res.groups:
+                if p_of[g.prompt_id] in (0.0, 1.0) and isinstance(policy, AdaptiveGroupPolicy):
+                    assert len(g.rollouts) == 2 and {r.status for r in g.rollouts} == {"filtered"}
+                    assert {r.status_reason for r in g.rollouts} == {"adaptive: unanimous pilot of 2"}
+                if len(g.rollouts) == 8 and isinstance(policy, AdaptiveGroupPolicy):
+                    extended += 1
+                    assert not g.zero_variance and {r.status for r in g.rollouts} == {"kept"}
+        return tokens / max(useful, 1), extended
+
+    adaptive, extended = run(AdaptiveGroupPolicy(pilot=2, oversample=2.0, max_rounds=4))
+    uniform, _ = run(UniformPolicy())
+    assert extended >= 3
+    assert adaptive < uniform  # fewer generated tokens per informative group
+
+
+def test_adaptive_rejects_a_pilot_as_large_as_the_group():
+    tasks = [task(0, 0.5)]
+    with pytest.raises(ValueError, match="pilot_samples"):
+        controller(AdaptiveGroupPolicy(pilot=8)).run_step(FakeEngine(tasks), TaskStream(tasks), SP, step=1, batch_groups=1)
+    with pytest.raises(ValueError, match="pilot >= 2"):
+        AdaptiveGroupPolicy(pilot=1)
+
+
+def test_early_stop_aborts_decided_groups_and_counts_aborted_tokens():
+    lens = [2, 2, 2, 2, 30, 30, 30, 30]
+    tasks = [task(0, 1.0, length=lens), task(1, 0.0, length=lens), task(2, 0.5, length=lens)]
+    eng = FakeEngine(tasks)
+    pol = EarlyStopPolicy(confidence=0.6, min_finished=3)
+    res = controller(pol, prior=(0.5, 0.5)).run_step(eng, TaskStream(tasks), SP, step=1, batch_groups=3)
+    check_books(res, eng)
+    acc = res.accounting
+    assert acc.generated_tokens == eng.produced and acc.aborted_tokens > 0 and acc.rollouts["aborted"] > 0
+    by = {g.prompt_id: g for g in res.groups}
+    for pid in ("t0", "t1"):
+        st = [r.status for r in by[pid].rollouts]
+        assert "aborted" in st and by[pid].zero_variance
+        assert all(r.reward is None for r in by[pid].rollouts if r.status == "aborted")
+    # The mixed group's decision never fires once its finished samples disagree... unless they all agreed first:
+    g2 = by["t2"]
+    if any(r.status == "aborted" for r in g2.rollouts):
+        done = [r.reward for r in g2.rollouts if r.status != "aborted"]
+        assert len(set(done)) == 1
+    # Uniform on the same tasks spends more tokens.
+    uni = controller(UniformPolicy()).run_step(FakeEngine(tasks), TaskStream(tasks), SP, step=1, batch_groups=3)
+    assert acc.generated_tokens < uni.accounting.generated_tokens
+
+
+def test_early_stop_never_aborts_with_an_uninformative_prior_and_high_confidence():
+    tasks = [task(0, 1.0, length=[2, 20])]
+    res = controller(EarlyStopPolicy(confidence=0.95)).run_step(FakeEngine(tasks), TaskStream(tasks), SP, step=1,
+                                                                 batch_groups=1)
+    assert res.accounting.aborted_tokens == 0 and {r.status for r in res.groups[0].rollouts} == {"kept"}
+
+
+def test_partial_rollouts_stop_at_the_target_and_resume_carried_samples_under_new_weights():
+    tasks = [task(0, 0.5, length=3), task(1, 0.5, length=3), task(2, 0.5, length=40), task(3, 0.5, length=3),
+             task(4, 0.5, length=3), task(5, 0.5, length=3)]
+    eng = FakeEngine(tasks)
+    pol = PartialRolloutPolicy(over_provision=0.5)
+    ctl = controller(pol)
+    src = TaskStream(tasks)
+    returned = 0
+    long_group = None
+    for step in range(1, 6):
+        res = ctl.run_step(eng, src, SP, step=step, batch_groups=2)
+        check_books(res, eng, statuses={"kept"})
+        assert len(res.groups) >= 2
+        returned += res.accounting.rollout_tokens
+        for g in res.groups:
+            if g.prompt_id == "t2":
+                long_group = (step, g)
+        ctl.finalize(res, trained_version=eng.weight_version)
+        if any(g.prompt_id == "t2" for g in res.groups):
+            assert res.accounting.staleness_max >= 1 and res.accounting.staleness_mean > 0
+        eng.load_weights()  # the trainer's update reaches the engine
+        assert not eng.requests  # nothing left running between steps
+    # Every token the engine produced is either in a returned rollout or still carried.
+    assert eng.produced == returned + sum(len(o.token_ids) for g in pol.carry for o in g.outputs if o)
+    step, g = long_group
+    assert step > 1 and g.group_id.startswith("s1-")  # started at step 1, finished later
+    for r in g.rollouts:
+        assert len(r.weight_versions) == len(r.completion_token_ids) == 40
+        assert r.weight_versions == sorted(r.weight_versions) and r.weight_versions[0] == 0
+        assert r.weight_versions[-1] == step - 1  # resumed under the newer weights
+        assert r.step == step
+
+
+def test_partial_rollouts_keep_the_step_short_on_a_heavy_tail():
+    lens = [4] * 7 + [60]
+    tasks = [task(i, 0.5, length=lens) for i in range(40)]
+    def engine_steps(pol, steps=4):
+        eng = FakeEngine(tasks)
+        ctl, src = controller(pol), TaskStream(tasks)
+        for s in range(1, steps + 1):
+            ctl.run_step(eng, src, SP, step=s, batch_groups=4)
+            eng.load_weights()
+        return eng.steps
+    assert engine_steps(PartialRolloutPolicy(over_provision=1.0)) < engine_steps(UniformPolicy()) / 1.3
+
+
+def test_controller_rejects_bad_input():
+    with pytest.raises(ValueError, match="batch_groups"):
+        controller(UniformPolicy()).run_step(FakeEngine([]), TaskStream([task(0, 1.0)]), SP, step=1, batch_groups=0)
+    with pytest.raises(ValueError, match="not an engine"):
+        controller(UniformPolicy()).run_step(object(), TaskStream([task(0, 1.0)]), SP, step=1, batch_groups=1)
+    with pytest.raises(ValueError, match="oversample"):
+        DynamicSamplingPolicy(oversample=0.5)
