@@ -112,6 +112,7 @@ class RemoteEngine:
         self.tokenizer = tokenizer
         self.weights_dir = weights_dir
         self._local = threading.local()
+        self.max_concurrency = max_concurrency
         self._pool = ThreadPoolExecutor(max_workers=max_concurrency, thread_name_prefix="rollwise-remote")
         self._ids = itertools.count()
         self._version = 0
@@ -277,7 +278,9 @@ class RemoteEngine:
         for p in prompts:
             if not isinstance(p, str) and not (isinstance(p, list) and p and all(isinstance(t, int) for t in p)):
                 raise ValueError("each prompt must be a string or a non-empty list of token ids")
-        deadline = time.monotonic() + self.timeout_s + self.connect_timeout_s
+        # Each request is bounded by its socket timeouts; this outer bound only guards against a stuck pool.
+        waves = -(-len(prompts) // self.max_concurrency)
+        deadline = time.monotonic() + waves * (self.timeout_s + self.connect_timeout_s)
         futs = [self._pool.submit(self._one, f"remote-{next(self._ids)}", p, sp) for p, sp in zip(prompts, plist)]
         outs = []
         try:

@@ -137,7 +137,8 @@ def _unsupported(body: dict) -> None:
         "continue_final_message": (None, False),
     }
     for name, ok in neutral.items():
-        if name in body and not any(body[name] == o and type(body[name]) is type(o) or body[name] is o for o in ok):
+        v = body.get(name)
+        if name in body and not any(v is o or (type(v) is type(o) and v == o) for o in ok):
             raise _bad(f"'{name}' is not supported by rollwise serve (got {body[name]!r})", name)
     rf = body.get("response_format")
     if rf is not None and rf != {"type": "text"}:
