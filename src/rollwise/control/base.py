@@ -35,6 +35,7 @@ from typing import Any, Protocol
 
 from rollwise.envs.base import Task
 from rollwise.rewards.concurrent import score_many
+from rollwise.run.rollouts import StepRollouts
 from rollwise.types import (ROLLOUT_STATUSES, CompletionOutput, RequestOutput, Rollout, RolloutGroup,
                             SamplingParams, Score)
 
@@ -378,6 +379,13 @@ class ControlStep:
 
     groups: list[RolloutGroup]
     accounting: Accounting
+
+    def step_rollouts(self) -> StepRollouts:
+        """The sync loop's view of the step; scores are rebuilt from the rollouts (aborted ones have none)."""
+        scores = [[Score(r.reward or 0.0, dict(r.reward_parts), r.status_reason if r.status == "errored" else None)
+                   for r in g.rollouts if r.status != "aborted"] for g in self.groups]
+        a = self.accounting
+        return StepRollouts(self.groups, [], scores, a.gen_s, a.score_s, a.generated_tokens)
 
 
 class RolloutController:

@@ -120,6 +120,7 @@ def run_sync(cfg: RunConfig, log: Log = print, *, stop_after: int | None = None)
     import numpy as np
     import torch
 
+    from rollwise.control import is_default, make_controller
     from rollwise.engine.llm import LLM
     from rollwise.run.rollouts import ACCURACY_METHOD, evaluate, generate_and_score
     from rollwise.store.card import build_rollout_card
@@ -170,6 +171,7 @@ def run_sync(cfg: RunConfig, log: Log = print, *, stop_after: int | None = None)
                       reference=A.kl_coef > 0, total_steps=cfg.train.steps)
     loss_fn = LOSSES[A.loss]
     loss_cfg = LossConfig.from_algo(A, max_length=R.max_tokens)
+    controller = None if is_default(cfg.control) else make_controller(cfg.control, env, tokenizer, seed=seed)
     order = DataOrder(len(train_tasks), seed)
     start_step = 0
     prev_wall = 0.0
@@ -204,10 +206,15 @@ def run_sync(cfg: RunConfig, log: Log = print, *, stop_after: int | None = None)
             if stop_after is not None and step > start_step + stop_after:
                 return None
             t_step = time.perf_counter()
-            tasks = [train_tasks[i] for i in order.take(R.prompts_per_step)]
             sp = SamplingParams(n=R.samples_per_prompt, temperature=R.temperature, top_p=R.top_p, top_k=R.top_k,
                                 max_tokens=R.max_tokens, seed=seed * 1_000_003 + step)
-            sr = generate_and_score(engine, tokenizer, env, tasks, sp, step=step)
+            if controller is None:
+                tasks = [train_tasks[i] for i in order.take(R.prompts_per_step)]
+                sr = generate_and_score(engine, tokenizer, env, tasks, sp, step=step)
+            else:  # the rollout controller picks prompts, group sizes and when to stop (rollwise.control)
+                cs = controller.run_step(engine, lambda k: [train_tasks[i] for i in order.take(k)], sp, step=step,
+                                         batch_groups=R.prompts_per_step)
+                sr = cs.step_rollouts()
             groups = sr.groups
             assign_advantages(groups, A.advantage, **({"eps": A.adv_eps} if A.advantage in ("grpo", "reinforce_pp") else {}))
             zero_var = 0
@@ -219,6 +226,7 @@ def run_sync(cfg: RunConfig, log: Log = print, *, stop_after: int | None = None)
                             if r.status in ("kept", "truncated"):
                                 r.status, r.status_reason = "filtered", "zero-variance group (no GRPO signal)"
             trainable = [r for g in groups for r in g.rollouts if r.status in ("kept", "truncated")]
+            control_m = controller.finalize(cs, engine.weight_version).metrics() if controller is not None else {}
             train_m: dict[str, float] = {}
             sync_s = 0.0
             if trainable:
@@ -254,6 +262,7 @@ def run_sync(cfg: RunConfig, log: Log = print, *, stop_after: int | None = None)
                 "rollouts": counts, "step_s": time.perf_counter() - t_step,
                 "tokens_per_s": sr.gen_tokens / max(time.perf_counter() - t_step, 1e-9),
             }
+            rec.update(control_m)  # control_* books; staleness measured from the tokens' weight versions
             if cfg.run.eval_every and step % cfg.run.eval_every == 0 and step < cfg.train.steps:
                 ev = evaluate(engine, tokenizer, env, eval_tasks, **eval_kw)
                 rec["eval_accuracy"], rec["eval_accuracy_greedy"] = ev["accuracy"], ev["accuracy_greedy"]
