@@ -244,3 +244,28 @@ def test_cli_serves_and_stops_on_sigterm(char_ckpt):
     bad = subprocess.run([ROLLWISE, "serve", "--model", "/no/such/dir"],
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "not a directory" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_engine_limits_and_engine_errors_do_not_stop_the_server(char_ckpt):
+    srv = start_server(char_ckpt, num_kv_blocks=6)  # 6 blocks x 4 tokens: a 30-token prompt can never fit
+    try:
+        _check_error(post(srv, "/v1/completions", {**GOOD, "prompt": [5] * 30}), 400, "needs 8 KV-cache blocks")
+        assert post(srv, "/v1/completions", GOOD).status == 200
+        # An engine failure mid-step answers the requests in flight with a 500 and the next request works.
+        real_step = srv.engine.step
+        calls = {"n": 0}
+
+        def flaky_step():
+            calls["n"] += 1
+            if calls["n"] == 1:
+                raise RuntimeError("simulated kernel failure")
+            return real_step()
+
+        srv.engine.step = flaky_step
+        _check_error(post(srv, "/v1/completions", GOOD), 500, "engine error: RuntimeError: simulated kernel failure")
+        assert srv.worker.errors == 1 and not srv.engine.has_unfinished()
+        ok = post(srv, "/v1/completions", {**GOOD, "max_tokens": 3, "ignore_eos": True})
+        assert ok.status == 200 and ok.body["usage"]["completion_tokens"] == 3
+        assert request(srv.url + "/health").body["engine_errors"] == 1
+    finally:
+        srv.shutdown(drain_s=0.0)

@@ -155,6 +155,18 @@ class OpenAIServer:
         with self._tok_lock:
             return self.tokenizer.decode(ids, skip_special_tokens=True)
 
+    def check_fits(self, prompt_len: int, n: int) -> None:
+        """400 for a request the KV cache can never hold (else the scheduler would fail at step time)."""
+        bm = self.engine.block_manager
+        need = -(-prompt_len // bm.block_size) + ((n - 1) if prompt_len % bm.block_size else 0)
+        if need > bm.num_blocks:
+            raise APIError(400, f"a prompt of {prompt_len} tokens with n={n} needs {need} KV-cache blocks but the "
+                                f"server has {bm.num_blocks}; shorten the prompt or lower n", "prompt")
+        limit = self.engine.config.max_num_batched_tokens
+        if prompt_len > limit:
+            raise APIError(400, f"the prompt has {prompt_len} tokens, over the server's prefill budget of {limit}"
+                                " (--max-num-batched-tokens)", "prompt")
+
     def check_admin(self, headers: Any) -> None:
         key = self.config.admin_key
         if not key:
@@ -379,6 +391,7 @@ class _Handler(BaseHTTPRequestHandler):
             bad = [t for t in ids if not 0 <= t < app.info.vocab_size]
             if bad:
                 raise APIError(400, f"prompt token ids outside the vocabulary: {bad[:5]}", "prompt")
+            app.check_fits(len(ids), req.params.n)
             prompt_ids.append(ids)
             params.append(replace(req.params, max_tokens=resolve_max_tokens(req, len(ids), app.info)))
         events: queue.Queue[Event] = queue.Queue()
