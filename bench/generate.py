@@ -74,6 +74,7 @@ def run_ours(path: Path, ps, n: int, max_tokens: int, ignore_eos: bool, device: 
     llm = LLM(path, device=device, dtype=dtype, max_num_seqs=len(ps) * n)
     sp = SamplingParams(n=n, temperature=1.0, max_tokens=max_tokens, ignore_eos=ignore_eos, seed=seed)
     llm.generate(ps[:2], SamplingParams(n=2, max_tokens=4))  # warm-up
+    steps0 = llm.engine.stats.steps
     if device == "cuda":
         torch.cuda.synchronize()
     t = time.perf_counter()
@@ -82,6 +83,7 @@ def run_ours(path: Path, ps, n: int, max_tokens: int, ignore_eos: bool, device: 
         torch.cuda.synchronize()
     dt = time.perf_counter() - t
     lens = [len(o.token_ids) for r in outs for o in r.outputs]
+    run_ours.last_steps = llm.engine.stats.steps - steps0  # type: ignore[attr-defined]
     return sum(lens), dt, lens
 
 
@@ -140,8 +142,11 @@ def main(argv=None) -> int:
     ap.add_argument("--n", type=int, default=8)
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--skip-hf", action="store_true")
+    ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     ap.add_argument("--json", help="write results here")
     args = ap.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     results = {}
     peak = matmul_flops(args.device, {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[args.dtype])
@@ -151,7 +156,6 @@ def main(argv=None) -> int:
             path = make_model(size, Path(tmp) / size)
             vocab = json.loads((path / "config.json").read_text())["vocab_size"]
             ps = prompts(args.prompts, min(vocab, VOCAB))
-            nparams = sum(v for v in [0])
             row = {}
             for mode, ignore in (("eos", False), ("ignore_eos", True)):
                 ours, hf = [], []
@@ -166,6 +170,15 @@ def main(argv=None) -> int:
                 if hf:
                     h = statistics.median(x[0] for x in hf)
                     res.update(hf_tok_s=h, hf_tokens=statistics.median(x[1] for x in hf), speedup=o / h)
+                if args.device == "cuda":
+                    # Each decode step reads every weight once: steps/s x weight bytes is the achieved bandwidth.
+                    nbytes = sum(f.stat().st_size for f in path.glob("*.safetensors"))
+                    if args.dtype != "float32":
+                        nbytes //= 2  # checkpoints are saved in float32
+                    med = sorted(ours, key=lambda x: x[0])[len(ours) // 2]
+                    steps_per_s = run_ours.last_steps / med[2]
+                    res["ours_steps_per_s"] = steps_per_s
+                    res["ours_weight_bandwidth_gb_s"] = steps_per_s * nbytes / 1e9
                 if ignore:
                     avg_ctx = statistics.mean(len(p) for p in ps) + args.max_tokens / 2
                     fpt = model_flops_per_token(path, avg_ctx)
@@ -180,7 +193,6 @@ def main(argv=None) -> int:
                 if ignore:
                     msg += f" | ours {res['ours_gflop_s']:.1f} GFLOP/s = {100 * res['fraction_of_matmul_peak']:.0f}% of matmul peak"
                 print(msg, flush=True)
-            del nparams
             results[size] = row
     results["matmul_peak_gflop_s"] = peak / 1e9
     if args.json:

@@ -42,10 +42,10 @@ class ModelRunner:
         dtype = model.embed_tokens.weight.dtype
         self.kv_caches = []
         self._workspace: tuple[torch.Tensor, torch.Tensor] | None = None
-        self._kv_shape = (block_size, spec.num_kv_heads, spec.head_dim)
+        self._per_block = spec.num_kv_heads * block_size * spec.head_dim
         self._dtype = dtype
         for layer in model.layers:
-            cache = torch.zeros(2, num_blocks, block_size, spec.num_kv_heads, spec.head_dim, dtype=dtype, device=device)
+            cache = torch.zeros(2, spec.num_kv_heads, num_blocks, block_size, spec.head_dim, dtype=dtype, device=device)
             layer.self_attn.kv_cache = cache
             self.kv_caches.append(cache)
 
@@ -91,20 +91,22 @@ class ModelRunner:
         pos_t = torch.tensor(pos, dtype=torch.long, device=dev)
         bt = torch.tensor(flat, dtype=torch.long, device=dev)
         key_pos = torch.arange(max_blocks * bs, device=dev)
-        mask = (key_pos[None, :] <= pos_t[:, None]).view(len(seqs), 1, 1, -1)
+        mask = (key_pos[None, :] <= pos_t[:, None]).view(1, len(seqs), 1, -1)
         meta = AttnMetadata(False, torch.tensor(slots, dtype=torch.long, device=dev), bs,
                             block_tables=bt, num_seqs=len(seqs), decode_mask=mask,
                             workspace=self._get_workspace(len(flat)))
         return torch.tensor(ids, dtype=torch.long, device=dev), pos_t, meta, None
 
     def _get_workspace(self, num_blocks: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Flat K and V gather buffers holding at least `num_blocks` blocks (grown by doubling, then reused)."""
+        need = num_blocks * self._per_block
         ws = self._workspace
-        if ws is None or ws[0].shape[0] < num_blocks:
-            cap = max(num_blocks, 2 * (ws[0].shape[0] if ws is not None else 0))
-            cap = min(max(cap, num_blocks), max(num_blocks, self.num_blocks * 2))
-            ws = tuple(torch.empty((cap, *self._kv_shape), dtype=self._dtype, device=self.device) for _ in range(2))
-            self._workspace = ws  # type: ignore[assignment]
-        return ws  # type: ignore[return-value]
+        if ws is None or ws[0].numel() < need:
+            cap = max(need, 2 * (ws[0].numel() if ws is not None else 0))
+            ws = (torch.empty(cap, dtype=self._dtype, device=self.device),
+                  torch.empty(cap, dtype=self._dtype, device=self.device))
+            self._workspace = ws
+        return ws
 
     def _sampling_batch(self, out: SchedulerOutput) -> SamplingBatch:
         seqs = out.sample_seqs
@@ -134,7 +136,7 @@ class ModelRunner:
             hidden = hidden.index_select(0, last_idx)
         for src, dst in out.block_copies:
             for cache in self.kv_caches:
-                cache[:, dst].copy_(cache[:, src])
+                cache[:, :, dst].copy_(cache[:, :, src])
         rows = out.sample_rows
         if rows != list(range(hidden.shape[0])):
             hidden = hidden.index_select(0, torch.tensor(rows, dtype=torch.long, device=self.device))

@@ -52,8 +52,8 @@ class AttnMetadata:
     # decode: one query token per sequence
     block_tables: torch.Tensor | None = None  # [B * max_blocks] int64, flattened (padded with block 0)
     num_seqs: int = 0
-    decode_mask: torch.Tensor | None = None  # [B, 1, 1, max_blocks * block_size] bool: key is inside the context
-    # Reusable gather buffers [capacity_blocks, block_size, kvh, d] for K and V (shared by all layers).
+    decode_mask: torch.Tensor | None = None  # [1, B, 1, max_blocks * block_size] bool: key is inside the context
+    # Reusable flat gather buffers for K and V (shared by all layers), viewed as [kvh, B * max_blocks, bs, d].
     # NOTE: on CPU a fresh multi-MB tensor per layer per step costs more in page faults than the copy itself.
     workspace: tuple[torch.Tensor, torch.Tensor] | None = None
 
@@ -87,7 +87,9 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(self.d, spec.rms_norm_eps) if spec.qk_norm else None
         self.k_norm = RMSNorm(self.d, spec.rms_norm_eps) if spec.qk_norm else None
         self.scale = self.d**-0.5
-        self.kv_cache: torch.Tensor | None = None  # [2, num_blocks, block_size, kvh, d], set by the runner
+        # [2, kvh, num_blocks, block_size, d], set by the runner. Head-major so that a decode gather yields
+        # [kvh, B, L, d] contiguous, which SDPA consumes without a copy (kv heads as its batch dimension).
+        self.kv_cache: torch.Tensor | None = None
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, meta: AttnMetadata) -> torch.Tensor:
         n = x.shape[0]  # x: [N, hidden]
@@ -103,9 +105,9 @@ class Attention(nn.Module):
         k = k * cos + rotate_half(k) * sin
         cache = self.kv_cache
         assert cache is not None, "KV cache not allocated"
-        flat = cache.view(2, -1, self.kvh, self.d)
-        flat[0].index_copy_(0, meta.slot_mapping, k)
-        flat[1].index_copy_(0, meta.slot_mapping, v)
+        flat = cache.view(2, self.kvh, -1, self.d)  # [2, kvh, num_blocks * block_size, d]
+        flat[0].index_copy_(1, meta.slot_mapping, k.transpose(0, 1))
+        flat[1].index_copy_(1, meta.slot_mapping, v.transpose(0, 1))
         if meta.is_prefill:
             out = self._prefill(q, k, v, meta)
         else:
@@ -124,9 +126,9 @@ class Attention(nn.Module):
                 o = F.scaled_dot_product_attention(qi, ki, vi, is_causal=True, scale=self.scale, enable_gqa=True)
             else:
                 ctx = num_cached + q_len
-                kv = self.kv_cache[:, table].reshape(2, -1, self.kvh, self.d)[:, :ctx]  # [2, ctx, kvh, d]
-                ki = kv[0].transpose(0, 1).unsqueeze(0)
-                vi = kv[1].transpose(0, 1).unsqueeze(0)
+                kv = self.kv_cache[:, :, table].reshape(2, self.kvh, -1, self.d)[:, :, :ctx]  # [2, kvh, ctx, d]
+                ki = kv[0].unsqueeze(0)
+                vi = kv[1].unsqueeze(0)
                 qpos = torch.arange(num_cached, ctx, device=q.device)
                 mask = torch.arange(ctx, device=q.device)[None, :] <= qpos[:, None]  # [q_len, ctx]
                 o = F.scaled_dot_product_attention(qi, ki, vi, attn_mask=mask, scale=self.scale, enable_gqa=True)
@@ -138,15 +140,15 @@ class Attention(nn.Module):
         bt = meta.block_tables
         assert bt is not None and meta.decode_mask is not None and meta.workspace is not None
         b = meta.num_seqs
-        nb = bt.shape[0]
-        kbuf, vbuf = meta.workspace
-        k = torch.index_select(self.kv_cache[0], 0, bt, out=kbuf[:nb])  # [B * max_blocks, bs, kvh, d]
-        v = torch.index_select(self.kv_cache[1], 0, bt, out=vbuf[:nb])
-        k = k.view(b, -1, self.kvh, self.d).transpose(1, 2)  # [B, kvh, L, d]
-        v = v.view(b, -1, self.kvh, self.d).transpose(1, 2)
-        o = F.scaled_dot_product_attention(q.unsqueeze(2), k, v, attn_mask=meta.decode_mask, scale=self.scale,
-                                           enable_gqa=True)  # [B, h, 1, d]
-        return o.squeeze(2)
+        n = self.kvh * bt.shape[0] * meta.block_size * self.d
+        shape = (self.kvh, bt.shape[0], meta.block_size, self.d)
+        kbuf, vbuf = (w[:n].view(shape) for w in meta.workspace)
+        k = torch.index_select(self.kv_cache[0], 1, bt, out=kbuf).view(self.kvh, b, -1, self.d)  # [kvh, B, L, d]
+        v = torch.index_select(self.kv_cache[1], 1, bt, out=vbuf).view(self.kvh, b, -1, self.d)
+        g = self.h // self.kvh
+        qg = q.view(b, self.kvh, g, self.d).transpose(0, 1)  # [kvh, B, g, d]: a group's query heads share keys
+        o = F.scaled_dot_product_attention(qg, k, v, attn_mask=meta.decode_mask, scale=self.scale)  # [kvh, B, g, d]
+        return o.transpose(0, 1).reshape(b, self.h, self.d)
 
 
 class MLP(nn.Module):
