@@ -127,6 +127,11 @@ def test_streamed_completion_equals_plain(server, stop):
     usage = events[-2]
     assert usage["choices"] == [] and usage["usage"] == plain["usage"]
     text, ids, lps, finish = _concat_stream(events[:-2] + ["[DONE]"], 2)
+    firsts: dict[int, dict] = {}
+    for ev in events[:-2]:
+        for c in ev["choices"]:
+            firsts.setdefault(c["index"], c)
+    assert [firsts[k]["prompt_token_ids"] for k in range(2)] == [c["prompt_token_ids"] for c in plain["choices"]]
     for k, c in enumerate(plain["choices"]):
         assert text[k] == c["text"]
         assert ids[k] == c["token_ids"]

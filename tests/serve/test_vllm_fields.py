@@ -1,8 +1,8 @@
 """The requests RemoteEngine sends and the responses rollwise serve returns, checked against the field sets of
 vLLM's OpenAI-compatible server (vllm/entrypoints/openai/protocol.py: CompletionRequest, CompletionResponse,
 CompletionResponseChoice, CompletionLogProbs, CompletionStreamResponse, ChatCompletionResponse, ModelCard,
-ErrorInfo, UsageInfo; vLLM 0.10.x, plus `return_token_ids` / choice `token_ids` / `prompt_token_ids` from
-vLLM 0.10.2). Written down here by hand so a drift on either side fails a test.
+ErrorInfo, UsageInfo; plus the later `return_token_ids` request field with choice `token_ids` and
+`prompt_token_ids`). Written down here by hand so a drift on either side fails a test.
 
 rollwise's own additions are listed in ROLLWISE_EXTRAS and documented in docs/serve.md.
 """
@@ -115,7 +115,7 @@ def test_server_responses_use_vllm_fields(server):
 
 
 class _FakeVLLM(BaseHTTPRequestHandler):
-    """Answers like a vLLM 0.10 server that knows `return_tokens_as_token_ids` but not `return_token_ids`:
+    """Answers like an older vLLM server that knows `return_tokens_as_token_ids` but not `return_token_ids`:
     token ids only inside `logprobs.tokens` as 'token_id:N', and no rollwise extension fields."""
 
     protocol_version = "HTTP/1.1"

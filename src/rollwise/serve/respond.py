@@ -192,7 +192,9 @@ class GenerationRun:
         if c.finish_reason is not None:
             full = self.app.full_text(c.token_ids) if self.params[i].stop else None
             ch["stop_reason"] = stop_reason(c, self.params[i], full, self.app.engine.eos_token_ids)
-        if self.req.return_token_ids:
+        if self.req.return_token_ids:  # as vLLM: prompt ids in a choice's first chunk, then token deltas
+            if first:
+                ch["prompt_token_ids"] = list(self.prompt_ids[i])
             ch["token_ids"] = list(ids)
             ch["weight_versions"] = list(c.weight_versions[len(c.token_ids) - len(ids):])
         return {"id": self.id, "object": self._obj, "created": self.req.created, "model": self.req.model,
