@@ -170,7 +170,14 @@ def _wait_idle(srv, timeout=10.0):
 
 
 @pytest.mark.parametrize("stream", [False, True])
-def test_client_disconnect_aborts_its_request(server, stream):
+def test_client_disconnect_aborts_its_request(server, stream, monkeypatch):
+    real_step = server.engine.step
+
+    def slow_step():  # 120 steps take >= 0.6 s, far longer than noticing the hang-up (polled every 0.1 s)
+        time.sleep(0.005)
+        return real_step()
+
+    monkeypatch.setattr(server.engine, "step", slow_step)
     long = {"model": MODEL, "prompt": [5, 6, 7], "max_tokens": 120, "ignore_eos": True, "stream": stream}
     s = _raw_post(server, long)
     t0 = time.monotonic()
