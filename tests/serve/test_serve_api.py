@@ -184,3 +184,14 @@ def test_models_and_health(server):
     h = request(server.url + "/health")
     assert h.status == 200 and h.body["status"] == "ok" and h.body["model"] == MODEL
     assert isinstance(h.body["weight_version"], int)
+
+
+def test_render_chat_prefers_the_tokenizers_template():
+    from rollwise.models.tokenizer import build_char_tokenizer
+
+    tok = build_char_tokenizer("abc")
+    msgs = [{"role": "user", "content": "ab"}]
+    assert render_chat(tok, msgs) == "user: ab\nassistant: "
+    tok.chat_template = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}"
+                         "{% if add_generation_prompt %}<assistant>{% endif %}")
+    assert render_chat(tok, msgs) == "<user>ab<assistant>"
