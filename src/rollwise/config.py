@@ -318,6 +318,9 @@ class ControlConfig(_Section):
     """adaptive: samples in each prompt's pilot group; must be < rollout.samples_per_prompt."""
     budget_factor: float = Field(1.0, gt=0)
     """adaptive: rollouts per step = budget_factor x prompts_per_step x samples_per_prompt."""
+    direct_above: float = Field(0.7, gt=0, le=1)
+    """adaptive: sample all K at once (no pilot) for a prompt whose pass-rate belief gives P(informative group) >= this
+    (with select=posterior: a prompt seen mixed before); 1 = always pilot."""
     confidence: float = Field(0.75, gt=0, lt=1)
     """early_stop: abort the rest of a group once P(all remaining samples agree) exceeds this."""
     min_finished: int = Field(2, ge=1)
@@ -329,9 +332,9 @@ class ControlConfig(_Section):
     U-shaped, as pass rates on verifiable tasks mostly are, so a few agreeing samples can decide."""
     prior_b: float = Field(0.5, gt=0)
     """Beta prior b (pseudo-failures) of a prompt's pass rate."""
-    decay: float = Field(0.8, ge=0, le=1)
+    decay: float = Field(0.95, ge=0, le=1)
     """posterior: per weight version, evidence shrinks toward the prior by this factor (1 = never forget)."""
-    skip_above: float = Field(0.8, gt=0, le=1)
+    skip_above: float = Field(0.7, gt=0, le=1)
     """posterior: skip a prompt when P(its next group is zero-variance) exceeds this."""
     explore: float = Field(0.1, ge=0, le=1)
     """posterior: probability of sampling a prompt anyway when it would be skipped."""

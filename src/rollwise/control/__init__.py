@@ -22,7 +22,8 @@ POLICIES: dict[str, Callable[[Any], Policy]] = {
     "uniform": lambda c: UniformPolicy(),
     "dynamic": lambda c: DynamicSamplingPolicy(oversample=c.oversample, max_rounds=c.max_rounds),
     "adaptive": lambda c: AdaptiveGroupPolicy(pilot=c.pilot_samples, budget_factor=c.budget_factor,
-                                              oversample=c.oversample, max_rounds=c.max_rounds),
+                                              oversample=c.oversample, max_rounds=c.max_rounds,
+                                              direct_above=c.direct_above),
     "early_stop": lambda c: EarlyStopPolicy(confidence=c.confidence, min_finished=c.min_finished),
     "partial": lambda c: PartialRolloutPolicy(over_provision=c.over_provision),
 }

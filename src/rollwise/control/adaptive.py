@@ -3,7 +3,8 @@
 Under uniform sampling every prompt gets K samples, and the many prompts the policy always solves (or never
 does) burn K samples for a zero-variance group. Here each prompt first gets `pilot` samples; a prompt whose
 pilot rewards already differ is extended to K (its group is informative whatever the rest say); a unanimous
-pilot stops there and its rollouts are filtered (counted, never trained). Rounds of fresh pilots continue
+pilot stops there and its rollouts are filtered (counted, never trained). A prompt whose pass-rate belief (the
+posterior selector's, when on) already says its group will very likely be mixed skips the pilot and gets all K. Rounds of fresh pilots continue
 until `batch_groups` informative groups are in hand, the step's rollout budget (budget_factor x batch_groups
 x K samples, the uniform step's cost by default) is spent, or `max_rounds` is reached.
 
@@ -16,7 +17,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from rollwise.control.base import PendingGroup, StepContext, build_group, informative, mark
+from rollwise.control.base import PendingGroup, StepContext, beta_all_equal, build_group, informative, mark
 from rollwise.types import RolloutGroup
 
 
@@ -30,11 +31,17 @@ class AdaptiveGroupPolicy:
     """Pilots per round = ceil(missing informative groups x oversample)."""
     max_rounds: int = 4
     """Most pilot rounds per step."""
+    direct_above: float = 0.7
+    """Skip the pilot (sample all K at once) for a prompt whose Beta belief gives P(informative group) >= this; with
+    the posterior selector that is a prompt seen mixed before. Under the default Jeffreys prior an unseen prompt has
+    0.61 for K=8, so it is piloted. 1.0 = always pilot."""
 
     def __post_init__(self) -> None:
-        if self.pilot < 2 or self.budget_factor <= 0 or self.oversample < 1 or self.max_rounds < 1:
-            raise ValueError(f"adaptive needs pilot >= 2, budget_factor > 0, oversample >= 1, max_rounds >= 1; got "
-                             f"{self.pilot}, {self.budget_factor}, {self.oversample}, {self.max_rounds}")
+        if self.pilot < 2 or self.budget_factor <= 0 or self.oversample < 1 or self.max_rounds < 1 or not (
+                0 < self.direct_above <= 1):
+            raise ValueError(f"adaptive needs pilot >= 2, budget_factor > 0, oversample >= 1, max_rounds >= 1, direct_above "
+                             f"in (0, 1]; got {self.pilot}, {self.budget_factor}, {self.oversample}, {self.max_rounds}, "
+                             f"{self.direct_above}")
 
     def run(self, ctx: StepContext) -> list[RolloutGroup]:
         k = ctx.group_size
@@ -50,26 +57,38 @@ class AdaptiveGroupPolicy:
             # NOTE: a round's pilots get at most half the budget left, so mixed pilots can still be extended.
             m = min(math.ceil(missing * self.oversample), max(1, (budget - spent) // (2 * self.pilot)))
             pend = [ctx.new_group(t, k) for t in ctx.take(m)]
-            ctx.generate(pend, [range(self.pilot)] * len(pend))
-            spent += self.pilot * len(pend)
-            mixed = [p for p in pend if _pilot_mixed(p, self.pilot)]
+            # A prompt already believed mixed skips the pilot: it gets its full group in the first batch.
+            direct = {p.group_id for p in pend if _p_informative(ctx.prior(p.task.id), k) >= self.direct_above}
+            if budget - spent - self.pilot * len(pend) < (k - self.pilot) * len(direct):
+                direct = set()
+            ctx.generate(pend, [range(k) if p.group_id in direct else range(self.pilot) for p in pend])
+            spent += self.pilot * len(pend) + (k - self.pilot) * len(direct)
+            ctx.acc.direct_groups += len(direct)
+            mixed = [p for p in pend if p.group_id not in direct and _pilot_mixed(p, self.pilot)]
             ext: list[PendingGroup] = []
-            for p in mixed[:missing]:
+            for p in mixed[: max(0, missing - len(direct))]:
                 if budget - spent < k - self.pilot:
                     break
                 ext.append(p)
                 spent += k - self.pilot
             ctx.generate(ext, [range(self.pilot, k)] * len(ext))
+            full = direct | {p.group_id for p in ext}
             for p in pend:
-                if p not in ext:  # a pilot-only group: drop the slots it never used
+                if p.group_id not in full:  # a pilot-only group: drop the slots it never used
                     p.outputs, p.scores = p.outputs[: self.pilot], p.scores[: self.pilot]
                 g = build_group(p, ctx.step, ctx.params.max_tokens)
                 if informative(g):
                     n_info += 1
                 else:
-                    mark(g, "filtered", f"adaptive: unanimous pilot of {self.pilot}")
+                    mark(g, "filtered", "adaptive: zero-variance group" if p.group_id in full
+                         else f"adaptive: unanimous pilot of {self.pilot}")
                 out.append(g)
         return out
+
+
+def _p_informative(belief: tuple[float, float], k: int) -> float:
+    a, b = belief
+    return 1.0 - beta_all_equal(a, b, k, True) - beta_all_equal(a, b, k, False)
 
 
 def _pilot_mixed(p: PendingGroup, pilot: int) -> bool:

@@ -78,6 +78,8 @@ class Accounting:
     """Prompts sampled this step (a prompt refilled by dynamic sampling counts again)."""
     rounds: int = 0
     """Generation rounds (dynamic sampling and adaptive refill in rounds)."""
+    direct_groups: int = 0
+    """adaptive: groups sampled in full at once because the prompt was believed mixed (no pilot)."""
     gen_s: float = 0.0
     """Wall time in the engine."""
     score_s: float = 0.0
@@ -106,7 +108,7 @@ class Accounting:
         """Flat `control_*` metrics for metrics.jsonl (staleness under the loop's own key names)."""
         m: dict[str, float] = {f"control_{k}": float(getattr(self, k)) for k in (
             "groups", "zero_variance_groups", "generated_tokens", "aborted_tokens", "carried_in_tokens",
-            "carried_out_tokens", "useful_tokens", "skipped_prompts", "prompts", "rounds", "idle_s")}
+            "carried_out_tokens", "useful_tokens", "skipped_prompts", "prompts", "rounds", "direct_groups", "idle_s")}
         m["control_zero_var_frac"] = self.zero_variance_groups / max(self.groups, 1)
         m["control_tokens_per_useful_group"] = self.generated_tokens / max(self.groups - self.zero_variance_groups, 1)
         m["control_gen_tokens_per_useful_token"] = self.generated_tokens / max(self.useful_tokens, 1)
