@@ -13,6 +13,9 @@ Weight reloads use each server's own route (see `RELOAD_ROUTES`):
   the model path it was started with, so `load_weights_from_dir(path)` requires `path` to be that
   directory (write the new checkpoint there first); anything else is refused with a message.
 
+Against vLLM, start it with `--logprobs-mode processed_logprobs`: its default reports log-probs before
+temperature, not the sampling distribution's.
+
 Deliberately left out: retries of generation requests (a failed request raises; the caller decides) and
 partial resumption (`partial=`), which the HTTP API cannot express.
 """
