@@ -276,6 +276,9 @@ class RunOptions(_Section):
     """Also log metrics to TensorBoard when `tensorboard` is installed."""
     resume: bool = False
     """Continue from the latest complete checkpoint in out_dir."""
+    cpu_threads: int | None = Field(None, ge=1)
+    """torch CPU threads; None = torch's default. Tiny models run faster on 1: per-op overhead dominates, and
+    oversubscribed OpenMP threads on a busy machine slow everything down by an order of magnitude."""
 
 
 class WarmupConfig(_Section):

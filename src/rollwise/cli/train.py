@@ -36,7 +36,11 @@ def run(args: argparse.Namespace) -> int:
     if args.print_config:
         print(dump_config(cfg), end="")
         return 0
+    from transformers.utils import logging as hf_logging
+
     from rollwise.run.sync import run_sync
+
+    hf_logging.disable_progress_bar()  # "Loading weights" bars on every engine/trainer load drown the run's own output
 
     summary = run_sync(cfg)
     b, a = summary["eval_before"], summary["eval_after"]

@@ -133,6 +133,8 @@ def run_sync(cfg: RunConfig, log: Log = print, *, stop_after: int | None = None)
     from rollwise.train.trainer import Trainer
 
     t_start = time.perf_counter()
+    if cfg.run.cpu_threads:
+        torch.set_num_threads(cfg.run.cpu_threads)
     run_dir = Path(cfg.run.out_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     seed = cfg.train.seed
