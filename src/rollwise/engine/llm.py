@@ -73,8 +73,10 @@ class LLM:
         return outs
 
     def load_weights(self, state_dict: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]) -> int:
-        """Load HF-named weights (e.g. a trainer's state_dict); bumps `weight_version`."""
-        return self.engine.load_weights(state_dict)
+        """Load HF-named weights (a full or partial state dict, e.g. a trainer's); returns the new
+        `weight_version` (the same as `RemoteEngine.load_weights`)."""
+        self.engine.load_weights(state_dict)
+        return self.engine.weight_version
 
     def abort(self, request_id: str) -> RequestOutput | None:
         return self.engine.abort(request_id)

@@ -7,7 +7,7 @@ plus RL visibly helps (FINDINGS.md: sampled accuracy about 30% -> about 75%).
 
 The warmed-up checkpoint is cached under a key of everything that determines it, so later runs (and the
 tests) skip this phase. Determinism: a fixed step count gives the same model on the same machine; a time
-budget (`seconds`) stops early on a slow machine and is recorded in the cache key's metadata, not the key.
+budget (`seconds`) stops early on a slow machine; such a partial model is used but not cached.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ def noisy_answer(answer: int, rng: random.Random, noise_fraction: float) -> int:
 def warmup_cache_key(charset: str, builtin_cfg: Any, warmup_cfg: Any, env_sig: str, seed: int) -> str:
     blob = json.dumps({
         "v": CACHE_VERSION, "charset": charset, "model": builtin_kwargs(builtin_cfg), "env": env_sig, "seed": seed,
-        "steps": warmup_cfg.steps, "seconds": warmup_cfg.seconds, "lr": warmup_cfg.lr,
+        "steps": warmup_cfg.steps, "lr": warmup_cfg.lr,
         "batch_size": warmup_cfg.batch_size, "noise": warmup_cfg.noise_fraction,
     }, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
@@ -121,7 +121,11 @@ def prepare_builtin_model(dest: Path, charset: str, tasks: list[Task], builtin_c
                              batch_size=warmup_cfg.batch_size, noise_fraction=warmup_cfg.noise_fraction, seed=seed,
                              log=log)
     (dest / "warmup.json").write_text(json.dumps(info))
-    if warmup_cfg.cache:
+    finished = warmup_cfg.steps is None or info["warmup_steps"] >= warmup_cfg.steps
+    if not finished:
+        log(f"warm-up: stopped by the {warmup_cfg.seconds:.0f}s budget after {info['warmup_steps']:.0f} of "
+            f"{warmup_cfg.steps} steps (slow machine?); not caching this partial model")
+    if warmup_cfg.cache and finished:
         tmp = cache_root / f".{key}.tmp{os.getpid()}"
         cache_root.mkdir(parents=True, exist_ok=True)
         shutil.copytree(dest, tmp, dirs_exist_ok=True)
