@@ -177,7 +177,7 @@ def pareto_params(lmin: int, lmax: int, alpha: float, seed: int):
 
 def part_b(device: str, steps: int, B: int, K: int, lmin: int, lmax: int, alpha: float, seed: int,
            size: dict[str, int], dtype: str, tmp: Path) -> dict[str, Any]:
-    from rollwise.control import make_controller
+    from rollwise.control import PartialRolloutPolicy, RolloutController, UniformPolicy
     from rollwise.envs.arithmetic import ArithmeticEnv
     from rollwise.models.builtin import build_builtin_model
     from rollwise.types import SamplingParams
@@ -189,10 +189,11 @@ def part_b(device: str, steps: int, B: int, K: int, lmin: int, lmax: int, alpha:
     res: dict[str, Any] = {"setup": f"random built-in model {size}, {dtype} on {device}; {steps} steps x {B} groups x "
                                     f"{K} samples; max_tokens ~ Pareto(alpha={alpha}) from {lmin}, capped at {lmax}, "
                                     "ignore_eos; first step excluded from the medians (warm-up)"}
-    for name, cc in {"uniform": control_cfg(), "partial(0.5)": control_cfg(policy="partial", over_provision=0.5),
-                     "partial(1.0)": control_cfg(policy="partial", over_provision=1.0)}.items():
-        llm = make_llm(model_dir, device, dtype, max_num_seqs=max(256, 2 * B * K))
-        ctl = make_controller(cc, env, llm.tokenizer, seed=seed, params_fn=params_fn)
+    # Policies built directly (no pydantic config): the GPU image runs this part with its own python.
+    for name, make in {"uniform": UniformPolicy, "partial(0.5)": lambda: PartialRolloutPolicy(over_provision=0.5),
+                       "partial(1.0)": lambda: PartialRolloutPolicy(over_provision=1.0)}.items():
+        llm = make_llm(model_dir, device, dtype, max_num_seqs=max(256, 2 * B * K), kv_cache_gb=16.0)
+        ctl = RolloutController(make(), env, llm.tokenizer, params_fn=params_fn)
         src = Stream(tasks, seed)
         per_step, toks, idle, stale, groups = [], [], [], [], []
         for step in range(1, steps + 1):
@@ -283,6 +284,8 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.device == "cpu":
         torch.set_num_threads(1)
+    elif args.part != "b":
+        raise SystemExit("bench/control.py: only --part b runs on a GPU here ((a) and (c) use the CPU tiny model)")
     out: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as t:
         tmp = Path(t)
@@ -294,8 +297,9 @@ def main(argv: list[str] | None = None) -> int:
                 size = dict(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=4, intermediate_size=256)
                 out["b"] = part_b("cpu", 12, 8, 8, 8, 192, 1.2, args.seed, size, "float32", tmp)
             else:
-                size = dict(hidden_size=1024, num_layers=12, num_heads=16, num_kv_heads=4, intermediate_size=4096)
-                out["b"] = part_b(args.device, 6, 32, 8, 32, 2048, 1.2, args.seed, size, "bfloat16", tmp)
+                # Sized to fit a few minutes of device time: ~25M parameters, 16 groups x 8, lengths up to 256.
+                size = dict(hidden_size=512, num_layers=8, num_heads=8, num_kv_heads=4, intermediate_size=2048)
+                out["b"] = part_b(args.device, 5, 16, 8, 8, 256, 1.2, args.seed, size, "bfloat16", tmp)
         if args.part in ("c", "all"):
             out["c"] = part_c(warmed_model(tmp, args.model), args.device, args.c_steps, args.target, 3, tmp)
     if args.json:
