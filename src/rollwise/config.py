@@ -341,6 +341,9 @@ class ControlConfig(_Section):
     """posterior: skip a prompt when P(its next group is zero-variance) exceeds this."""
     explore: float = Field(0.1, ge=0, le=1)
     """posterior: probability of sampling a prompt anyway when it would be skipped."""
+    async_staleness: int = Field(0, ge=0)
+    """K: generation runs ahead of training by at most K weight versions, in a background thread
+    (rollwise.run.async_loop); the loss corrects with algo.tis_cap / algo.decoupled. 0 = the synchronous loop."""
 
 
 class RunConfig(BaseModel):

@@ -117,6 +117,10 @@ def run_sync(cfg: RunConfig, log: Log = print, *, stop_after: int | None = None)
     stop_after: end this invocation after that many steps as if interrupted (no final eval or summary;
     returns None). Used by the resume tests and by time-boxed jobs; `run.resume` continues later.
     """
+    if cfg.control.async_staleness > 0:  # generation runs ahead of training by at most K versions
+        from rollwise.run.async_loop import run_async
+
+        return run_async(cfg, log, stop_after=stop_after)
     import numpy as np
     import torch
 
