@@ -2,8 +2,8 @@
 
 Each sample's outcome is a pure function of its prompt and seed: it is correct with the task's pass rate
 `metadata["p"]` and has `metadata["len"]` tokens (an int, or a list to draw from by seed). The engine advances
-every in-flight sample by one token per step, counts every token it produces, and supports abort and resume
-(`partial=`) with a weight version per token, like `EngineCore`.
+every in-flight sample by one token per step, returns a request once all its n samples are done, counts every
+token it produces, and supports abort and resume (`partial=`) with a weight version per token, like `EngineCore`.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
+from rollwise.engine.core import sample_seed
 from rollwise.envs.base import Task
 from rollwise.types import CompletionOutput, RequestOutput, SamplingParams, Score
 
@@ -48,16 +49,21 @@ class TaskStream:
 
 
 @dataclass
-class _Req:
-    rid: str
-    task: Task
-    params: SamplingParams
+class _Seq:
     target: int
     correct: bool
+    max_tokens: int
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
     finish: str | None = None
+
+
+@dataclass
+class _Req:
+    rid: str
+    task: Task
+    seqs: list[_Seq]
 
 
 class FakeEngine:
@@ -69,50 +75,65 @@ class FakeEngine:
         self.requests: dict[str, _Req] = {}
         self.produced = 0
         self.steps = 0
+        self.added = 0
 
     def add_request(self, request_id, prompt_token_ids, params, partial=None) -> None:
-        assert params.n == 1 and request_id not in self.requests
+        assert request_id not in self.requests and (partial is None or len(partial) == params.n)
+        self.added += 1
         t = self.by_prompt[tuple(prompt_token_ids)]
-        rng = random.Random(params.seed)
-        correct = rng.random() < t.metadata["p"]
-        ln = t.metadata["len"]
-        target = min(ln if isinstance(ln, int) else rng.choice(ln), params.max_tokens)
-        r = _Req(request_id, t, params, target, correct)
-        if partial is not None:
-            (prev,) = partial
-            r.tokens, r.logprobs, r.versions = list(prev.token_ids), list(prev.logprobs), list(prev.weight_versions)
-        self.requests[request_id] = r
+        seqs = []
+        for j in range(params.n):
+            rng = random.Random(sample_seed(params.seed, j))
+            correct = rng.random() < t.metadata["p"]
+            ln = t.metadata["len"]
+            s = _Seq(min(ln if isinstance(ln, int) else rng.choice(ln), params.max_tokens), correct, params.max_tokens)
+            prev = partial[j] if partial is not None else None
+            if prev is not None:
+                s.tokens, s.logprobs, s.versions = list(prev.token_ids), list(prev.logprobs), list(prev.weight_versions)
+                if prev.finish_reason in ("stop", "length"):
+                    s.finish = prev.finish_reason
+            seqs.append(s)
+        self.requests[request_id] = _Req(request_id, t, seqs)
+
+    @property
+    def num_unfinished_seqs(self) -> int:
+        return sum(s.finish is None for r in self.requests.values() for s in r.seqs)
 
     def has_unfinished(self) -> bool:
         return bool(self.requests)
 
     def step(self) -> list[RequestOutput]:
         self.steps += 1
-        done = []
-        for r in list(self.requests.values())[: self.max_num_seqs]:
-            r.tokens.append(5)
-            r.logprobs.append(-0.5)
-            r.versions.append(self.weight_version)
-            self.produced += 1
-            if len(r.tokens) >= r.target:
-                r.finish = "length" if r.target >= r.params.max_tokens else "stop"
-                done.append(self._out(self.requests.pop(r.rid)))
-        return done
+        budget = self.max_num_seqs
+        for r in self.requests.values():
+            for s in r.seqs:
+                if s.finish is None and budget > 0:
+                    budget -= 1
+                    s.tokens.append(5)
+                    s.logprobs.append(-0.5)
+                    s.versions.append(self.weight_version)
+                    self.produced += 1
+                    if len(s.tokens) >= s.target:
+                        s.finish = "length" if s.target >= s.max_tokens else "stop"
+        done = [rid for rid, r in self.requests.items() if all(s.finish for s in r.seqs)]
+        return [self._out(self.requests.pop(rid)) for rid in done]
 
     def abort(self, request_id):
         r = self.requests.pop(request_id, None)
         if r is None:
             return None
-        r.finish = "abort"
+        for s in r.seqs:
+            s.finish = s.finish or "abort"
         return self._out(r)
 
     def load_weights(self, *_a) -> None:
         self.weight_version += 1
 
     def _out(self, r: _Req) -> RequestOutput:
-        text = ("1" if r.correct else "0") if r.finish != "abort" else ""
-        o = CompletionOutput(0, list(r.tokens), list(r.logprobs), r.finish, text, list(r.versions))
-        return RequestOutput(r.rid, FakeTokenizer().encode(r.task.prompt), [o])
+        outs = [CompletionOutput(j, list(s.tokens), list(s.logprobs), s.finish,
+                                 ("1" if s.correct else "0") if s.finish != "abort" else "", list(s.versions))
+                for j, s in enumerate(r.seqs)]
+        return RequestOutput(r.rid, FakeTokenizer().encode(r.task.prompt), outs)
 
 
 class BatchOnlyEngine:

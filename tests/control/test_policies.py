@@ -45,7 +45,8 @@ def test_uniform_samples_every_prompt_k_times_and_books_balance_against_the_engi
     assert res.accounting.zero_variance_groups == 2 and not res.groups[2].zero_variance
     # Short samples leave their slots empty while the 9-token ones finish: idle time is measured.
     assert res.accounting.idle_s > 0
-    assert len({r.seed for g in res.groups for r in g.rollouts}) == 1  # the step seed, as the loop stores it
+    assert {r.seed for g in res.groups for r in g.rollouts} == {SP.seed}  # the step seed, as the loop stores it
+    assert eng.added == 3  # one request per group: its samples share the prompt's prefill
     assert len({tuple(r.completion_token_ids) + (r.reward,) for r in res.groups[2].rollouts}) > 1
 
 
@@ -181,7 +182,7 @@ def test_adaptive_rejects_a_pilot_as_large_as_the_group():
 
 
 def test_early_stop_aborts_decided_groups_and_counts_aborted_tokens():
-    lens = [2, 2, 2, 2, 30, 30, 30, 30]
+    lens = [2, 2, 2, 30]  # drawn per sample: most finish at once, some run long
     tasks = [task(0, 1.0, length=lens), task(1, 0.0, length=lens), task(2, 0.5, length=lens)]
     eng = FakeEngine(tasks)
     pol = EarlyStopPolicy(confidence=0.6, min_finished=3)
@@ -189,6 +190,7 @@ def test_early_stop_aborts_decided_groups_and_counts_aborted_tokens():
     check_books(res, eng)
     acc = res.accounting
     assert acc.generated_tokens == eng.produced and acc.aborted_tokens > 0 and acc.rollouts["aborted"] > 0
+    assert eng.added == 3 * 8  # one request per sample: each is scored and aborted on its own
     by = {g.prompt_id: g for g in res.groups}
     for pid in ("t0", "t1"):
         st = [r.status for r in by[pid].rollouts]
@@ -264,3 +266,29 @@ def test_controller_rejects_bad_input():
         controller(UniformPolicy()).run_step(object(), TaskStream([task(0, 1.0)]), SP, step=1, batch_groups=1)
     with pytest.raises(ValueError, match="oversample"):
         DynamicSamplingPolicy(oversample=0.5)
+
+
+def test_partial_rollouts_with_per_sample_lengths_resubmit_only_unfinished_samples():
+    import dataclasses
+
+    tasks = [task(i, 0.5, length=64) for i in range(30)]
+    lengths = {}
+
+    def params_fn(t, j, sp):  # per-sample lengths: one long sample in four
+        n = 40 if (int(t.id[1:]) + j) % 4 == 0 else 3
+        lengths[(t.id, j)] = n
+        return dataclasses.replace(sp, max_tokens=n)
+
+    eng = FakeEngine(tasks)
+    pol = PartialRolloutPolicy(over_provision=1.0)
+    ctl = controller(pol, params_fn=params_fn)
+    returned = 0
+    for step in range(1, 5):
+        res = ctl.run_step(eng, TaskStream(tasks[(step - 1) * 4:]), SP, step=step, batch_groups=2)
+        check_books(res, eng)
+        returned += res.accounting.rollout_tokens
+        for g in res.groups:
+            for r in g.rollouts:
+                assert len(r.completion_token_ids) == lengths[(g.prompt_id, r.sample_index)]
+        eng.load_weights()
+    assert eng.produced == returned + sum(len(o.token_ids) for g in pol.carry for o in g.outputs if o)

@@ -130,22 +130,24 @@ def step_engine(engine: Any) -> Any | None:
 
 @dataclass
 class SampleRequest:
-    """One sample to generate: which group and index it is, with its own params (n=1, own seed)."""
+    """Samples start .. start+count-1 of one group as one engine request (they share the prompt's prefill)."""
 
     group_id: str
-    index: int
+    start: int
+    count: int
     prompt_token_ids: list[int]
     params: SamplingParams
-    partial: CompletionOutput | None = None
-    """Resume this aborted sample instead of starting fresh (partial rollouts)."""
+    """n == count; a seed of its own (see `sample_params`)."""
+    partial: list[CompletionOutput] | None = None
+    """Resume these aborted samples instead of starting fresh (partial rollouts)."""
 
     @property
     def request_id(self) -> str:
-        return f"{self.group_id}/{self.index}"
+        return f"{self.group_id}/{self.start}"
 
 
 class Driver:
-    """Runs samples on an engine and keeps the books: engine time, generated tokens, idle batch capacity."""
+    """Runs requests on an engine and keeps the books: engine time, generated tokens, idle batch capacity."""
 
     def __init__(self, engine: Any) -> None:
         self.engine = engine
@@ -170,30 +172,39 @@ class Driver:
         src = self.core if self.core is not None else self.engine
         return int(getattr(src, "weight_version", 0))
 
+    def _live_samples(self) -> int:
+        """Samples still generating: the engine's own count when it has one, else the in-flight requests' sizes."""
+        for src in (getattr(self.core, "scheduler", None), self.core):
+            n = getattr(src, "num_unfinished_seqs", None)
+            if isinstance(n, int):
+                return n
+        return sum(r.count for r, _ in self.inflight.values())
+
     def submit(self, req: SampleRequest) -> None:
         if self.core is None:
             raise RuntimeError("submit needs a step-level engine (add_request/step/abort)")
-        partial = [req.partial] if req.partial is not None else None
-        self.core.add_request(req.request_id, req.prompt_token_ids, req.params, partial=partial)
-        self.inflight[req.request_id] = (req, len(req.partial.token_ids) if req.partial is not None else 0)
-        self._peak = max(self._peak, len(self.inflight))
+        self.core.add_request(req.request_id, req.prompt_token_ids, req.params, partial=req.partial)
+        self.inflight[req.request_id] = (req, sum(len(o.token_ids) for o in req.partial or []))
+        self._peak = max(self._peak, self._live_samples())
 
-    def step(self) -> list[tuple[SampleRequest, CompletionOutput]]:
-        """One engine step; the samples that finished in it."""
+    def step(self) -> list[tuple[SampleRequest, list[CompletionOutput]]]:
+        """One engine step; the requests that finished in it (all their samples)."""
         n_before = len(self.inflight)
+        live = self._live_samples()
         t0 = time.perf_counter()
         outs = self.core.step()
         dt = time.perf_counter() - t0
         self.gen_s += dt
         if self._peak:
-            self.idle_s += dt * (1.0 - n_before / self._peak)
+            self.idle_s += dt * (1.0 - min(live, self._peak) / self._peak)
         done = [self._close(o) for o in outs]
         if not outs and n_before and not self.core.has_unfinished():
-            raise RuntimeError(f"engine went idle with {n_before} samples in flight")
+            raise RuntimeError(f"engine went idle with {n_before} requests in flight")
         return done
 
-    def abort(self, request_id: str) -> tuple[SampleRequest, CompletionOutput] | None:
-        """Stop a sample now; its partial output (finish_reason 'abort'), or None when it was not in flight."""
+    def abort(self, request_id: str) -> tuple[SampleRequest, list[CompletionOutput]] | None:
+        """Stop a request now; its partial outputs (unfinished samples: finish_reason 'abort'), or None when it
+        was not in flight."""
         if request_id not in self.inflight:
             return None
         out = self.core.abort(request_id)
@@ -201,41 +212,42 @@ class Driver:
             raise RuntimeError(f"engine lost request {request_id!r}")
         return self._close(out)
 
-    def _close(self, out: RequestOutput) -> tuple[SampleRequest, CompletionOutput]:
+    def _close(self, out: RequestOutput) -> tuple[SampleRequest, list[CompletionOutput]]:
         req, before = self.inflight.pop(out.request_id)
-        o = out.outputs[0]
-        self.generated_tokens += len(o.token_ids) - before
+        self.generated_tokens += sum(len(o.token_ids) for o in out.outputs) - before
         if not self.inflight:
             self._peak = 0  # the next wave of submissions sets its own capacity
-        return req, o
+        return req, list(out.outputs)
 
-    def run(self, reqs: Sequence[SampleRequest]) -> list[CompletionOutput]:
-        """Generate every sample to completion; outputs in the order of `reqs`."""
+    def run(self, reqs: Sequence[SampleRequest]) -> list[list[CompletionOutput]]:
+        """Generate every request to completion; outputs in the order of `reqs`."""
         if not reqs:
             return []
         if self.core is None:
             t0 = time.perf_counter()
             outs = self.engine.generate([r.prompt_token_ids for r in reqs], [r.params for r in reqs])
             self.gen_s += time.perf_counter() - t0
-            flat = [o.outputs[0] for o in outs]
-            self.generated_tokens += sum(len(o.token_ids) for o in flat)
-            return flat
+            got = [list(o.outputs) for o in outs]
+            self.generated_tokens += sum(len(o.token_ids) for os_ in got for o in os_)
+            return got
         for r in reqs:
             self.submit(r)
-        got: dict[str, CompletionOutput] = {}
-        while len(got) < len(reqs):
-            for req, o in self.step():
-                got[req.request_id] = o
-        return [got[r.request_id] for r in reqs]
+        done: dict[str, list[CompletionOutput]] = {}
+        while len(done) < len(reqs):
+            for req, outs in self.step():
+                done[req.request_id] = outs
+        return [done[r.request_id] for r in reqs]
 
 
 # ------------------------------------------------------------------------------------------------- the step
 
 
-def sample_params(base: SamplingParams, group_id: str, index: int) -> SamplingParams:
-    """n=1 params with a seed of its own per (step seed, group, sample): reproducible, distinct within a group."""
-    seed = None if base.seed is None else (base.seed * 1_000_003 + zlib.crc32(f"{group_id}/{index}".encode())) % (1 << 62)
-    return dataclasses.replace(base, n=1, seed=seed)
+def sample_params(base: SamplingParams, group_id: str, start: int, count: int) -> SamplingParams:
+    """Params for samples start .. start+count-1 of a group: n=count and a seed of their own, derived from the step
+    seed, the group and `start` (the engine derives each sample's seed from it and the index within the request),
+    so samples are reproducible and distinct within a group however it is split into requests."""
+    seed = None if base.seed is None else (base.seed * 1_000_003 + zlib.crc32(f"{group_id}/{start}".encode())) % (1 << 62)
+    return dataclasses.replace(base, n=count, seed=seed)
 
 
 @dataclass
@@ -247,6 +259,8 @@ class PendingGroup:
     prompt_token_ids: list[int]
     outputs: list[CompletionOutput | None]
     scores: list[Score | None]
+    seed: int | None = None
+    """The step's sampling seed (stored on each rollout, as the loop's default path does)."""
 
     @property
     def size(self) -> int:
@@ -284,13 +298,35 @@ class StepContext:
         gid = f"s{self.step}-g{self._next_group}"
         self._next_group += 1
         self.acc.prompts += 1
-        return PendingGroup(task, gid, self.encode(task), [None] * size, [None] * size)
+        return PendingGroup(task, gid, self.encode(task), [None] * size, [None] * size, self.params.seed)
 
-    def request(self, g: PendingGroup, j: int, partial: CompletionOutput | None = None) -> SampleRequest:
-        sp = sample_params(self.params, g.group_id, j)
-        if self.params_fn is not None:
-            sp = self.params_fn(g.task, j, sp)
-        return SampleRequest(g.group_id, j, g.prompt_token_ids, sp, partial)
+    def requests(self, g: PendingGroup, indices: Sequence[int],
+                 partial: Sequence[CompletionOutput | None] | None = None) -> list[SampleRequest]:
+        """Requests for the given sample indices of a group: one per contiguous run of indices, or one per sample
+        when a per-sample params override is set (it may give each sample its own length). `partial[j]` (aligned
+        with the group's slots) resumes sample j; a finished one is handed back as it is."""
+        idx = sorted(indices)
+        if not idx:
+            return []
+        runs: list[list[int]] = []
+        for j in idx:
+            if runs and j == runs[-1][-1] + 1 and self.params_fn is None:
+                runs[-1].append(j)
+            else:
+                runs.append([j])
+        out = []
+        for run in runs:
+            sp = sample_params(self.params, g.group_id, run[0], len(run))
+            if self.params_fn is not None:
+                sp = self.params_fn(g.task, run[0], sp)
+            part = [partial[j] for j in run] if partial is not None else None
+            out.append(SampleRequest(g.group_id, run[0], len(run), g.prompt_token_ids, sp, part))
+        return out
+
+    def place(self, g: PendingGroup, req: SampleRequest, outs: list[CompletionOutput]) -> None:
+        """Store a request's outputs into its group's slots."""
+        for i, o in enumerate(outs):
+            g.outputs[req.start + i] = o
 
     def score(self, pairs: list[tuple[PendingGroup, int]]) -> None:
         """Score finished, non-aborted samples (concurrently) into their groups."""
@@ -306,11 +342,10 @@ class StepContext:
     def generate(self, groups: Sequence[PendingGroup], indices: Sequence[Sequence[int]] | None = None) -> None:
         """Generate and score the given sample indices of each group (default: all of them) in one batch."""
         idx = indices if indices is not None else [range(g.size) for g in groups]
-        reqs = [(g, j) for g, js in zip(groups, idx) for j in js]
-        outs = self.driver.run([self.request(g, j) for g, j in reqs])
-        for (g, j), o in zip(reqs, outs):
-            g.outputs[j] = o
-        self.score(reqs)
+        reqs = [(g, r) for g, js in zip(groups, idx) for r in self.requests(g, js)]
+        for (g, r), outs in zip(reqs, self.driver.run([r for _, r in reqs])):
+            self.place(g, r, outs)
+        self.score([(g, j) for g, js in zip(groups, idx) for j in js])
 
 
 def build_group(g: PendingGroup, step: int, max_tokens: int) -> RolloutGroup:
@@ -335,6 +370,7 @@ def build_group(g: PendingGroup, step: int, max_tokens: int) -> RolloutGroup:
             weight_versions=list(o.weight_versions) or [0] * len(o.token_ids), loss_mask=[1] * len(o.token_ids),
             text=o.text, finish_reason=o.finish_reason, reward=float(sc.value) if scored else None,
             reward_parts=dict(sc.parts) if sc is not None else {}, status=status, status_reason=reason, step=step,
+            seed=g.seed,
             env_info={k: v for k, v in (sc.info if sc is not None else {}).items()
                       if isinstance(v, (int, float, str, bool))},
         ))

@@ -39,15 +39,17 @@ class EarlyStopPolicy:
             raise ValueError("control.policy=early_stop needs a step-level engine (the in-process engine)")
         groups = [ctx.new_group(t, ctx.group_size) for t in ctx.take(ctx.batch_groups)]
         by_id = {g.group_id: g for g in groups}
+        # NOTE: one request per sample (n=1), so each is seen, scored and abortable on its own.
         for g in groups:
             for j in range(g.size):
-                drv.submit(ctx.request(g, j))
+                for req in ctx.requests(g, [j]):
+                    drv.submit(req)
         ctx.acc.rounds = 1
         while drv.inflight:
             done = drv.step()
-            for req, o in done:
-                by_id[req.group_id].outputs[req.index] = o
-            ctx.score([(by_id[req.group_id], req.index) for req, _ in done])
+            for req, outs in done:
+                ctx.place(by_id[req.group_id], req, outs)
+            ctx.score([(by_id[req.group_id], req.start) for req, _ in done])
             for gid in {req.group_id for req, _ in done}:
                 g = by_id[gid]
                 if self._decided(g, ctx.prior(g.task.id)):
@@ -55,7 +57,7 @@ class EarlyStopPolicy:
                         if o is None:
                             got = drv.abort(f"{gid}/{j}")
                             if got is not None:
-                                g.outputs[j] = got[1]
+                                ctx.place(g, *got)
         return [build_group(g, ctx.step, ctx.params.max_tokens) for g in groups]
 
     def _decided(self, g: PendingGroup, prior: tuple[float, float]) -> bool:

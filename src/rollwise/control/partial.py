@@ -21,7 +21,7 @@ import math
 from dataclasses import dataclass, field
 
 from rollwise.control.base import PendingGroup, StepContext, build_group
-from rollwise.types import RolloutGroup
+from rollwise.types import CompletionOutput, RolloutGroup
 
 
 @dataclass
@@ -45,21 +45,25 @@ class PartialRolloutPolicy:
         self.carry = []
         by_id = {g.group_id: g for g in groups}
         for g in groups:
-            for j, o in enumerate(g.outputs):
-                if o is None or o.finish_reason == "abort":
-                    drv.submit(ctx.request(g, j, partial=o if o is not None and o.token_ids else None))
+            part = g.outputs if any(o is not None for o in g.outputs) else None  # None: fresh, samples share a prefill
+            if ctx.params_fn is None:  # one request per group; finished samples are handed back by the engine
+                reqs = ctx.requests(g, range(g.size), partial=part)
+            else:  # one request per sample: resubmit only the unfinished ones
+                reqs = ctx.requests(g, [j for j, o in enumerate(g.outputs) if not _done(o)], partial=part)
+            for req in reqs:
+                drv.submit(req)
         ctx.acc.rounds = 1
-        complete: list[PendingGroup] = [g for g in groups if _complete(g)]
+        complete: list[PendingGroup] = []
         while len(complete) < ctx.batch_groups and drv.inflight:
-            for req, o in drv.step():
+            for req, outs in drv.step():
                 g = by_id[req.group_id]
-                g.outputs[req.index] = o
+                ctx.place(g, req, outs)
                 if _complete(g):
                     complete.append(g)
         for rid in list(drv.inflight):
             got = drv.abort(rid)
             if got is not None:
-                by_id[got[0].group_id].outputs[got[0].index] = got[1]
+                ctx.place(by_id[got[0].group_id], *got)
         done_ids = {g.group_id for g in complete}
         self.carry = [g for g in groups if g.group_id not in done_ids]
         ctx.acc.carried_out_tokens = _tokens(self.carry)
@@ -67,8 +71,12 @@ class PartialRolloutPolicy:
         return [build_group(g, ctx.step, ctx.params.max_tokens) for g in complete]
 
 
+def _done(o: CompletionOutput | None) -> bool:
+    return o is not None and o.finish_reason in ("stop", "length")
+
+
 def _complete(g: PendingGroup) -> bool:
-    return all(o is not None and o.finish_reason in ("stop", "length") for o in g.outputs)
+    return all(_done(o) for o in g.outputs)
 
 
 def _tokens(groups: list[PendingGroup]) -> int:
