@@ -92,8 +92,14 @@ class ModelRunner:
         bt = torch.tensor(flat, dtype=torch.long, device=dev)
         key_pos = torch.arange(max_blocks * bs, device=dev)
         mask = (key_pos[None, :] <= pos_t[:, None]).view(1, len(seqs), 1, -1)
+        bias = None
+        if dev.type == "cpu":
+            spec = self.model.spec
+            g = spec.num_heads // spec.num_kv_heads
+            bias = torch.zeros(mask.shape, dtype=self._dtype, device=dev).masked_fill_(~mask, float("-inf"))
+            bias = bias.expand(spec.num_kv_heads, len(seqs), g, -1).reshape(spec.num_kv_heads * len(seqs), g, -1)
         meta = AttnMetadata(False, torch.tensor(slots, dtype=torch.long, device=dev), bs,
-                            block_tables=bt, num_seqs=len(seqs), decode_mask=mask,
+                            block_tables=bt, num_seqs=len(seqs), decode_mask=mask, decode_bias=bias,
                             workspace=self._get_workspace(len(flat)))
         return torch.tensor(ids, dtype=torch.long, device=dev), pos_t, meta, None
 

@@ -53,6 +53,10 @@ class AttnMetadata:
     block_tables: torch.Tensor | None = None  # [B * max_blocks] int64, flattened (padded with block 0)
     num_seqs: int = 0
     decode_mask: torch.Tensor | None = None  # [1, B, 1, max_blocks * block_size] bool: key is inside the context
+    # CPU path: the same mask as an additive bias laid out for batched matmuls, [kvh * B, g, L] float (0 / -inf).
+    # NOTE: on CPU, baddbmm + softmax + bmm beats SDPA's flash kernel 1.5-3x at decode shapes (one query per
+    # sequence, short contexts), where SDPA pays per-call setup and mask expansion.
+    decode_bias: torch.Tensor | None = None
     # Reusable flat gather buffers for K and V (shared by all layers), viewed as [kvh, B * max_blocks, bs, d].
     # NOTE: on CPU a fresh multi-MB tensor per layer per step costs more in page faults than the copy itself.
     workspace: tuple[torch.Tensor, torch.Tensor] | None = None
@@ -147,7 +151,14 @@ class Attention(nn.Module):
         v = torch.index_select(self.kv_cache[1], 1, bt, out=vbuf).view(self.kvh, b, -1, self.d)
         g = self.h // self.kvh
         qg = q.view(b, self.kvh, g, self.d).transpose(0, 1)  # [kvh, B, g, d]: a group's query heads share keys
-        o = F.scaled_dot_product_attention(qg, k, v, attn_mask=meta.decode_mask, scale=self.scale)  # [kvh, B, g, d]
+        if meta.decode_bias is not None:
+            L = k.shape[2]
+            kk = k.reshape(self.kvh * b, L, self.d)
+            scores = torch.baddbmm(meta.decode_bias, qg.reshape(self.kvh * b, g, self.d), kk.transpose(1, 2),
+                                   alpha=self.scale)  # [kvh * B, g, L]
+            o = torch.bmm(torch.softmax(scores, dim=-1), v.reshape(self.kvh * b, L, self.d)).view(self.kvh, b, g, self.d)
+        else:
+            o = F.scaled_dot_product_attention(qg, k, v, attn_mask=meta.decode_mask, scale=self.scale)  # [kvh, B, g, d]
         return o.transpose(0, 1).reshape(b, self.h, self.d)
 
 
