@@ -108,6 +108,23 @@ def mixed_arithmetic(per_level: int, seed: int):
     return ArithmeticEnv(), tasks
 
 
+def part_a_seeds(model_dir: Path, device: str, steps: int, seeds: list[int]) -> dict[str, Any]:
+    """(a) at several seeds (task set, data order and sampling all change), totals summed over seeds."""
+    runs = {s: part_a(model_dir, device, steps, 8, 8, 8, s) for s in seeds}
+    tot: dict[str, Any] = {"seeds": seeds, "per_seed": runs}
+    for name in runs[seeds[0]]["reduction_vs_uniform"]:
+        g = sum(runs[s][name]["generated"] for s in seeds)
+        u = sum(runs[s][name]["useful_groups"] for s in seeds)
+        ut = sum(runs[s][name]["useful_tokens"] for s in seeds)
+        tot[name] = {"generated": g, "useful_groups": u, "tokens_per_useful_group": g / max(u, 1),
+                     "tokens_per_useful_token": g / max(ut, 1)}
+    base = tot["uniform"]["tokens_per_useful_group"]
+    tot["reduction_vs_uniform"] = {k: base / tot[k]["tokens_per_useful_group"] for k in runs[seeds[0]]["reduction_vs_uniform"]}
+    print(f"(a) over seeds {seeds}: tokens per useful group, uniform / policy: "
+          + ", ".join(f"{k} {v:.2f}x" for k, v in tot["reduction_vs_uniform"].items()), flush=True)
+    return tot
+
+
 def part_a(model_dir: Path, device: str, steps: int, B: int, K: int, per_level: int, seed: int) -> dict[str, Any]:
     from rollwise.control import make_controller
     from rollwise.train.advantages import assign_advantages
@@ -283,6 +300,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--model", default=None, help="warmed-up model dir for (a) and (c); default: the cached one")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seeds", default="0,1,2", help="(a): comma-separated seeds, totals summed over them")
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--c-steps", type=int, default=30)
     ap.add_argument("--target", type=float, default=0.6)
@@ -298,7 +316,8 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as t:
         tmp = Path(t)
         if args.part in ("a", "all"):
-            out["a"] = part_a(warmed_model(tmp, args.model), args.device, args.steps, 8, 8, 8, args.seed)
+            out["a"] = part_a_seeds(warmed_model(tmp, args.model), args.device, args.steps,
+                                    [int(x) for x in args.seeds.split(",")])
         if args.part in ("b", "all"):
             if args.device == "cpu":
                 # Small enough that a decode step's fixed cost matters (1 seq 3.6 ms, 128 seqs 11 ms on one thread).

@@ -337,7 +337,7 @@ class ControlConfig(_Section):
     """Beta prior b (pseudo-failures) of a prompt's pass rate."""
     decay: float = Field(0.95, ge=0, le=1)
     """posterior: per weight version, evidence shrinks toward the prior by this factor (1 = never forget)."""
-    skip_above: float = Field(0.7, gt=0, le=1)
+    skip_above: float = Field(0.6, gt=0, le=1)
     """posterior: skip a prompt when P(its next group is zero-variance) exceeds this."""
     explore: float = Field(0.1, ge=0, le=1)
     """posterior: probability of sampling a prompt anyway when it would be skipped."""

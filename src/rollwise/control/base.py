@@ -7,11 +7,13 @@ scoring) and gets groups back. It then checks that every rollout has a status an
 balances, and keeps cross-step state (the pass-rate posterior, partial samples carried to the next step).
 
 Two engine shapes are supported by the `Driver`:
-- step-level (`add_request` / `step` / `abort`, i.e. `EngineCore` or `llm.engine`): samples are submitted as
-  one request each (n=1, a seed per sample), so one sample can be scored or aborted while its group-mates
-  run, and the driver measures how much of the engine's batch sits empty while the long tail finishes;
+- step-level (`add_request` / `step` / `abort`, i.e. `EngineCore` or `llm.engine`): the samples of a group go
+  in one request (n = K, one prefill of the prompt, a seed derived from the step, the group and the first
+  sample's index), or one request per sample where a policy must see, score or abort each on its own
+  (early_stop) or where per-sample params are set; the driver measures how much of the engine's batch sits
+  empty while the long tail finishes;
 - batch-only (`generate`, e.g. `RemoteEngine`): whole batches, no per-sample control (uniform, dynamic and
-  adaptive still work; early_stop and partial refuse at construction with a one-line reason).
+  adaptive still work; early_stop and partial refuse at their first step with a one-line reason).
 
 NOTE on the token ledger (checked every step by `Accounting.check`):
     generated_tokens = rollout_tokens + carried_out_tokens - carried_in_tokens
@@ -42,7 +44,8 @@ from rollwise.types import (ROLLOUT_STATUSES, CompletionOutput, RequestOutput, R
 TaskSource = Callable[[int], list[Task]]
 """`take(k)` -> the next k training tasks (the loop's seeded, resumable data order)."""
 ParamsFn = Callable[[Task, int, SamplingParams], SamplingParams]
-"""Per-sample sampling params override `(task, sample_index, base) -> params` (benches draw lengths with it)."""
+"""Per-sample sampling params override `(task, sample_index, base) -> params` (benches draw lengths with it); when
+set, every sample is its own request, so each can get its own params."""
 
 
 # ------------------------------------------------------------------------------------------------- accounting
@@ -265,9 +268,6 @@ class PendingGroup:
     @property
     def size(self) -> int:
         return len(self.outputs)
-
-    def finished(self) -> bool:
-        return all(o is not None for o in self.outputs)
 
 
 @dataclass

@@ -29,7 +29,7 @@ class PassRatePosterior:
     """Beta prior (a0, b0) of a prompt's pass rate."""
     decay: float = 0.95
     """Per weight version, evidence shrinks toward the prior by this factor (1 = never forget)."""
-    skip_above: float = 0.7
+    skip_above: float = 0.6
     """Skip a prompt when P(its next group is zero-variance) exceeds this."""
     explore: float = 0.1
     """Probability of sampling a prompt anyway when it would be skipped."""
