@@ -30,12 +30,12 @@ def tiny_cfg(out, cache, *extra):
     ])
 
 
-@pytest.mark.parametrize("policy", ["partial", "adaptive"])
+@pytest.mark.parametrize("policy", ["partial", "adaptive", "dynamic", "early_stop"])
 def test_policy_runs_inside_the_sync_loop(tmp_path_factory, policy):
     cache = tmp_path_factory.getbasetemp() / "control-warmup-cache"
     out = tmp_path_factory.mktemp(policy)
-    extra = ["control.over_provision=1.0", "algo.tis_cap=2.0"] if policy == "partial" else [
-        "control.select=posterior"]
+    extra = {"partial": ["control.over_provision=1.0", "algo.tis_cap=2.0"], "adaptive": ["control.select=posterior"],
+             "dynamic": ["control.max_rounds=2"], "early_stop": ["control.confidence=0.6"]}[policy]
     summary = run_sync(tiny_cfg(out, cache, f"control.policy={policy}", *extra), log=lambda s: None)
     lines = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in lines] == [1, 2, 3]
@@ -54,8 +54,12 @@ def test_policy_runs_inside_the_sync_loop(tmp_path_factory, policy):
         assert [m["weight_version"] for m in lines] == [1, 2, 3]
         assert max(m["staleness_max"] for m in lines) >= 1  # resumed under newer weights than started them
         assert len({r.group_id for r in rows}) == len(rows) // 4
-    else:
+    elif policy == "adaptive":
         assert {len(r) for r in _groups(rows).values()} <= {2, 4}
+    elif policy == "early_stop":  # aborted samples are stored with their status, never trained
+        assert sum(r.status == "aborted" for r in rows) > 0 and all(r.reward is None for r in rows if r.status == "aborted")
+        assert sum(m["control_aborted_tokens"] for m in lines) == sum(
+            len(r.completion_token_ids) for r in rows if r.status == "aborted")
 
 
 def _groups(rows):
