@@ -370,6 +370,13 @@ class RunConfig(BaseModel):
     control: ControlConfig = Field(default_factory=ControlConfig)
     """Rollout controller: prompt selection, group sizes, early stops, partial rollouts."""
 
+    @model_validator(mode="after")
+    def _pilot_below_group(self) -> RunConfig:
+        if self.control.policy == "adaptive" and self.control.pilot_samples >= self.rollout.samples_per_prompt:
+            raise ValueError(f"control.pilot_samples ({self.control.pilot_samples}) must be smaller than "
+                             f"rollout.samples_per_prompt ({self.rollout.samples_per_prompt}) for control.policy=adaptive")
+        return self
+
 
 # ------------------------------------------------------------------------------------------------- loading
 
@@ -492,7 +499,7 @@ def _validation_message(err: ValidationError) -> str:
     if len(shown) > 60:
         shown = shown[:57] + "..."
     if e["type"] == "value_error":  # our own validators already quote the value
-        return f"bad value for config key '{key}': {msg}"
+        return f"bad value for config key '{key}': {msg}" if real else f"bad config: {msg}"
     return f"bad value for config key '{key}': {msg} (got {shown}){hint}"
 
 

@@ -292,3 +292,11 @@ def test_partial_rollouts_with_per_sample_lengths_resubmit_only_unfinished_sampl
                 assert len(r.completion_token_ids) == lengths[(g.prompt_id, r.sample_index)]
         eng.load_weights()
     assert eng.produced == returned + sum(len(o.token_ids) for g in pol.carry for o in g.outputs if o)
+
+
+def test_config_rejects_a_pilot_as_large_as_the_group_at_load_time():
+    from rollwise.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match="control.pilot_samples \\(4\\) must be smaller"):
+        load_config(None, ["control.policy=adaptive", "control.pilot_samples=4", "rollout.samples_per_prompt=4"])
+    assert load_config(None, ["control.pilot_samples=4", "rollout.samples_per_prompt=4"]).control.policy == "uniform"
