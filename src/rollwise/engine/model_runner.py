@@ -44,6 +44,11 @@ class ModelRunner:
         self._workspace: tuple[torch.Tensor, torch.Tensor] | None = None
         self._per_block = spec.num_kv_heads * block_size * spec.head_dim
         self._dtype = dtype
+        self._kernel = None
+        if device.type == "cpu" and dtype == torch.float32:
+            from rollwise.engine.cpu_kernels import paged_decode_kernel
+
+            self._kernel = paged_decode_kernel()
         for layer in model.layers:
             cache = torch.zeros(2, spec.num_kv_heads, num_blocks, block_size, spec.head_dim, dtype=dtype, device=device)
             layer.self_attn.kv_cache = cache
@@ -90,6 +95,11 @@ class ModelRunner:
         dev = self.device
         pos_t = torch.tensor(pos, dtype=torch.long, device=dev)
         bt = torch.tensor(flat, dtype=torch.long, device=dev)
+        if self._kernel is not None:
+            meta = AttnMetadata(False, torch.tensor(slots, dtype=torch.long, device=dev), bs, num_seqs=len(seqs),
+                                decode_kernel=self._kernel, block_tables_2d=bt.view(len(seqs), max_blocks),
+                                context_lens=pos_t + 1)
+            return torch.tensor(ids, dtype=torch.long, device=dev), pos_t, meta, None
         key_pos = torch.arange(max_blocks * bs, device=dev)
         mask = (key_pos[None, :] <= pos_t[:, None]).view(1, len(seqs), 1, -1)
         bias = None

@@ -16,6 +16,7 @@ Left out: sliding-window attention, MoE, multimodal heads. A checkpoint that nee
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -57,6 +58,11 @@ class AttnMetadata:
     # NOTE: on CPU, baddbmm + softmax + bmm beats SDPA's flash kernel 1.5-3x at decode shapes (one query per
     # sequence, short contexts), where SDPA pays per-call setup and mask expansion.
     decode_bias: torch.Tensor | None = None
+    # CPU float32 fast path: the fused paged kernel (engine/cpu_kernels.py) reads K/V through the block table
+    # directly, with no gather; it needs the un-flattened tables and the context lengths.
+    decode_kernel: Any = None
+    block_tables_2d: torch.Tensor | None = None  # [B, max_blocks] int64
+    context_lens: torch.Tensor | None = None  # [B] int64
     # Reusable flat gather buffers for K and V (shared by all layers), viewed as [kvh, B * max_blocks, bs, d].
     # NOTE: on CPU a fresh multi-MB tensor per layer per step costs more in page faults than the copy itself.
     workspace: tuple[torch.Tensor, torch.Tensor] | None = None
@@ -141,9 +147,12 @@ class Attention(nn.Module):
         return torch.cat(outs, 0) if len(outs) > 1 else outs[0]
 
     def _decode(self, q: torch.Tensor, meta: AttnMetadata) -> torch.Tensor:
+        b = meta.num_seqs
+        if meta.decode_kernel is not None:
+            return meta.decode_kernel(q.contiguous(), self.kv_cache[0], self.kv_cache[1], meta.block_tables_2d,
+                                      meta.context_lens, self.scale)  # [B, h, d]
         bt = meta.block_tables
         assert bt is not None and meta.decode_mask is not None and meta.workspace is not None
-        b = meta.num_seqs
         n = self.kvh * bt.shape[0] * meta.block_size * self.d
         shape = (self.kvh, bt.shape[0], meta.block_size, self.d)
         kbuf, vbuf = (w[:n].view(shape) for w in meta.workspace)
