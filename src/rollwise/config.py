@@ -346,6 +346,27 @@ class ControlConfig(_Section):
     (rollwise.run.async_loop); the loss corrects with algo.tis_cap / algo.decoupled. 0 = the synchronous loop."""
 
 
+class ReplaySection(_Section):
+    """Reuse of past rollouts in training (off by default): see rollwise.store.replay."""
+
+    enabled: bool = False
+    """Keep a replay buffer of this run's scored rollouts and feed some back into training."""
+    reuse_per_step: int = Field(32, ge=0)
+    """Past rollouts (with a non-zero advantage) added to each step's training batch; the loss's clipped ratio
+    against their stored behaviour log-probs is the importance correction."""
+    rescue: bool = True
+    """For a group whose samples all failed, add a past success of the same prompt to the group (its
+    advantages are then computed with it), so the group teaches instead of being filtered."""
+    rescue_k: int = Field(1, ge=1)
+    """Past successes added to a rescued group."""
+    max_age: int = Field(4, ge=0)
+    """Oldest weight version (relative to the current one) a replayed rollout may come from."""
+    max_reuse: int = Field(2, ge=1)
+    """Times a rollout may be replayed before it leaves the buffer."""
+    capacity: int = Field(4096, ge=1)
+    """Rollouts the buffer holds (oldest evicted first)."""
+
+
 class RunConfig(BaseModel):
     """The whole run config: one section per component."""
 
@@ -369,6 +390,8 @@ class RunConfig(BaseModel):
     """Supervised warm-up of the built-in model."""
     control: ControlConfig = Field(default_factory=ControlConfig)
     """Rollout controller: prompt selection, group sizes, early stops, partial rollouts."""
+    replay: ReplaySection = Field(default_factory=ReplaySection)
+    """Reuse of past rollouts in training."""
 
     @model_validator(mode="after")
     def _pilot_below_group(self) -> RunConfig:

@@ -11,6 +11,9 @@ import torch
 from safetensors.torch import load_file
 
 from rollwise.config import load_config
+from rollwise.envs import register_env
+from rollwise.envs.arithmetic import ArithmeticEnv
+from rollwise.types import Score
 from rollwise.run.sync import run_sync
 from rollwise.store.writer import RolloutStore
 
@@ -90,3 +93,26 @@ def test_cli_bad_config_fails_before_work(tmp_path):
     assert "train.lr_rate" in r.stderr and "train.lr" in r.stderr and "Traceback" not in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "x").exists()
+
+
+class _ParityArithmetic(ArithmeticEnv):
+    """Arithmetic prompts, but reward 1 for an even-length completion: a random model gets mixed groups."""
+
+    def score(self, task, completion):
+        ok = float(len(completion) % 2 == 0)
+        return Score(ok, parts={"correct": ok})
+
+
+def test_replay_reuses_past_rollouts_without_storing_them_twice(tmp_path, cache):
+    register_env("parity_arith_test", _ParityArithmetic, overwrite=True)
+    out = tmp_path / "replay"
+    run_sync(tiny_cfg(out, cache, "replay.enabled=true", "replay.reuse_per_step=8", "train.steps=5",
+                      "env.name=parity_arith_test"), log=lambda s: None)
+    lines = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
+    assert sum(m["replay_used"] for m in lines) > 0 and lines[0]["replay_used"] == 0
+    assert all(m["replay_age_max"] <= 4 for m in lines)
+    rows = RolloutStore(out).read()
+    assert len(rows) == 5 * 4 * 4  # replayed copies are not stored again
+    assert not any("replay_from_step" in r.env_info for r in rows)
+    s = json.loads((out / "summary.json").read_text())
+    assert s["rollouts"]["total"] == 80

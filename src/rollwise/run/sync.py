@@ -126,7 +126,9 @@ def run_sync(cfg: RunConfig, log: Log = print, *, stop_after: int | None = None)
 
     from rollwise.control import is_default, make_controller
     from rollwise.engine.llm import LLM
+    from rollwise.run.replay_step import is_replayed, rescue_groups, reuse_rollouts
     from rollwise.run.rollouts import ACCURACY_METHOD, evaluate, generate_and_score
+    from rollwise.store.replay import ReplayBuffer, ReplayConfig
     from rollwise.store.card import build_rollout_card
     from rollwise.store.writer import RolloutStore
     from rollwise.train.advantages import assign_advantages
@@ -204,6 +206,11 @@ def run_sync(cfg: RunConfig, log: Log = print, *, stop_after: int | None = None)
     log(f"held-out accuracy before RL: {eval_before['accuracy']:.3f} sampled (T={eval_kw['temperature']}), "
         f"{eval_before['accuracy_greedy']:.3f} greedy, on {len(eval_tasks)} problems")
 
+    replay = None
+    if cfg.replay.enabled:  # NOTE: the buffer is not checkpointed; a resumed run starts it empty
+        P = cfg.replay
+        replay = ReplayBuffer(ReplayConfig(capacity=P.capacity, max_age=P.max_age, max_reuse=P.max_reuse, seed=seed))
+
     # ---- the loop
     ckpt_dir = None
     step = start_step
@@ -222,6 +229,10 @@ def run_sync(cfg: RunConfig, log: Log = print, *, stop_after: int | None = None)
                                          batch_groups=R.prompts_per_step)
                 sr = cs.step_rollouts()
             groups = sr.groups
+            version = engine.weight_version  # the weights this step's rollouts were sampled with
+            replayed: list = []
+            if replay is not None and cfg.replay.rescue:  # past successes for groups that all failed
+                replayed += rescue_groups(replay, groups, version, cfg.replay.rescue_k)
             assign_advantages(groups, A.advantage, **({"eps": A.adv_eps} if A.advantage in ("grpo", "reinforce_pp") else {}))
             zero_var = 0
             for g in groups:
@@ -232,6 +243,10 @@ def run_sync(cfg: RunConfig, log: Log = print, *, stop_after: int | None = None)
                             if r.status in ("kept", "truncated"):
                                 r.status, r.status_reason = "filtered", "zero-variance group (no GRPO signal)"
             trainable = [r for g in groups for r in g.rollouts if r.status in ("kept", "truncated")]
+            if replay is not None and cfg.replay.reuse_per_step:  # train again on recent informative rollouts
+                reused = reuse_rollouts(replay, cfg.replay.reuse_per_step, version)
+                trainable += reused
+                replayed += reused
             control_m = controller.finalize(cs, engine.weight_version).metrics() if controller is not None else {}
             train_m: dict[str, float] = {}
             sync_s = 0.0
@@ -241,11 +256,16 @@ def run_sync(cfg: RunConfig, log: Log = print, *, stop_after: int | None = None)
                 t_sync = time.perf_counter()
                 engine.load_weights(trainer.state_dict_for_sync())
                 sync_s = time.perf_counter() - t_sync
-            all_r = [r for g in groups for r in g.rollouts]
+            all_r = [r for g in groups for r in g.rollouts if not is_replayed(r)]  # this step's own rollouts
             store.write_step(step, all_r)
+            if replay is not None:
+                replay.add(all_r, version=version)
+                replay.evict_stale(engine.weight_version)
+                control_m = {**control_m, "replay_used": len(replayed), **replay.stats(engine.weight_version)}
             scores = [s for gs in sr.scores for s in gs]
             lens = [len(r.completion_token_ids) for r in all_r]
-            useful = sum(len(r.completion_token_ids) for r in trainable if abs(r.advantage or 0.0) > 0)
+            useful = sum(len(r.completion_token_ids) for r in trainable
+                         if abs(r.advantage or 0.0) > 0 and not is_replayed(r))
             counts = {s: sum(r.status == s for r in all_r) for s in ("kept", "filtered", "errored", "truncated", "aborted")}
             rec = {
                 "reward_mean": float(np.mean([r.reward if r.reward is not None else 0.0 for r in all_r])),
