@@ -7,6 +7,7 @@ dropped: the counts of a step always add up to prompts x samples.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 from typing import Any, Sequence
@@ -41,6 +42,17 @@ class StepRollouts:
     extra: dict[str, float] = field(default_factory=dict)
 
 
+def per_prompt_params(sp: SamplingParams, n: int) -> list[SamplingParams]:
+    """One SamplingParams per prompt with its own seed (sp.seed + index).
+
+    NOTE: a single seed shared by every prompt of a call (vLLM's semantics too) makes sample j of every prompt
+    draw the same uniform numbers; fine for one request, a needless correlation across the groups of an RL batch.
+    """
+    if sp.seed is None:
+        return [sp] * n
+    return [dataclasses.replace(sp, seed=sp.seed * 1_000_003 + i) for i in range(n)]
+
+
 def encode_prompts(tokenizer: Any, tasks: Sequence[Task]) -> list[list[int]]:
     if tokenizer is None:
         raise ValueError("the model has no tokenizer: text tasks need one next to the weights (model.tokenizer)")
@@ -58,7 +70,7 @@ def generate_and_score(engine: Any, tokenizer: Any, env: Any, tasks: Sequence[Ta
     """Sample `sp.n` completions per task, score them all concurrently, and lay them out as groups."""
     prompts = encode_prompts(tokenizer, tasks)
     t0 = time.perf_counter()
-    outs = engine.generate(prompts, sp)
+    outs = engine.generate(prompts, per_prompt_params(sp, len(prompts)))
     gen_s = time.perf_counter() - t0
     items = [(task, o.text) for task, r in zip(tasks, outs) for o in r.outputs]
     t1 = time.perf_counter()
@@ -104,7 +116,7 @@ def evaluate(engine: Any, tokenizer: Any, env: Any, tasks: Sequence[Task], *, te
     modes = [("accuracy", SamplingParams(n=samples, temperature=temperature, max_tokens=max_tokens, seed=seed))]
     modes.append(("accuracy_greedy", SamplingParams(n=1, temperature=0.0, max_tokens=max_tokens, seed=seed)))
     for key, sp in modes:
-        outs = engine.generate(prompts, sp)
+        outs = engine.generate(prompts, per_prompt_params(sp, len(prompts)))
         items = [(t, o.text) for t, r in zip(tasks, outs) for o in r.outputs]
         scores = score_many(env, items, max_workers=score_workers)
         res[key] = sum(is_correct(s) for s in scores) / max(len(scores), 1)
