@@ -276,6 +276,12 @@ class RunOptions(_Section):
     """Also log metrics to TensorBoard when `tensorboard` is installed."""
     resume: bool = False
     """Continue from the latest complete checkpoint in out_dir."""
+    num_engines: int = Field(2, ge=1)
+    """Engine actors when backend is 'ray' (prompts of a step are split across them)."""
+    ray_address: str | None = None
+    """Address of an existing Ray cluster ('auto' or host:port); None starts a local one."""
+    ray_timeout_s: float = Field(600.0, gt=0)
+    """Longest wait on a Ray actor before the run stops with a message (no silent hangs)."""
     cpu_threads: int | None = Field(None, ge=1)
     """torch CPU threads; None = torch's default. Tiny models run faster on 1: per-op overhead dominates, and
     oversubscribed OpenMP threads on a busy machine slow everything down by an order of magnitude."""

@@ -117,6 +117,11 @@ def run_sync(cfg: RunConfig, log: Log = print, *, stop_after: int | None = None)
     stop_after: end this invocation after that many steps as if interrupted (no final eval or summary;
     returns None). Used by the resume tests and by time-boxed jobs; `run.resume` continues later.
     """
+    from rollwise.control import is_default
+
+    if cfg.run.backend == "ray" and (not is_default(cfg.control) or cfg.control.async_staleness > 0):
+        raise ValueError("run.backend 'ray' supports the uniform synchronous loop only; set control.policy to "
+                         "uniform and control.async_staleness to 0, or use run.backend 'local'")
     if cfg.control.async_staleness > 0:  # generation runs ahead of training by at most K versions
         from rollwise.run.async_loop import run_async
 
@@ -170,10 +175,18 @@ def run_sync(cfg: RunConfig, log: Log = print, *, stop_after: int | None = None)
     # ---- models: engine (generation) and trainer (updates), both from the initial checkpoint
     init_dir, warm_info = prepare_model(cfg, env, train_tasks, run_dir, log)
     E = cfg.engine
-    engine = LLM(init_dir, device=device, dtype=cfg.model.dtype, tokenizer=None,
-                 max_num_seqs=E.max_num_seqs, max_num_batched_tokens=E.max_num_batched_tokens,
-                 max_model_len=E.max_model_len, block_size=E.block_size, num_kv_blocks=E.num_kv_blocks,
-                 kv_cache_gb=E.kv_cache_gb, enable_prefix_caching=E.enable_prefix_caching, seed=seed)
+    engine_kwargs = dict(max_num_seqs=E.max_num_seqs, max_num_batched_tokens=E.max_num_batched_tokens,
+                         max_model_len=E.max_model_len, block_size=E.block_size, num_kv_blocks=E.num_kv_blocks,
+                         kv_cache_gb=E.kv_cache_gb, enable_prefix_caching=E.enable_prefix_caching, seed=seed)
+    if cfg.run.backend == "ray":  # generation on engine actors; the trainer stays here
+        from rollwise.engine.core import load_tokenizer
+        from rollwise.run.ray_engines import RayEngines
+
+        engine = RayEngines(cfg.run.num_engines, str(init_dir), device=device, dtype=cfg.model.dtype,
+                            engine_kwargs=engine_kwargs, address=cfg.run.ray_address, timeout_s=cfg.run.ray_timeout_s,
+                            threads=cfg.run.cpu_threads, tokenizer=load_tokenizer(init_dir))
+    else:
+        engine = LLM(init_dir, device=device, dtype=cfg.model.dtype, tokenizer=None, **engine_kwargs)
     tokenizer = engine.tokenizer
     trainer = Trainer(init_dir, cfg.train, device=device, temperature=R.temperature if R.temperature > 0 else 1.0,
                       reference=A.kl_coef > 0, total_steps=cfg.train.steps)
@@ -285,6 +298,7 @@ def run_sync(cfg: RunConfig, log: Log = print, *, stop_after: int | None = None)
                 "loss": train_m.get("loss"), "clip_frac": train_m.get("clip_frac"), "lr": train_m.get("lr"),
                 "score_errors": sum(s.error is not None for s in scores),
                 "weight_version": engine.weight_version,
+                "engine_requeued": getattr(engine, "requeued", None),
                 "rollouts": counts, "step_s": time.perf_counter() - t_step,
                 "tokens_per_s": sr.gen_tokens / max(time.perf_counter() - t_step, 1e-9),
             }
@@ -299,6 +313,8 @@ def run_sync(cfg: RunConfig, log: Log = print, *, stop_after: int | None = None)
                                                           "wall_s": prev_wall + time.perf_counter() - t_start})
     finally:
         metrics.close()
+        if cfg.run.backend == "ray":
+            log(f"ray: {getattr(engine, 'requeued', 0)} generate chunk(s) re-queued after an engine actor died")
 
     eval_after = evaluate(engine, tokenizer, env, eval_tasks, **eval_kw)
     log(f"held-out accuracy after RL:  {eval_after['accuracy']:.3f} sampled, {eval_after['accuracy_greedy']:.3f} greedy "
