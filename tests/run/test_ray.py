@@ -1,4 +1,4 @@
-"""The Ray backend: 2 engine actors + the trainer in the driver, on a local cluster."""
+"""The Ray backend: 2 engine actors and a trainer actor on a local cluster."""
 
 from __future__ import annotations
 
@@ -36,9 +36,9 @@ def metrics(out):
     return [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
 
 
-def engine_worker_pids() -> list[int]:
+def worker_pids(kind: str = "EngineWorker") -> list[int]:
     ps = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout.splitlines()
-    return [int(l.split()[0]) for l in ps if "ray::EngineWorker" in l and "ps -eo" not in l]
+    return [int(l.split()[0]) for l in ps if f"ray::{kind}" in l and "ps -eo" not in l]
 
 
 @pytest.mark.slow
@@ -59,13 +59,15 @@ def test_ray_matches_local_and_survives_a_killed_engine(tmp_path, cache):
     killed = tmp_path / "killed"
     done = threading.Event()
     fired: list[int] = []
+    trainers: list[int] = []
 
     def killer():
         while not done.is_set():
             p = killed / "metrics.jsonl"
             if p.exists() and p.read_text().count("\n") >= 1:
-                pids = engine_worker_pids()
+                pids = worker_pids()
                 if pids:
+                    trainers.extend(worker_pids("TrainerWorker"))
                     os.kill(pids[0], signal.SIGKILL)
                     fired.append(pids[0])
                     return
@@ -78,6 +80,7 @@ def test_ray_matches_local_and_survives_a_killed_engine(tmp_path, cache):
     done.set()
     t.join(5)
     assert fired, "the test never found an engine actor to kill"
+    assert trainers, "the trainer was expected in its own Ray actor"
     ms = metrics(killed)
     assert [m["step"] for m in ms] == [1, 2, 3, 4]
     assert ms[-1]["engine_requeued"] >= 1  # the dead actor's work was re-run on its restarted self

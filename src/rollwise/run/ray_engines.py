@@ -10,8 +10,8 @@ on the restarted actor after it has been given the current weights, so nothing i
 sampling is seeded per request (counter-based), the re-run chunk produces exactly what the dead actor would
 have. Every wait has a timeout, so a hung actor ends the run with a message instead of blocking forever.
 
-Deliberately left out (not built yet): a trainer actor and scoring workers as actors; torch.distributed weight
-broadcast on GPU. The trainer runs in the driver.
+The trainer runs in its own actor (`run/trainer_handle.py`). Deliberately left out (not built yet): scoring
+workers as actors (scoring runs in the driver's thread pool) and torch.distributed weight broadcast on GPU.
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ class RayEngines:
             raise ValueError(f"run.num_engines must be >= 1, got {n}")
         if not ray.is_initialized():
             ray.init(address=address, include_dashboard=False, ignore_reinit_error=True, log_to_driver=False,
-                     **({} if address else {"num_cpus": max(2, int(n * num_cpus_per_engine) + 1)}))
+                     **({} if address else {"num_cpus": int(n * num_cpus_per_engine) + 2}))
         self._ray = ray
         self.timeout_s = timeout_s
         self.tokenizer = tokenizer
@@ -134,10 +134,14 @@ class RayEngines:
                 pending[i] = self.actors[i].generate.remote([list(prompts[j]) for j in idx], [plist[j] for j in idx])
         return [o for i, _ in chunks for o in results[i]]
 
-    def load_weights(self, state_dict: dict[str, Any]) -> int:
-        """Broadcast HF-named weights through the object store; returns the new weight version."""
+    def load_weights(self, state_dict: Any) -> int:
+        """Broadcast HF-named weights through the object store; returns the new weight version. Takes a state
+        dict, or an ObjectRef to a dict of numpy arrays (a trainer actor's `sync_weights`)."""
         self.weight_version += 1
-        self._weights_ref = self._ray.put({k: v.detach().cpu().numpy() for k, v in state_dict.items()})
+        if isinstance(state_dict, self._ray.ObjectRef):
+            self._weights_ref = state_dict
+        else:
+            self._weights_ref = self._ray.put({k: v.detach().cpu().numpy() for k, v in state_dict.items()})
         refs = [a.load_weights.remote(self._weights_ref, self.weight_version) for a in self.actors]
         for i, r in enumerate(refs):
             try:

@@ -137,9 +137,9 @@ def run_sync(cfg: RunConfig, log: Log = print, *, stop_after: int | None = None)
     from rollwise.store.card import build_rollout_card
     from rollwise.store.writer import RolloutStore
     from rollwise.train.advantages import assign_advantages
-    from rollwise.train.batch import TrainBatch
-    from rollwise.train.checkpoint import find_latest_checkpoint, load_checkpoint, restore_checkpoint, save_checkpoint
-    from rollwise.train.losses import LOSSES, LossConfig
+    from rollwise.run.trainer_handle import LocalTrainer
+    from rollwise.train.checkpoint import find_latest_checkpoint, load_checkpoint
+    from rollwise.train.losses import LossConfig
     from rollwise.train.metrics import MetricsLogger
     from rollwise.train.trainer import Trainer
 
@@ -178,7 +178,7 @@ def run_sync(cfg: RunConfig, log: Log = print, *, stop_after: int | None = None)
     engine_kwargs = dict(max_num_seqs=E.max_num_seqs, max_num_batched_tokens=E.max_num_batched_tokens,
                          max_model_len=E.max_model_len, block_size=E.block_size, num_kv_blocks=E.num_kv_blocks,
                          kv_cache_gb=E.kv_cache_gb, enable_prefix_caching=E.enable_prefix_caching, seed=seed)
-    if cfg.run.backend == "ray":  # generation on engine actors; the trainer stays here
+    if cfg.run.backend == "ray":  # generation on engine actors
         from rollwise.engine.core import load_tokenizer
         from rollwise.run.ray_engines import RayEngines
 
@@ -188,20 +188,28 @@ def run_sync(cfg: RunConfig, log: Log = print, *, stop_after: int | None = None)
     else:
         engine = LLM(init_dir, device=device, dtype=cfg.model.dtype, tokenizer=None, **engine_kwargs)
     tokenizer = engine.tokenizer
-    trainer = Trainer(init_dir, cfg.train, device=device, temperature=R.temperature if R.temperature > 0 else 1.0,
-                      reference=A.kl_coef > 0, total_steps=cfg.train.steps)
-    loss_fn = LOSSES[A.loss]
     loss_cfg = LossConfig.from_algo(A, max_length=R.max_tokens)
+    train_temp = R.temperature if R.temperature > 0 else 1.0
+    if cfg.run.backend == "ray":  # the trainer in its own actor; weights go actor -> object store -> engines
+        from rollwise.run.trainer_handle import RayTrainer
+
+        trainer = RayTrainer(str(init_dir), cfg.train, device, train_temp, A.kl_coef > 0, cfg.train.steps,
+                             cfg.train.micro_batch_tokens, A.loss, loss_cfg, cfg.run.cpu_threads,
+                             timeout_s=cfg.run.ray_timeout_s, num_gpus=1 if device.startswith("cuda") else 0)
+    else:
+        trainer = LocalTrainer(Trainer(init_dir, cfg.train, device=device, temperature=train_temp,
+                                       reference=A.kl_coef > 0, total_steps=cfg.train.steps),
+                               cfg.train.micro_batch_tokens, A.loss, loss_cfg)
     controller = None if is_default(cfg.control) else make_controller(cfg.control, env, tokenizer, seed=seed)
     order = DataOrder(len(train_tasks), seed)
     start_step = 0
     prev_wall = 0.0
     if ckpt is not None:
-        pos = restore_checkpoint(trainer, ckpt)
+        pos = trainer.restore(ckpt.path)
         order.epoch, order.index = int(pos.get("epoch", 0)), int(pos.get("index", 0))
         prev_wall = float(pos.get("wall_s", 0.0))
         start_step = ckpt.step
-        engine.load_weights(trainer.state_dict_for_sync())
+        engine.load_weights(trainer.sync_weights())
         log(f"resume: continuing after step {start_step} from {ckpt.path}")
 
     store = RolloutStore(run_dir, decode=(lambda ids: tokenizer.decode(ids)) if tokenizer is not None else None)
@@ -264,10 +272,9 @@ def run_sync(cfg: RunConfig, log: Log = print, *, stop_after: int | None = None)
             train_m: dict[str, float] = {}
             sync_s = 0.0
             if trainable:
-                batch = TrainBatch.from_rollouts(trainable, cfg.train.micro_batch_tokens)
-                train_m = trainer.train_step(batch, loss_fn, loss_cfg)
+                train_m = trainer.train_step(trainable)
                 t_sync = time.perf_counter()
-                engine.load_weights(trainer.state_dict_for_sync())
+                engine.load_weights(trainer.sync_weights())
                 sync_s = time.perf_counter() - t_sync
             all_r = [r for g in groups for r in g.rollouts if not is_replayed(r)]  # this step's own rollouts
             store.write_step(step, all_r)
@@ -308,13 +315,13 @@ def run_sync(cfg: RunConfig, log: Log = print, *, stop_after: int | None = None)
                 rec["eval_accuracy"], rec["eval_accuracy_greedy"] = ev["accuracy"], ev["accuracy_greedy"]
             metrics.log(step, {k: v for k, v in rec.items() if v is not None})
             if (cfg.run.checkpoint_every and step % cfg.run.checkpoint_every == 0) or step == cfg.train.steps:
-                ckpt_dir = save_checkpoint(trainer, run_dir, step, tokenizer=tokenizer, keep=cfg.run.keep_checkpoints,
-                                           data_position={**order.state(),
-                                                          "wall_s": prev_wall + time.perf_counter() - t_start})
+                ckpt_dir = trainer.save(run_dir, step, {**order.state(), "wall_s": prev_wall + time.perf_counter() - t_start},
+                                        cfg.run.keep_checkpoints, tokenizer=tokenizer)
     finally:
         metrics.close()
         if cfg.run.backend == "ray":
             log(f"ray: {getattr(engine, 'requeued', 0)} generate chunk(s) re-queued after an engine actor died")
+            trainer.shutdown()
 
     eval_after = evaluate(engine, tokenizer, env, eval_tasks, **eval_kw)
     log(f"held-out accuracy after RL:  {eval_after['accuracy']:.3f} sampled, {eval_after['accuracy_greedy']:.3f} greedy "
@@ -331,6 +338,8 @@ def run_sync(cfg: RunConfig, log: Log = print, *, stop_after: int | None = None)
         "device": device, "warmup": warm_info, "run_dir": str(run_dir),
     }
     _write_json_atomic(run_dir / "summary.json", summary)
+    if cfg.run.backend == "ray":
+        engine.shutdown()
     try:
         from rollwise.report import write_report
 
