@@ -83,7 +83,9 @@ def test_ray_matches_local_and_survives_a_killed_engine(tmp_path, cache):
     assert trainers, "the trainer was expected in its own Ray actor"
     ms = metrics(killed)
     assert [m["step"] for m in ms] == [1, 2, 3, 4]
-    assert ms[-1]["engine_requeued"] >= 1  # the dead actor's work was re-run on its restarted self
+    # The death was noticed and handled: the actor came back with the current weights (and any chunk it held
+    # was re-run; a kill that lands between calls or during a weight load leaves no chunk to re-run).
+    assert ms[-1]["engine_restarts"] >= 1
     # Every step trained on tokens from the current weights: the restarted actor was brought up to date.
     assert all(m["logprob_mismatch_mean"] < 1e-4 for m in ms)
     c = summary["rollouts"]

@@ -69,6 +69,7 @@ class RayEngines:
         self.tokenizer = tokenizer
         self.weight_version = 0
         self.requeued = 0  # chunks re-run because their actor died
+        self.restarts = 0  # actor deaths noticed and handled (restart + current weights)
         self._weights_ref = None
         remote = ray.remote(max_restarts=-1, max_task_retries=0)(EngineWorker)
         gpus = 1 if device.startswith("cuda") else 0
@@ -85,6 +86,7 @@ class RayEngines:
 
     def _revive(self, i: int) -> None:
         """Wait for actor i's restart and bring it to the current weights."""
+        self.restarts += 1
         deadline = time.monotonic() + self.timeout_s
         while True:
             try:

@@ -306,6 +306,7 @@ def run_sync(cfg: RunConfig, log: Log = print, *, stop_after: int | None = None)
                 "score_errors": sum(s.error is not None for s in scores),
                 "weight_version": engine.weight_version,
                 "engine_requeued": getattr(engine, "requeued", None),
+                "engine_restarts": getattr(engine, "restarts", None),
                 "rollouts": counts, "step_s": time.perf_counter() - t_step,
                 "tokens_per_s": sr.gen_tokens / max(time.perf_counter() - t_step, 1e-9),
             }
