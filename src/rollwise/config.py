@@ -278,6 +278,8 @@ class RunOptions(_Section):
     """Continue from the latest complete checkpoint in out_dir."""
     num_engines: int = Field(2, ge=1)
     """Engine actors when backend is 'ray' (prompts of a step are split across them)."""
+    num_scorers: int = Field(2, ge=1)
+    """Scoring actors (verifiers, sandboxes) when backend is 'ray'."""
     ray_address: str | None = None
     """Address of an existing Ray cluster ('auto' or host:port); None starts a local one."""
     ray_timeout_s: float = Field(600.0, gt=0)

@@ -60,6 +60,7 @@ def test_ray_matches_local_and_survives_a_killed_engine(tmp_path, cache):
     done = threading.Event()
     fired: list[int] = []
     trainers: list[int] = []
+    scorers: list[int] = []
 
     def killer():
         while not done.is_set():
@@ -68,6 +69,7 @@ def test_ray_matches_local_and_survives_a_killed_engine(tmp_path, cache):
                 pids = worker_pids()
                 if pids:
                     trainers.extend(worker_pids("TrainerWorker"))
+                    scorers.extend(worker_pids("ScoringWorker"))
                     os.kill(pids[0], signal.SIGKILL)
                     fired.append(pids[0])
                     return
@@ -81,6 +83,7 @@ def test_ray_matches_local_and_survives_a_killed_engine(tmp_path, cache):
     t.join(5)
     assert fired, "the test never found an engine actor to kill"
     assert trainers, "the trainer was expected in its own Ray actor"
+    assert len(scorers) >= 1, "scoring was expected in Ray scoring actors"
     ms = metrics(killed)
     assert [m["step"] for m in ms] == [1, 2, 3, 4]
     # The death was noticed and handled: the actor came back with the current weights (and any chunk it held

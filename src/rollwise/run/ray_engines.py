@@ -10,8 +10,8 @@ on the restarted actor after it has been given the current weights, so nothing i
 sampling is seeded per request (counter-based), the re-run chunk produces exactly what the dead actor would
 have. Every wait has a timeout, so a hung actor ends the run with a message instead of blocking forever.
 
-The trainer runs in its own actor (`run/trainer_handle.py`). Deliberately left out (not built yet): scoring
-workers as actors (scoring runs in the driver's thread pool) and torch.distributed weight broadcast on GPU.
+The trainer runs in its own actor (`run/trainer_handle.py`), scoring in `ScoringWorker` actors
+(`run/ray_scoring.py`). Deliberately left out (not built yet): torch.distributed weight broadcast on GPU.
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ class RayEngines:
             raise ValueError(f"run.num_engines must be >= 1, got {n}")
         if not ray.is_initialized():
             ray.init(address=address, include_dashboard=False, ignore_reinit_error=True, log_to_driver=False,
-                     **({} if address else {"num_cpus": int(n * num_cpus_per_engine) + 2}))
+                     **({} if address else {"num_cpus": int(n * num_cpus_per_engine) + 3}))
         self._ray = ray
         self.timeout_s = timeout_s
         self.tokenizer = tokenizer

@@ -66,15 +66,22 @@ def encode_prompts(tokenizer: Any, tasks: Sequence[Task]) -> list[list[int]]:
 
 
 def generate_and_score(engine: Any, tokenizer: Any, env: Any, tasks: Sequence[Task], sp: SamplingParams, *,
-                       step: int, score_workers: int = 8, score_timeout_s: float | None = 30.0) -> StepRollouts:
-    """Sample `sp.n` completions per task, score them all concurrently, and lay them out as groups."""
+                       step: int, score_workers: int = 8, score_timeout_s: float | None = 30.0,
+                       scorer: Any = None) -> StepRollouts:
+    """Sample `sp.n` completions per task, score them all concurrently, and lay them out as groups.
+
+    scorer: `scorer(items) -> scores` in input order (e.g. `run.ray_scoring.RayScorer`); default: `score_many`
+    in this process."""
     prompts = encode_prompts(tokenizer, tasks)
     t0 = time.perf_counter()
     outs = engine.generate(prompts, per_prompt_params(sp, len(prompts)))
     gen_s = time.perf_counter() - t0
     items = [(task, o.text) for task, r in zip(tasks, outs) for o in r.outputs]
     t1 = time.perf_counter()
-    flat = score_many(env, items, max_workers=score_workers, timeout_s=score_timeout_s)
+    if scorer is not None:
+        flat = scorer(items)
+    else:
+        flat = score_many(env, items, max_workers=score_workers, timeout_s=score_timeout_s)
     score_s = time.perf_counter() - t1
     scores: list[list[Score]] = []
     groups: list[RolloutGroup] = []

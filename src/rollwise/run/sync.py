@@ -187,6 +187,11 @@ def run_sync(cfg: RunConfig, log: Log = print, *, stop_after: int | None = None)
                             threads=cfg.run.cpu_threads, tokenizer=load_tokenizer(init_dir))
     else:
         engine = LLM(init_dir, device=device, dtype=cfg.model.dtype, tokenizer=None, **engine_kwargs)
+    scorer = None
+    if cfg.run.backend == "ray":  # verifiers and sandboxes in scoring actors
+        from rollwise.run.ray_scoring import RayScorer
+
+        scorer = RayScorer(env, cfg.run.num_scorers, timeout_s=cfg.run.ray_timeout_s)
     tokenizer = engine.tokenizer
     loss_cfg = LossConfig.from_algo(A, max_length=R.max_tokens)
     train_temp = R.temperature if R.temperature > 0 else 1.0
@@ -244,7 +249,7 @@ def run_sync(cfg: RunConfig, log: Log = print, *, stop_after: int | None = None)
                                 max_tokens=R.max_tokens, seed=seed * 1_000_003 + step)
             if controller is None:
                 tasks = [train_tasks[i] for i in order.take(R.prompts_per_step)]
-                sr = generate_and_score(engine, tokenizer, env, tasks, sp, step=step)
+                sr = generate_and_score(engine, tokenizer, env, tasks, sp, step=step, scorer=scorer)
             else:  # the rollout controller picks prompts, group sizes and when to stop (rollwise.control)
                 cs = controller.run_step(engine, lambda k: [train_tasks[i] for i in order.take(k)], sp, step=step,
                                          batch_groups=R.prompts_per_step)
@@ -323,6 +328,7 @@ def run_sync(cfg: RunConfig, log: Log = print, *, stop_after: int | None = None)
         if cfg.run.backend == "ray":
             log(f"ray: {getattr(engine, 'requeued', 0)} generate chunk(s) re-queued after an engine actor died")
             trainer.shutdown()
+            scorer.shutdown()
 
     eval_after = evaluate(engine, tokenizer, env, eval_tasks, **eval_kw)
     log(f"held-out accuracy after RL:  {eval_after['accuracy']:.3f} sampled, {eval_after['accuracy_greedy']:.3f} greedy "
