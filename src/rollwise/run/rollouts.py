@@ -18,7 +18,7 @@ from rollwise.types import RequestOutput, Rollout, RolloutGroup, SamplingParams,
 
 ACCURACY_METHOD = (
     "accuracy = correct samples / all samples on held-out problems; 'accuracy' samples at the training "
-    "temperature (eval.samples_per_prompt samples per problem), 'accuracy_greedy' takes one greedy completion; a "
+    "temperature (4 samples per problem), 'accuracy_greedy' takes one greedy completion; a "
     "sample is correct when the verifier's 'correct' part (or, without one, its reward) is >= 1; errored or "
     "timed-out scoring counts as incorrect and stays in the denominator; truncated samples are scored as they stand."
 )
