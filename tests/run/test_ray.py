@@ -47,7 +47,7 @@ def test_ray_matches_local_and_survives_a_killed_engine(tmp_path, cache):
     run_sync(tiny_cfg(local, cache, "train.steps=3"), log=lambda s: None)
     remote = tmp_path / "ray"
     run_sync(tiny_cfg(remote, cache, "train.steps=3", "run.backend=ray", "run.num_engines=2",
-                      "run.ray_timeout_s=120"), log=lambda s: None)
+                      "run.ray_timeout_s=300"), log=lambda s: None)
     # Per-request seeds make the samples independent of which actor generates them: same metrics.
     for a, b in zip(metrics(local), metrics(remote)):
         assert a["reward_mean"] == b["reward_mean"] and a["resp_len_mean"] == b["resp_len_mean"]
@@ -78,7 +78,7 @@ def test_ray_matches_local_and_survives_a_killed_engine(tmp_path, cache):
     t = threading.Thread(target=killer, daemon=True)
     t.start()
     summary = run_sync(tiny_cfg(killed, cache, "train.steps=4", "run.backend=ray", "run.num_engines=2",
-                                "run.ray_timeout_s=120"), log=lambda s: None)
+                                "run.ray_timeout_s=300"), log=lambda s: None)
     done.set()
     t.join(5)
     assert fired, "the test never found an engine actor to kill"
