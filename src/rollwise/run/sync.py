@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from rollwise.config import RunConfig, config_hash, dump_config
+from rollwise.config import RunConfig
 from rollwise.types import SamplingParams
 
 Log = Callable[[str], None]
@@ -126,67 +126,37 @@ def run_sync(cfg: RunConfig, log: Log = print, *, stop_after: int | None = None)
         from rollwise.run.async_loop import run_async
 
         return run_async(cfg, log, stop_after=stop_after)
-    import numpy as np
-    import torch
-
-    from rollwise.control import is_default, make_controller
+    from rollwise.control import make_controller
     from rollwise.engine.llm import LLM
+    from rollwise.run.common import (advantages_and_filter, engine_kwargs, eval_before, eval_settings, finish_run,
+                                     rollout_metrics, start_run)
     from rollwise.run.replay_step import is_replayed, rescue_groups, reuse_rollouts
-    from rollwise.run.rollouts import ACCURACY_METHOD, evaluate, generate_and_score
-    from rollwise.store.replay import ReplayBuffer, ReplayConfig
-    from rollwise.store.card import build_rollout_card
-    from rollwise.store.writer import RolloutStore
-    from rollwise.train.advantages import assign_advantages
+    from rollwise.run.rollouts import evaluate, generate_and_score
     from rollwise.run.trainer_handle import LocalTrainer
-    from rollwise.train.checkpoint import find_latest_checkpoint, load_checkpoint
+    from rollwise.store.replay import ReplayBuffer, ReplayConfig
+    from rollwise.store.writer import RolloutStore
     from rollwise.train.losses import LossConfig
     from rollwise.train.metrics import MetricsLogger
     from rollwise.train.trainer import Trainer
 
-    t_start = time.perf_counter()
-    if cfg.run.cpu_threads:
-        torch.set_num_threads(cfg.run.cpu_threads)
-    run_dir = Path(cfg.run.out_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    seed = cfg.train.seed
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-    device = resolve_device(cfg.model.device)
+    # ---- environment, data, seeds, resume point
+    rs = start_run(cfg, log)
+    run_dir, seed, device, env, train_tasks, eval_tasks, ckpt = (
+        rs.run_dir, rs.seed, rs.device, rs.env, rs.train_tasks, rs.eval_tasks, rs.ckpt)
     R, A = cfg.rollout, cfg.algo
-
-    # ---- environment and data
-    env = make_env(cfg)
-    train_tasks = env.load("train", n=cfg.env.train_size, seed=seed)
-    eval_tasks = env.load("test", n=cfg.run.eval_size or cfg.env.eval_size, seed=seed)
-    if not train_tasks:
-        raise ValueError(f"environment {cfg.env.name!r} returned no training tasks")
-
-    # ---- resume point
-    ckpt = None
-    if cfg.run.resume:
-        latest = find_latest_checkpoint(run_dir)
-        if latest is None:
-            log(f"resume: no complete checkpoint in {run_dir}; starting from scratch")
-        else:
-            ckpt = load_checkpoint(latest)
-    (run_dir / "config.yaml").write_text(dump_config(cfg))
 
     # ---- models: engine (generation) and trainer (updates), both from the initial checkpoint
     init_dir, warm_info = prepare_model(cfg, env, train_tasks, run_dir, log)
-    E = cfg.engine
-    engine_kwargs = dict(max_num_seqs=E.max_num_seqs, max_num_batched_tokens=E.max_num_batched_tokens,
-                         max_model_len=E.max_model_len, block_size=E.block_size, num_kv_blocks=E.num_kv_blocks,
-                         kv_cache_gb=E.kv_cache_gb, enable_prefix_caching=E.enable_prefix_caching, seed=seed)
+    ekw = engine_kwargs(cfg, seed)
     if cfg.run.backend == "ray":  # generation on engine actors
         from rollwise.engine.core import load_tokenizer
         from rollwise.run.ray_engines import RayEngines
 
         engine = RayEngines(cfg.run.num_engines, str(init_dir), device=device, dtype=cfg.model.dtype,
-                            engine_kwargs=engine_kwargs, address=cfg.run.ray_address, timeout_s=cfg.run.ray_timeout_s,
+                            engine_kwargs=ekw, address=cfg.run.ray_address, timeout_s=cfg.run.ray_timeout_s,
                             threads=cfg.run.cpu_threads, tokenizer=load_tokenizer(init_dir))
     else:
-        engine = LLM(init_dir, device=device, dtype=cfg.model.dtype, tokenizer=None, **engine_kwargs)
+        engine = LLM(init_dir, device=device, dtype=cfg.model.dtype, tokenizer=None, **ekw)
     scorer = None
     if cfg.run.backend == "ray":  # verifiers and sandboxes in scoring actors
         from rollwise.run.ray_scoring import RayScorer
@@ -221,16 +191,10 @@ def run_sync(cfg: RunConfig, log: Log = print, *, stop_after: int | None = None)
     store.truncate_after(start_step)
     metrics = MetricsLogger(run_dir, total_steps=cfg.train.steps, tensorboard=cfg.run.tensorboard,
                             resume_from_step=start_step)
-    eval_kw = dict(temperature=R.temperature if R.temperature > 0 else 1.0, samples=4, max_tokens=R.max_tokens,
-                   seed=seed + 7919)
-    before_path = run_dir / "eval_before.json"
-    if ckpt is not None and before_path.is_file():
-        eval_before = json.loads(before_path.read_text())
-    else:
-        eval_before = evaluate(engine, tokenizer, env, eval_tasks, **eval_kw)
-        _write_json_atomic(before_path, eval_before)
-    log(f"held-out accuracy before RL: {eval_before['accuracy']:.3f} sampled (T={eval_kw['temperature']}), "
-        f"{eval_before['accuracy_greedy']:.3f} greedy, on {len(eval_tasks)} problems")
+    eval_kw = eval_settings(cfg, seed)
+    eval_b = eval_before(rs, engine, tokenizer, eval_kw)
+    log(f"held-out accuracy before RL: {eval_b['accuracy']:.3f} sampled (T={eval_kw['temperature']}), "
+        f"{eval_b['accuracy_greedy']:.3f} greedy, on {len(eval_tasks)} problems")
 
     replay = None
     if cfg.replay.enabled:  # NOTE: the buffer is not checkpointed; a resumed run starts it empty
@@ -259,15 +223,7 @@ def run_sync(cfg: RunConfig, log: Log = print, *, stop_after: int | None = None)
             replayed: list = []
             if replay is not None and cfg.replay.rescue:  # past successes for groups that all failed
                 replayed += rescue_groups(replay, groups, version, cfg.replay.rescue_k)
-            assign_advantages(groups, A.advantage, **({"eps": A.adv_eps} if A.advantage in ("grpo", "reinforce_pp") else {}))
-            zero_var = 0
-            for g in groups:
-                if g.zero_variance:
-                    zero_var += 1
-                    if A.skip_zero_variance:
-                        for r in g.rollouts:
-                            if r.status in ("kept", "truncated"):
-                                r.status, r.status_reason = "filtered", "zero-variance group (no GRPO signal)"
+            zero_var = advantages_and_filter(groups, A)
             trainable = [r for g in groups for r in g.rollouts if r.status in ("kept", "truncated")]
             if replay is not None and cfg.replay.reuse_per_step:  # train again on recent informative rollouts
                 reused = reuse_rollouts(replay, cfg.replay.reuse_per_step, version)
@@ -288,17 +244,10 @@ def run_sync(cfg: RunConfig, log: Log = print, *, stop_after: int | None = None)
                 replay.evict_stale(engine.weight_version)
                 control_m = {**control_m, "replay_used": len(replayed), **replay.stats(engine.weight_version)}
             scores = [s for gs in sr.scores for s in gs]
-            lens = [len(r.completion_token_ids) for r in all_r]
             useful = sum(len(r.completion_token_ids) for r in trainable
                          if abs(r.advantage or 0.0) > 0 and not is_replayed(r))
-            counts = {s: sum(r.status == s for r in all_r) for s in ("kept", "filtered", "errored", "truncated", "aborted")}
             rec = {
-                "reward_mean": float(np.mean([r.reward if r.reward is not None else 0.0 for r in all_r])),
-                "accuracy": float(np.mean([r.reward_parts.get("correct", r.reward or 0.0) >= 1.0 - 1e-9
-                                           if r.status != "errored" else 0.0 for r in all_r])),
-                "zero_var_frac": zero_var / len(groups),
-                "resp_len_mean": float(np.mean(lens)), "resp_len_max": int(max(lens)),
-                "truncation_rate": counts["truncated"] / len(all_r),
+                **rollout_metrics(all_r, len(groups), zero_var),
                 "gen_tokens": sr.gen_tokens, "gen_tokens_per_s": sr.gen_tokens / max(sr.gen_s, 1e-9),
                 "gen_tokens_per_useful_token": sr.gen_tokens / max(useful, 1),
                 "time_generate_s": sr.gen_s, "time_score_s": sr.score_s,
@@ -312,7 +261,7 @@ def run_sync(cfg: RunConfig, log: Log = print, *, stop_after: int | None = None)
                 "weight_version": engine.weight_version,
                 "engine_requeued": getattr(engine, "requeued", None),
                 "engine_restarts": getattr(engine, "restarts", None),
-                "rollouts": counts, "step_s": time.perf_counter() - t_step,
+                "step_s": time.perf_counter() - t_step,
                 "tokens_per_s": sr.gen_tokens / max(time.perf_counter() - t_step, 1e-9),
             }
             rec.update(control_m)  # control_* books; staleness measured from the tokens' weight versions
@@ -321,8 +270,9 @@ def run_sync(cfg: RunConfig, log: Log = print, *, stop_after: int | None = None)
                 rec["eval_accuracy"], rec["eval_accuracy_greedy"] = ev["accuracy"], ev["accuracy_greedy"]
             metrics.log(step, {k: v for k, v in rec.items() if v is not None})
             if (cfg.run.checkpoint_every and step % cfg.run.checkpoint_every == 0) or step == cfg.train.steps:
-                ckpt_dir = trainer.save(run_dir, step, {**order.state(), "wall_s": prev_wall + time.perf_counter() - t_start},
-                                        cfg.run.keep_checkpoints, tokenizer=tokenizer)
+                wall = prev_wall + time.perf_counter() - rs.t_start
+                ckpt_dir = trainer.save(run_dir, step, {**order.state(), "wall_s": wall}, cfg.run.keep_checkpoints,
+                                        tokenizer=tokenizer)
     finally:
         metrics.close()
         if cfg.run.backend == "ray":
@@ -330,27 +280,8 @@ def run_sync(cfg: RunConfig, log: Log = print, *, stop_after: int | None = None)
             trainer.shutdown()
             scorer.shutdown()
 
-    eval_after = evaluate(engine, tokenizer, env, eval_tasks, **eval_kw)
-    log(f"held-out accuracy after RL:  {eval_after['accuracy']:.3f} sampled, {eval_after['accuracy_greedy']:.3f} greedy "
-        f"({cfg.train.steps} steps)")
-    counts = store.counts_by_status()
-    card = build_rollout_card(counts, config_hash=config_hash(cfg), seeds={"train": seed, "eval": eval_kw["seed"]},
-                              accuracy_method=ACCURACY_METHOD,
-                              checkpoints={"init": init_dir, **({"final": ckpt_dir} if ckpt_dir else {})})
-    summary = {
-        **card,
-        "eval_before": eval_before, "eval_after": eval_after,
-        "accuracy_gain": eval_after["accuracy"] - eval_before["accuracy"],
-        "steps": cfg.train.steps, "wall_s": prev_wall + time.perf_counter() - t_start,
-        "device": device, "warmup": warm_info, "run_dir": str(run_dir),
-    }
-    _write_json_atomic(run_dir / "summary.json", summary)
+    summary = finish_run(cfg, rs, engine, tokenizer, eval_kw, eval_b, store, init_dir, ckpt_dir, prev_wall,
+                         warm_info, log)
     if cfg.run.backend == "ray":
         engine.shutdown()
-    try:
-        from rollwise.report import write_report
-
-        write_report(run_dir)
-    except Exception as e:  # noqa: BLE001 - the run is done and saved; a report failure must not hide that
-        log(f"warning: report not written: {type(e).__name__}: {e}")
     return summary
