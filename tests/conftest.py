@@ -14,6 +14,15 @@ def shared_data_dir() -> Path:
     return REPO.parent / "shared" / "data"
 
 
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    """The real datasets (GSM8K, HumanEval, MBPP); tests that need them skip with the reason when missing."""
+    data = shared_data_dir()
+    if not data.is_dir():
+        pytest.skip(f"real datasets not found at {data} (expected ../shared/data beside the repository)")
+    return data
+
+
 def make_tiny_checkpoint(path: Path, arch: str = "llama", vocab: int = 97, seed: int = 0, **overrides) -> Path:
     import torch
     from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config

@@ -10,23 +10,20 @@ from __future__ import annotations
 import argparse
 import json
 
+from rollwise.cli.envargs import add_env_args, env_and_tasks, positive
+
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("generate", help="rollouts only (no training) into a rollout store",
                               description=__doc__.splitlines()[0])
     p.add_argument("--model", required=True, help="HF checkpoint directory")
-    p.add_argument("--env", required=True, help="environment name (or module:attr)")
-    p.add_argument("--env-arg", action="append", default=[], metavar="KEY=VALUE",
-                   help="environment constructor argument (YAML value), repeatable")
+    add_env_args(p, split="train", n=64)
     p.add_argument("--out", required=True, help="run directory to write rollouts/ into")
-    p.add_argument("--split", default="train")
-    p.add_argument("--n", type=int, default=64, help="tasks to sample")
     p.add_argument("--samples", type=int, default=8, help="samples per task")
     p.add_argument("--prompts-per-step", type=int, default=16, help="tasks per shard")
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--max-tokens", type=int, default=64)
-    p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
 
@@ -34,24 +31,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    import yaml
-
-    from rollwise.cli.main import UserError
-    from rollwise.envs import get_env
-
-    kwargs = {}
-    for item in args.env_arg:
-        if "=" not in item:
-            raise UserError(f"--env-arg expects KEY=VALUE, got {item!r}")
-        k, v = item.split("=", 1)
-        kwargs[k] = yaml.safe_load(v)
-    for name in ("n", "samples", "prompts_per_step", "max_tokens"):
-        if getattr(args, name) < 1:
-            raise UserError(f"--{name.replace('_', '-')} must be a positive integer")
-    env = get_env(args.env, **kwargs)
-    tasks = env.load(args.split, n=args.n, seed=args.seed)
-    if not tasks:
-        raise UserError(f"environment {args.env!r} has no tasks in split {args.split!r}")
+    positive(args, "n", "samples", "prompts_per_step", "max_tokens")
+    env, tasks = env_and_tasks(args)
     from transformers.utils import logging as hf_logging
 
     from rollwise.engine.llm import LLM
@@ -64,7 +45,6 @@ def run(args: argparse.Namespace) -> int:
     llm = LLM(args.model, device=resolve_device(args.device), dtype=args.dtype, seed=args.seed)
     tok = llm.tokenizer
     store = RolloutStore(Path(args.out), decode=(lambda ids: tok.decode(ids)) if tok is not None else None)
-    total = 0
     for step, start in enumerate(range(0, len(tasks), args.prompts_per_step), start=1):
         chunk = tasks[start : start + args.prompts_per_step]
         sp = SamplingParams(n=args.samples, temperature=args.temperature, top_p=args.top_p,
@@ -72,7 +52,6 @@ def run(args: argparse.Namespace) -> int:
         sr = generate_and_score(llm, tok, env, chunk, sp, step=step)
         rollouts = [r for g in sr.groups for r in g.rollouts]
         store.write_step(step, rollouts)
-        total += len(rollouts)
     counts = store.counts_by_status()
     print(json.dumps({"rollouts": counts, "out": str(store.dir)}))
     return 0
