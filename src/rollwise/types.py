@@ -18,6 +18,16 @@ ROLLOUT_STATUSES: tuple[str, ...] = ("kept", "filtered", "errored", "truncated",
 
 
 @dataclass
+class Task:
+    """One problem (lives here, below envs and rewards, which both use it): what the policy sees (`prompt`), what scoring needs (`answer`, `metadata`)."""
+
+    id: str
+    prompt: str
+    answer: Any
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
 class SamplingParams:
     """How to sample one request. Validated at construction so bad values fail where they enter."""
 

@@ -16,17 +16,9 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from rollwise.types import Score
+from rollwise.types import Score, Task
 
-
-@dataclass
-class Task:
-    """One problem: what the policy sees (`prompt`), what scoring needs (`answer`, `metadata`)."""
-
-    id: str
-    prompt: str
-    answer: Any
-    metadata: dict[str, Any] = field(default_factory=dict)
+__all__ = ["Environment", "EpisodeState", "MultiTurnEnvironment", "Task", "split_of"]
 
 
 @runtime_checkable

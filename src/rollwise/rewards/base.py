@@ -9,8 +9,7 @@ from __future__ import annotations
 import math
 from typing import Any, Callable, Union
 
-from rollwise.envs.base import Task
-from rollwise.types import Score
+from rollwise.types import Score, Task
 
 RewardFn = Callable[[Task, str], Union[Score, float, int, bool]]
 

@@ -12,9 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from rollwise.envs.base import Task
 from rollwise.sandbox import Sandbox, SandboxLimits, default_sandbox
-from rollwise.types import Score
+from rollwise.types import Score, Task
 
 _HARNESS = '''\
 import os

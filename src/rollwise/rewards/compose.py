@@ -9,9 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rollwise.envs.base import Task
 from rollwise.rewards.base import call_reward
-from rollwise.types import Score
+from rollwise.types import Score, Task
 
 
 @dataclass

@@ -13,9 +13,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from rollwise.envs.base import Task
 from rollwise.rewards.base import call_reward
-from rollwise.types import Score
+from rollwise.types import Score, Task
 
 
 def score_many(

@@ -5,8 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from rollwise.envs.base import Task
-from rollwise.types import Score
+from rollwise.types import Score, Task
 
 
 @dataclass

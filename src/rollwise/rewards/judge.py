@@ -12,8 +12,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from rollwise.envs.base import Task
-from rollwise.types import SamplingParams, Score
+from rollwise.types import SamplingParams, Score, Task
 
 DEFAULT_TEMPLATE = (
     "Grade the answer to the question on a scale from 0 to {max_score}.\n"

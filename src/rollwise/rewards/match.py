@@ -5,9 +5,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from rollwise.envs.base import Task
 from rollwise.rewards.math import to_number
-from rollwise.types import Score
+from rollwise.types import Score, Task
 
 _LEADING_INT = re.compile(r"\s*(-?\d+)")
 

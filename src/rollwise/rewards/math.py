@@ -16,8 +16,7 @@ import threading
 from decimal import Decimal, InvalidOperation
 from fractions import Fraction
 
-from rollwise.envs.base import Task
-from rollwise.types import Score
+from rollwise.types import Score, Task
 
 _HASHES = re.compile(r"####\s*([^\n]*)")
 _ANSWER_IS = re.compile(r"answer\s*(?:is|:|=)\s*:?\s*([^\n]*)", re.IGNORECASE)
