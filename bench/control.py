@@ -9,7 +9,7 @@
     sample's max_tokens drawn from a Pareto distribution, ignore_eos, a random built-in model - uniform vs
     partial rollouts (same batch target of groups per step; weights reloaded between steps so carried samples
     resume under a new version and staleness is measured).
-(c) time to accuracy: `run_sync` from the warmed-up model, uniform vs a policy mix, held-out sampled accuracy
+(c) time to accuracy: the loop from the warmed-up model, uniform vs a policy mix, held-out sampled accuracy
     evaluated every few steps; wall-clock (sum of step times, evaluation excluded) to the first evaluation at or
     above the target, and the final accuracy.
 
@@ -250,8 +250,10 @@ def part_b(device: str, steps: int, B: int, K: int, lmin: int, lmax: int, alpha:
 
 def part_c(model_dir: Path, device: str, steps: int, target: float, every: int, tmp: Path) -> dict[str, Any]:
     from rollwise.config import load_config
-    from rollwise.run.rollouts import evaluate
-    from rollwise.run.sync import make_env, run_sync
+    from rollwise.control.base import plain_encoder
+    from rollwise.run.evaluate import evaluate
+    from rollwise.run.loop import train
+    from rollwise.run.setup import make_env
 
     mixes = {
         "uniform": [],
@@ -260,7 +262,7 @@ def part_c(model_dir: Path, device: str, steps: int, target: float, every: int, 
         "async K=1": ["control.async_staleness=1", "algo.tis_cap=2.0"],
         "async K=1+posterior": ["control.async_staleness=1", "algo.tis_cap=2.0", "control.select=posterior"],
     }
-    res: dict[str, Any] = {"setup": f"run_sync from the warmed-up model, embedded default recipe (its lr), {steps} steps "
+    res: dict[str, Any] = {"setup": f"the loop (rollwise.run.loop.train) from the warmed-up model, embedded default recipe (its lr), {steps} steps "
                                     f"x 16 groups x 8 samples; checkpoints every {every} steps evaluated afterwards "
                                     "(64 held-out problems x 4 samples, T=1), so evaluation is outside the clock; "
                                     f"clock = sum of the loop's step times; target {target}"}
@@ -271,9 +273,9 @@ def part_c(model_dir: Path, device: str, steps: int, target: float, every: int, 
             "rollout.prompts_per_step=16", "rollout.samples_per_prompt=8", "rollout.max_tokens=16",
             "env.eval_size=64", "run.eval_every=0", f"run.checkpoint_every={every}", "run.tensorboard=false",
             f"model.device={device}", *extra])
-        summary = run_sync(cfg, log=lambda s: None)
+        summary = train(cfg, log=lambda s: None)
         rows = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
-        env = make_env(cfg)
+        env = make_env(cfg.env)
         tasks = env.load("test", n=64, seed=cfg.train.seed)
         wall, hit = 0.0, None
         curve = [(0, 0.0, summary["eval_before"]["accuracy"])]
@@ -281,7 +283,7 @@ def part_c(model_dir: Path, device: str, steps: int, target: float, every: int, 
             wall += m["step_s"]
             if m["step"] % every == 0:
                 llm = make_llm(out / "checkpoints" / f"step-{m['step']}", device)
-                ev = evaluate(llm, llm.tokenizer, env, tasks, temperature=1.0, samples=4, max_tokens=16,
+                ev = evaluate(llm, plain_encoder(llm.tokenizer), env, tasks, temperature=1.0, samples=4, max_tokens=16,
                               seed=cfg.train.seed + 7919)
                 curve.append((m["step"], wall, ev["accuracy"]))
                 if hit is None and ev["accuracy"] >= target:

@@ -35,7 +35,7 @@ def warmed_model(out: Path, warmup_steps: int, cache_dir: str | None) -> Path:
 
 def run_rollwise(model: Path, steps: int, lr: float, max_tokens: int, out: Path) -> tuple[list[float], list[float]]:
     from rollwise.config import load_config
-    from rollwise.run.sync import run_sync
+    from rollwise.run.loop import train
 
     cfg = load_config(None, [
         f"model.path={model}", f"run.out_dir={out}", f"train.steps={steps}", f"train.lr={lr}",
@@ -43,7 +43,7 @@ def run_rollwise(model: Path, steps: int, lr: float, max_tokens: int, out: Path)
         "algo.loss=grpo", "algo.advantage=grpo", "algo.kl_coef=0", "algo.skip_zero_variance=true",
         "env.eval_size=16", "run.tensorboard=false", "model.device=cpu",
     ])
-    run_sync(cfg, log=lambda s: None)
+    train(cfg, log=lambda s: None)
     rows = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
     return [r["step_s"] for r in rows], [r["reward_mean"] for r in rows]
 

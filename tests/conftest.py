@@ -54,3 +54,46 @@ def tiny_ckpts(tmp_path_factory) -> dict[str, Path]:
         "qwen2": make_tiny_checkpoint(base / "qwen2", "qwen2", tie_word_embeddings=True),
         "qwen3": make_tiny_checkpoint(base / "qwen3", "qwen3"),
     }
+
+
+# ------------------------------------------------------------------------------------------------- loop runs
+
+TINY_BUILTIN = ["model.builtin.hidden_size=64", "model.builtin.num_layers=2", "model.builtin.intermediate_size=128",
+                "warmup.steps=40", "warmup.seconds=120"]
+"""The built-in model's shape and warm-up in loop tests (small: a 40-step warm-up takes a few seconds)."""
+
+TINY_RUN = ["rollout.prompts_per_step=4", "rollout.samples_per_prompt=4", "rollout.max_tokens=6", "env.eval_size=8",
+            "train.steps=3", "run.tensorboard=false", "model.device=cpu", "algo.skip_zero_variance=false"]
+"""A tiny RL run: 4 prompts x 4 samples, 3 steps."""
+
+
+@pytest.fixture(scope="session")
+def warm_cache(tmp_path_factory) -> Path:
+    """One warm-up cache for the whole session: the built-in model is warmed up once, whoever asks first."""
+    return tmp_path_factory.mktemp("warmup-cache")
+
+
+@pytest.fixture(scope="session")
+def tiny_model(warm_cache, tmp_path_factory) -> Path:
+    """The warmed-up built-in tiny model as an HF checkpoint directory (with its character tokenizer)."""
+    from rollwise.config import load_config
+    from rollwise.run.setup import make_env, prepare_model
+
+    cfg = load_config(None, [*TINY_BUILTIN, f"warmup.cache_dir={warm_cache}"])
+    env = make_env(cfg.env)
+    path, _ = prepare_model(cfg, env, env.load("train", seed=cfg.train.seed), tmp_path_factory.mktemp("tiny-model"),
+                            log=lambda s: None)
+    return path
+
+
+@pytest.fixture(scope="session")
+def run_cfg(tiny_model, warm_cache):
+    """`run_cfg(out, *overrides, builtin=False)`: a tiny run's config; by default from the warmed-up model
+    directory, with builtin=True through the built-in model path (warm-up served from the session cache)."""
+    from rollwise.config import load_config
+
+    def make(out, *extra: str, builtin: bool = False):
+        model = [*TINY_BUILTIN, f"warmup.cache_dir={warm_cache}"] if builtin else [f"model.path={tiny_model}"]
+        return load_config(None, [f"run.out_dir={out}", *TINY_RUN, *model, *extra])
+
+    return make

@@ -44,6 +44,10 @@ __all__ = [
     "WarmupConfig",
     "ControlConfig",
     "RunConfig",
+    "RESUME_MAY_DIFFER",
+    "cross_section_problems",
+    "inert_keys",
+    "resume_conflicts",
     "load_config",
     "dump_config",
     "config_hash",
@@ -115,8 +119,27 @@ class ModelConfig(_Section):
 
 
 class EngineConfig(_Section):
-    """Generation engine sizing; field names match `rollwise.engine.core.EngineConfig`."""
+    """The generation engine: where it runs (`backend`) and how the in-process engine is sized.
 
+    This is the one definition of the engine's knobs: `rollwise.engine.core.EngineCore` and `rollwise.LLM` take
+    this class (sizing fields), so a user's YAML and a direct `LLM(...)` get the same defaults.
+    """
+
+    backend: Literal["local", "remote", "ray"] = "local"
+    """'local': an in-process engine; 'remote': OpenAI-compatible servers at `remote_urls` (rollwise serve, vLLM,
+    SGLang); 'ray': `num_engines` engine actors (and scoring actors, and the trainer in an actor) on Ray."""
+    remote_urls: list[str] = Field(default_factory=list)
+    """backend 'remote': server base URLs, e.g. ['http://127.0.0.1:8000']; the prompts of a step are split across
+    them. Weights reach them through their reload routes after every update."""
+    remote_server: Literal["rollwise", "vllm", "sglang"] = "rollwise"
+    """backend 'remote': which server speaks at `remote_urls` (decides the weight-reload route)."""
+    remote_api_key_env: str = "ROLLWISE_ADMIN_KEY"
+    """backend 'remote': name of the environment variable holding the servers' admin key (sent as a Bearer token;
+    the key itself never goes into config.yaml)."""
+    remote_timeout_s: float = Field(600.0, gt=0)
+    """backend 'remote': the longest one generation or weight-reload request may take."""
+    num_engines: int = Field(2, ge=1)
+    """backend 'ray': engine actors (the prompts of a step are split across them)."""
     max_num_seqs: int = Field(256, ge=1)
     """Most sequences decoded together in one forward pass."""
     max_num_batched_tokens: int = Field(8192, ge=16)
@@ -127,7 +150,7 @@ class EngineConfig(_Section):
     """Tokens per KV-cache block (the unit of prefix sharing)."""
     num_kv_blocks: int | None = Field(None, ge=1)
     """KV-cache blocks; None = enough for max_num_seqs full-length sequences, capped by kv_cache_gb."""
-    kv_cache_gb: float = Field(1.0, gt=0)
+    kv_cache_gb: float = Field(4.0, gt=0)
     """Memory cap for the KV cache when num_kv_blocks is None."""
     enable_prefix_caching: bool = True
     """Share KV blocks between samples of one prompt (and repeated prefixes)."""
@@ -155,7 +178,7 @@ class RolloutConfig(_Section):
     """Prompts (groups) per RL step."""
     samples_per_prompt: int = Field(8, ge=1)
     """Samples per prompt (the group size for GRPO-style advantages)."""
-    max_tokens: int = Field(16, ge=1)
+    max_tokens: int = Field(256, ge=1)
     """Most generated tokens per sample (also Dr. GRPO's constant normaliser unless algo.max_length is set)."""
     temperature: float = Field(1.0, ge=0)
     """Sampling temperature; the trainer divides its logits by the same value. 0 = greedy (not for RL)."""
@@ -217,8 +240,9 @@ class LoraConfig(_Section):
 class TrainConfig(_Section):
     """The optimiser and the training forward/backward."""
 
-    lr: float = Field(1e-4, gt=0)
-    """Peak AdamW learning rate. 1e-4 is stable for tiny models; 1e-3 wrecks a trained one (FINDINGS.md)."""
+    lr: float = Field(1e-6, gt=0)
+    """Peak AdamW learning rate (1e-6 as in TRL and verl for pretrained models; the built-in tiny model's recipe
+    uses 3e-4, and 1e-3 wrecks a trained tiny model: FINDINGS.md)."""
     weight_decay: float = Field(0.0, ge=0)
     """AdamW decoupled weight decay."""
     betas: tuple[float, float] = (0.9, 0.999)
@@ -262,8 +286,6 @@ class RunOptions(_Section):
 
     out_dir: str = "runs/default"
     """Run directory: config.yaml, metrics.jsonl, summary.json, rollouts/, checkpoints/, report.html."""
-    backend: Literal["local", "ray"] = "local"
-    """'local' runs everything in this process; 'ray' places engine and trainer workers with Ray."""
     checkpoint_every: int = Field(0, ge=0)
     """Save a checkpoint every N RL steps (and at the end); 0 = only at the end."""
     keep_checkpoints: int | None = Field(None, ge=1)
@@ -276,14 +298,12 @@ class RunOptions(_Section):
     """Also log metrics to TensorBoard when `tensorboard` is installed."""
     resume: bool = False
     """Continue from the latest complete checkpoint in out_dir."""
-    num_engines: int = Field(2, ge=1)
-    """Engine actors when backend is 'ray' (prompts of a step are split across them)."""
     num_scorers: int = Field(2, ge=1)
-    """Scoring actors (verifiers, sandboxes) when backend is 'ray'."""
+    """Scoring actors (verifiers, sandboxes) when engine.backend is 'ray'."""
     ray_address: str | None = None
-    """Address of an existing Ray cluster ('auto' or host:port); None starts a local one."""
+    """engine.backend 'ray': address of an existing Ray cluster ('auto' or host:port); None starts a local one."""
     ray_timeout_s: float = Field(600.0, gt=0)
-    """Longest wait on a Ray actor before the run stops with a message (no silent hangs)."""
+    """engine.backend 'ray': longest wait on a Ray actor before the run stops with a message (no silent hangs)."""
     cpu_threads: int | None = Field(None, ge=1)
     """torch CPU threads; None = torch's default. Tiny models run faster on 1: per-op overhead dominates, and
     oversubscribed OpenMP threads on a busy machine slow everything down by an order of magnitude."""
@@ -312,7 +332,7 @@ class WarmupConfig(_Section):
 
 class ControlConfig(_Section):
     """The rollout controller (rollwise.control): which prompts to sample, how many samples, when to stop.
-    The default (policy 'uniform', select 'all') is the loop's plain behaviour and bypasses the controller."""
+    It runs every step; the default (policy 'uniform', select 'all') samples K completions for each prompt."""
 
     policy: Literal["uniform", "dynamic", "adaptive", "early_stop", "partial"] = "uniform"
     """Generation policy (`rollwise.control.POLICIES`): 'uniform' K samples per prompt; 'dynamic' DAPO over-sample
@@ -351,7 +371,7 @@ class ControlConfig(_Section):
     """posterior: probability of sampling a prompt anyway when it would be skipped."""
     async_staleness: int = Field(0, ge=0)
     """K: generation runs ahead of training by at most K weight versions, in a background thread
-    (rollwise.run.async_loop); the loss corrects with algo.tis_cap / algo.decoupled. 0 = the synchronous loop."""
+    (rollwise.run.sources.AsyncSource); the loss corrects with algo.tis_cap / algo.decoupled. 0 = synchronous."""
 
 
 class ReplaySection(_Section):
@@ -402,11 +422,147 @@ class RunConfig(BaseModel):
     """Reuse of past rollouts in training."""
 
     @model_validator(mode="after")
-    def _pilot_below_group(self) -> RunConfig:
-        if self.control.policy == "adaptive" and self.control.pilot_samples >= self.rollout.samples_per_prompt:
-            raise ValueError(f"control.pilot_samples ({self.control.pilot_samples}) must be smaller than "
-                             f"rollout.samples_per_prompt ({self.rollout.samples_per_prompt}) for control.policy=adaptive")
+    def _cross_checks(self) -> RunConfig:
+        for problem in cross_section_problems(self):
+            raise ValueError(problem)
         return self
+
+
+# ------------------------------------------------------------------------------------------------- cross-section
+
+_STEPWISE_POLICIES = ("early_stop", "partial")
+"""Policies that abort and resume samples mid-generation: they need the in-process engine's step interface."""
+
+_ADAPTIVE_OR_DYNAMIC = ("dynamic", "adaptive")
+
+# (dotted key, does the key take effect?, the condition in words). A key set to a non-default value where it has
+# no effect is refused at load, so no option is silently ignored.
+_APPLIES_WHEN: list[tuple[str, Any, str]] = [
+    ("engine.remote_urls", lambda c: c.engine.backend == "remote", "engine.backend is 'remote'"),
+    ("engine.remote_server", lambda c: c.engine.backend == "remote", "engine.backend is 'remote'"),
+    ("engine.remote_api_key_env", lambda c: c.engine.backend == "remote", "engine.backend is 'remote'"),
+    ("engine.remote_timeout_s", lambda c: c.engine.backend == "remote", "engine.backend is 'remote'"),
+    ("engine.num_engines", lambda c: c.engine.backend == "ray", "engine.backend is 'ray'"),
+    ("run.num_scorers", lambda c: c.engine.backend == "ray", "engine.backend is 'ray'"),
+    ("run.ray_address", lambda c: c.engine.backend == "ray", "engine.backend is 'ray'"),
+    ("run.ray_timeout_s", lambda c: c.engine.backend == "ray", "engine.backend is 'ray'"),
+    ("model.builtin", lambda c: c.model.path == "builtin:tiny", "model.path is 'builtin:tiny'"),
+    ("warmup", lambda c: c.model.path == "builtin:tiny", "model.path is 'builtin:tiny'"),
+    ("control.oversample", lambda c: c.control.policy in _ADAPTIVE_OR_DYNAMIC, "control.policy is dynamic or adaptive"),
+    ("control.max_rounds", lambda c: c.control.policy in _ADAPTIVE_OR_DYNAMIC, "control.policy is dynamic or adaptive"),
+    ("control.pilot_samples", lambda c: c.control.policy == "adaptive", "control.policy is 'adaptive'"),
+    ("control.budget_factor", lambda c: c.control.policy == "adaptive", "control.policy is 'adaptive'"),
+    ("control.direct_above", lambda c: c.control.policy == "adaptive", "control.policy is 'adaptive'"),
+    ("control.confidence", lambda c: c.control.policy == "early_stop", "control.policy is 'early_stop'"),
+    ("control.min_finished", lambda c: c.control.policy == "early_stop", "control.policy is 'early_stop'"),
+    ("control.over_provision", lambda c: c.control.policy == "partial", "control.policy is 'partial'"),
+    ("control.decay", lambda c: c.control.select == "posterior", "control.select is 'posterior'"),
+    ("control.skip_above", lambda c: c.control.select == "posterior", "control.select is 'posterior'"),
+    ("control.explore", lambda c: c.control.select == "posterior", "control.select is 'posterior'"),
+    ("control.prior_a", lambda c: c.control.select == "posterior" or c.control.policy in ("early_stop", "adaptive"),
+     "control.select is 'posterior' or control.policy is early_stop or adaptive"),
+    ("control.prior_b", lambda c: c.control.select == "posterior" or c.control.policy in ("early_stop", "adaptive"),
+     "control.select is 'posterior' or control.policy is early_stop or adaptive"),
+    ("replay.reuse_per_step", lambda c: c.replay.enabled, "replay.enabled is true"),
+    ("replay.rescue", lambda c: c.replay.enabled, "replay.enabled is true"),
+    ("replay.rescue_k", lambda c: c.replay.enabled and c.replay.rescue, "replay.enabled and replay.rescue are true"),
+    ("replay.max_age", lambda c: c.replay.enabled, "replay.enabled is true"),
+    ("replay.max_reuse", lambda c: c.replay.enabled, "replay.enabled is true"),
+    ("replay.capacity", lambda c: c.replay.enabled, "replay.enabled is true"),
+    ("algo.reinforce_baseline", lambda c: c.algo.advantage == "reinforce_pp", "algo.advantage is 'reinforce_pp'"),
+    ("algo.kl_estimator", lambda c: c.algo.kl_coef > 0, "algo.kl_coef > 0"),
+    ("algo.max_length", lambda c: c.algo.loss == "dr_grpo" or c.algo.advantage == "dr_grpo",
+     "algo.loss or algo.advantage is 'dr_grpo'"),
+    ("train.lora.r", lambda c: c.train.lora.enabled, "train.lora.enabled is true"),
+    ("train.lora.alpha", lambda c: c.train.lora.enabled, "train.lora.enabled is true"),
+    ("train.lora.dropout", lambda c: c.train.lora.enabled, "train.lora.enabled is true"),
+    ("train.lora.target_modules", lambda c: c.train.lora.enabled, "train.lora.enabled is true"),
+    ("train.min_lr_ratio", lambda c: c.train.schedule != "constant", "train.schedule is linear or cosine"),
+]
+
+
+def _value_at(cfg: BaseModel, dotted: str) -> Any:
+    node: Any = cfg
+    for part in dotted.split("."):
+        node = getattr(node, part)
+    return node.model_dump(mode="json") if isinstance(node, BaseModel) else node
+
+
+_DEFAULTS: RunConfig | None = None
+
+
+def _defaults() -> RunConfig:
+    global _DEFAULTS
+    if _DEFAULTS is None:
+        _DEFAULTS = RunConfig.model_construct(**{name: f.default_factory() for name, f in RunConfig.model_fields.items()})
+    return _DEFAULTS
+
+
+def cross_section_problems(cfg: RunConfig) -> list[str]:
+    """Combinations that cannot work, and keys set where they take no effect; one line each (empty: fine)."""
+    out: list[str] = []
+    c = cfg
+    if c.control.policy in _STEPWISE_POLICIES and c.engine.backend != "local":
+        out.append(f"control.policy '{c.control.policy}' needs engine.backend 'local': it aborts and resumes samples "
+                   f"mid-generation, which {c.engine.backend} engines do not expose")
+    if c.control.policy == "adaptive" and c.control.pilot_samples >= c.rollout.samples_per_prompt:
+        out.append(f"control.pilot_samples ({c.control.pilot_samples}) must be smaller than "
+                   f"rollout.samples_per_prompt ({c.rollout.samples_per_prompt}) for control.policy=adaptive")
+    if c.engine.backend == "remote" and not c.engine.remote_urls:
+        out.append("engine.backend 'remote' needs engine.remote_urls (e.g. ['http://127.0.0.1:8000'])")
+    if c.engine.backend == "ray":
+        import importlib.util
+
+        if importlib.util.find_spec("ray") is None:
+            out.append("engine.backend 'ray' needs Ray: pip install 'rollwise[ray]'")
+    if c.rollout.temperature == 0:
+        out.append("rollout.temperature 0 (greedy) gives every sample of a group the same completion: RL needs "
+                   "temperature > 0")
+    return out
+
+
+def inert_keys(cfg: RunConfig, given: set[str] | list[str]) -> list[str]:
+    """Keys the user gave (dotted, from their YAML and --set) with a non-default value where it takes no effect,
+    one line each. Values a recipe or a saved run's config.yaml carries are not the user's choice and pass."""
+    out = []
+    for key, applies, when in _APPLIES_WHEN:
+        touched = sorted(g for g in given if g == key or g.startswith(key + ".") or key.startswith(g + "."))
+        if touched and not applies(cfg) and _value_at(cfg, key) != _value_at(_defaults(), key):
+            name = touched[0] if touched[0].startswith(key) else key
+            out.append(f"bad config: '{name}' is set but has no effect unless {when}")
+    return out
+
+
+# Keys that may differ between a run's saved config.yaml and the config given with --resume: they change where
+# and how fast the run goes, not what it computes.
+RESUME_MAY_DIFFER: tuple[str, ...] = (
+    "run.out_dir", "run.resume", "run.tensorboard", "run.checkpoint_every", "run.keep_checkpoints",
+    "run.eval_every", "run.cpu_threads", "run.ray_timeout_s", "run.ray_address", "run.num_scorers",
+    "train.steps", "engine.max_num_seqs", "engine.max_num_batched_tokens", "engine.num_kv_blocks",
+    "engine.kv_cache_gb", "engine.remote_timeout_s", "warmup.cache", "warmup.cache_dir", "model.device",
+)
+
+
+def resume_conflicts(saved: RunConfig, given: RunConfig) -> list[str]:
+    """Dotted keys whose values differ between a run's saved config and the one given to resume it, leaving out
+    `RESUME_MAY_DIFFER`; each as "key: saved -> given"."""
+    def leaves(d: Any, prefix: str = "") -> dict[str, Any]:
+        if isinstance(d, dict):
+            out: dict[str, Any] = {}
+            for k, v in d.items():
+                out.update(leaves(v, f"{prefix}{k}."))
+            return out
+        return {prefix[:-1]: d}
+
+    a, b = leaves(saved.model_dump(mode="json")), leaves(given.model_dump(mode="json"))
+    free = RESUME_MAY_DIFFER
+    diffs = []
+    for k in sorted(set(a) | set(b)):
+        if any(k == f or k.startswith(f + ".") for f in free):
+            continue
+        if a.get(k) != b.get(k):
+            diffs.append(f"{k}: {json.dumps(a.get(k))} -> {json.dumps(b.get(k))}")
+    return diffs
 
 
 # ------------------------------------------------------------------------------------------------- loading
@@ -575,11 +731,23 @@ def _apply_override(data: dict[str, Any], parts: list[str], value: Any, all_keys
         node = nxt
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:
+def _dotted_keys(data: Any, prefix: str = "") -> list[str]:
+    if not isinstance(data, dict):
+        return [prefix[:-1]] if prefix else []
+    out = [prefix[:-1]] if prefix and not data else []
+    for k, v in data.items():
+        out.extend(_dotted_keys(v, f"{prefix}{k}."))
+    return out
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = (), *,
+                saved_run: bool = False) -> RunConfig:
     """Read YAML (or the embedded default when `path` is None), apply `a.b=c` overrides, validate.
 
     Raises ConfigError with a one-line message on a missing/unreadable file, bad YAML, an unknown key (naming the
-    closest valid key) or a bad value (naming the full dotted key).
+    closest valid key), a bad value (naming the full dotted key), a combination that cannot work, or a key the
+    user set where it has no effect (`inert_keys`; `saved_run=True` reads a run's resolved config.yaml, whose
+    keys were checked when the run started, so only the overrides are checked).
     """
     src = default_config_path() if path is None else Path(path)
     try:
@@ -602,14 +770,20 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
     data = copy.deepcopy(data)
     all_keys = valid_keys()
     _check_keys(data, RunConfig, "", all_keys)
+    given = set() if (path is None or saved_run) else set(_dotted_keys(data))
     for item in overrides:
         parts, value = _parse_override(item)
         _apply_override(data, parts, value, all_keys)
+        given.add(".".join(parts))
     _check_keys(data, RunConfig, "", all_keys)
     try:
-        return RunConfig.model_validate(data)
+        cfg = RunConfig.model_validate(data)
     except ValidationError as e:
         raise ConfigError(_validation_message(e)) from None
+    inert = inert_keys(cfg, given)
+    if inert:
+        raise ConfigError(inert[0])
+    return cfg
 
 
 def dump_config(cfg: RunConfig) -> str:

@@ -15,14 +15,7 @@ from rollwise.store.writer import RolloutStore
 
 ray = pytest.importorskip("ray")
 
-from rollwise.run.sync import run_sync  # noqa: E402
-
-from test_sync import tiny_cfg  # noqa: E402  (tests/run is on sys.path under pytest)
-
-
-@pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-    return tmp_path_factory.mktemp("warmup-cache-ray")
+from rollwise.run.loop import train  # noqa: E402
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -42,12 +35,12 @@ def worker_pids(kind: str = "EngineWorker") -> list[int]:
 
 
 @pytest.mark.slow
-def test_ray_matches_local_and_survives_a_killed_engine(tmp_path, cache):
+def test_ray_matches_local_and_survives_a_killed_engine(tmp_path, run_cfg):
     local = tmp_path / "local"
-    run_sync(tiny_cfg(local, cache, "train.steps=3"), log=lambda s: None)
+    train(run_cfg(local, "train.steps=3"), log=lambda s: None)
     remote = tmp_path / "ray"
-    run_sync(tiny_cfg(remote, cache, "train.steps=3", "run.backend=ray", "run.num_engines=2",
-                      "run.ray_timeout_s=300"), log=lambda s: None)
+    train(run_cfg(remote, "train.steps=3", "engine.backend=ray", "engine.num_engines=2", "run.ray_timeout_s=300"),
+          log=lambda s: None)
     # Per-request seeds make the samples independent of which actor generates them: same metrics.
     for a, b in zip(metrics(local), metrics(remote)):
         assert a["reward_mean"] == b["reward_mean"] and a["resp_len_mean"] == b["resp_len_mean"]
@@ -77,8 +70,8 @@ def test_ray_matches_local_and_survives_a_killed_engine(tmp_path, cache):
 
     t = threading.Thread(target=killer, daemon=True)
     t.start()
-    summary = run_sync(tiny_cfg(killed, cache, "train.steps=4", "run.backend=ray", "run.num_engines=2",
-                                "run.ray_timeout_s=300"), log=lambda s: None)
+    summary = train(run_cfg(killed, "train.steps=4", "engine.backend=ray", "engine.num_engines=2",
+                            "run.ray_timeout_s=300"), log=lambda s: None)
     done.set()
     t.join(5)
     assert fired, "the test never found an engine actor to kill"

@@ -1,6 +1,6 @@
 """`rollwise eval --model DIR --env NAME [--split test] [--n N]`: accuracy of a checkpoint on an environment.
 
-Reports accuracy sampled at --temperature (--samples per problem) and greedy, as `rollwise.run.rollouts`
+Reports accuracy sampled at --temperature (--samples per problem) and greedy, as `rollwise.run.evaluate`
 defines it (errored scoring counts as wrong and stays in the denominator).
 """
 
@@ -28,12 +28,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     positive(args, "n", "samples", "max_tokens")
     env, tasks = env_and_tasks(args)
+    from rollwise.control.base import plain_encoder
     from rollwise.engine.llm import LLM
-    from rollwise.run.rollouts import evaluate
-    from rollwise.run.sync import resolve_device
+    from rollwise.run.evaluate import evaluate
+    from rollwise.run.setup import resolve_device
 
     llm = LLM(args.model, device=resolve_device(args.device), dtype=args.dtype)
-    res = evaluate(llm, llm.tokenizer, env, tasks, temperature=args.temperature, samples=args.samples,
+    res = evaluate(llm, plain_encoder(llm.tokenizer), env, tasks, temperature=args.temperature, samples=args.samples,
                    max_tokens=args.max_tokens, seed=args.seed)
     if args.json:
         print(json.dumps(res))

@@ -35,9 +35,9 @@ def run(args: argparse.Namespace) -> int:
     env, tasks = env_and_tasks(args)
     from transformers.utils import logging as hf_logging
 
+    from rollwise.control import RolloutController, UniformPolicy
     from rollwise.engine.llm import LLM
-    from rollwise.run.rollouts import generate_and_score
-    from rollwise.run.sync import resolve_device
+    from rollwise.run.setup import resolve_device
     from rollwise.store.writer import RolloutStore
     from rollwise.types import SamplingParams
 
@@ -45,13 +45,13 @@ def run(args: argparse.Namespace) -> int:
     llm = LLM(args.model, device=resolve_device(args.device), dtype=args.dtype, seed=args.seed)
     tok = llm.tokenizer
     store = RolloutStore(Path(args.out), decode=(lambda ids: tok.decode(ids)) if tok is not None else None)
+    controller = RolloutController(UniformPolicy(), env, tok)  # the loop's own generate -> score -> Rollout path
     for step, start in enumerate(range(0, len(tasks), args.prompts_per_step), start=1):
         chunk = tasks[start : start + args.prompts_per_step]
         sp = SamplingParams(n=args.samples, temperature=args.temperature, top_p=args.top_p,
                             max_tokens=args.max_tokens, seed=args.seed * 1_000_003 + step)
-        sr = generate_and_score(llm, tok, env, chunk, sp, step=step)
-        rollouts = [r for g in sr.groups for r in g.rollouts]
-        store.write_step(step, rollouts)
+        res = controller.run_step(llm, lambda k, c=chunk: c[:k], sp, step=step, batch_groups=len(chunk))
+        store.write_step(step, [r for g in res.groups for r in g.rollouts])
     counts = store.counts_by_status()
     print(json.dumps({"rollouts": counts, "out": str(store.dir)}))
     return 0

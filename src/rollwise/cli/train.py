@@ -1,12 +1,15 @@
-"""`rollwise train [CONFIG.yaml] [--set k=v ...] [--out RUN_DIR] [--resume]`: RL training.
+"""`rollwise train [CONFIG.yaml] [--set k=v ...] [--out RUN_DIR] [--resume [RUN_DIR]]`: RL training.
 
 With no config it runs the embedded default (built-in tiny model, supervised warm-up, GRPO on arithmetic).
-The config is parsed and validated before anything heavy is imported, so a bad key fails in a second.
+`--resume RUN_DIR` continues that run under its own `RUN_DIR/config.yaml`; a config or --set given with it must
+agree on every key that changes results (one line names the first that differs). The config is parsed and
+validated before anything heavy is imported, so a bad key fails in a second.
 """
 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -17,32 +20,58 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                    help="override a config key, e.g. --set train.lr=5e-5 (repeatable)")
     p.add_argument("--out", help="run directory (overrides run.out_dir)")
     p.add_argument("--resume", nargs="?", const=True, default=None, metavar="RUN_DIR",
-                   help="continue from the latest checkpoint of RUN_DIR (or of --out / run.out_dir)")
+                   help="continue from the latest checkpoint of RUN_DIR (or of --out / run.out_dir), under the "
+                        "run's own config.yaml")
     p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
 
 
-def run(args: argparse.Namespace) -> int:
-    from rollwise.config import dump_config, load_config
+def resolve_config(config: str | None, overrides: list[str], out: str | None, resume: bool | str | None):
+    """The config to run: as given, or for a resume the run's saved config.yaml (with what was given checked
+    against it: keys that change results must agree)."""
+    from rollwise.cli.main import UserError
+    from rollwise.config import load_config, resume_conflicts
 
-    overrides = list(args.overrides)
-    out = args.out
-    if isinstance(args.resume, str):
-        out = args.resume
-    if out:
-        overrides.append(f"run.out_dir={out}")
-    if args.resume:
-        overrides.append("run.resume=true")
-    cfg = load_config(args.config, overrides)
+    if isinstance(resume, str):
+        if out and Path(out).resolve() != Path(resume).resolve():
+            raise UserError(f"--resume {resume} and --out {out} name different run directories")
+        out = resume
+    where = [f"run.out_dir={out}"] if out else []
+    if not resume:
+        return load_config(config, list(overrides) + where)
+    run_dir = Path(out) if out else load_config(config, list(overrides)).run.out_dir
+    saved_path = Path(run_dir) / "config.yaml"
+    pin = [f"run.out_dir={run_dir}", "run.resume=true"]
+    if not saved_path.is_file():
+        if isinstance(resume, str):
+            raise UserError(f"--resume {resume}: no config.yaml there (not a run directory)")
+        return load_config(config, list(overrides) + pin)  # --resume on a run that never started: start it
+    saved = load_config(saved_path, pin, saved_run=True)
+    if config is None:
+        wanted = load_config(saved_path, list(overrides) + pin, saved_run=True)
+    else:
+        wanted = load_config(config, list(overrides) + pin)
+    diffs = resume_conflicts(saved, wanted)
+    if diffs:
+        more = f"; {len(diffs) - 1} more" if len(diffs) > 1 else ""
+        raise UserError(f"cannot resume {run_dir}: {diffs[0]} (saved config.yaml -> given; keys that change results "
+                        f"must match{more})")
+    return wanted
+
+
+def run(args: argparse.Namespace) -> int:
+    from rollwise.config import dump_config
+
+    cfg = resolve_config(args.config, args.overrides, args.out, args.resume)
     if args.print_config:
         print(dump_config(cfg), end="")
         return 0
     from transformers.utils import logging as hf_logging
 
-    from rollwise.run.sync import run_sync
+    from rollwise.run.loop import train
 
     hf_logging.disable_progress_bar()  # "Loading weights" bars on every engine/trainer load drown the run's own output
 
-    summary = run_sync(cfg)
+    summary = train(cfg)
     b, a = summary["eval_before"], summary["eval_after"]
     print(f"done in {summary['wall_s']:.0f}s: held-out accuracy {b['accuracy']:.3f} -> {a['accuracy']:.3f} "
           f"(sampled), {b['accuracy_greedy']:.3f} -> {a['accuracy_greedy']:.3f} (greedy); "

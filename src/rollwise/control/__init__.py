@@ -37,13 +37,8 @@ SELECTORS: dict[str, Callable[[Any, int], Selector | None]] = {
 """control.select name -> factory taking the `control` config section and a seed."""
 
 
-def is_default(control_cfg: Any) -> bool:
-    """True when the section asks for exactly the loop's built-in behaviour (uniform, every prompt)."""
-    return control_cfg.policy == "uniform" and control_cfg.select == "all"
-
-
-def make_controller(control_cfg: Any, env: Any, tokenizer: Any, *, seed: int = 0,
-                    params_fn: ParamsFn | None = None) -> RolloutController:
+def make_controller(control_cfg: Any, env: Any, tokenizer: Any, *, seed: int = 0, params_fn: ParamsFn | None = None,
+                    encode: Any = None, scorer: Any = None) -> RolloutController:
     """Build the controller a `control` config section describes (duck-typed: no pydantic import here)."""
     if control_cfg.policy not in POLICIES:
         raise ValueError(f"unknown control.policy {control_cfg.policy!r}; known: {', '.join(sorted(POLICIES))}")
@@ -51,9 +46,10 @@ def make_controller(control_cfg: Any, env: Any, tokenizer: Any, *, seed: int = 0
         raise ValueError(f"unknown control.select {control_cfg.select!r}; known: {', '.join(sorted(SELECTORS))}")
     return RolloutController(POLICIES[control_cfg.policy](control_cfg), env, tokenizer,
                              selector=SELECTORS[control_cfg.select](control_cfg, seed),
-                             prior=(control_cfg.prior_a, control_cfg.prior_b), params_fn=params_fn)
+                             prior=(control_cfg.prior_a, control_cfg.prior_b), params_fn=params_fn,
+                             encode=encode, scorer=scorer)
 
 
 __all__ = ["Accounting", "AdaptiveGroupPolicy", "ControlStep", "Driver", "DynamicSamplingPolicy", "EarlyStopPolicy",
            "POLICIES", "PartialRolloutPolicy", "PassRatePosterior", "RolloutController", "SELECTORS", "StepContext",
-           "UniformPolicy", "is_default", "make_controller"]
+           "UniformPolicy", "make_controller"]

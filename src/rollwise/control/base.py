@@ -6,14 +6,17 @@ The idea. A step asks the controller for a batch of scored `RolloutGroup`s. The 
 scoring) and gets groups back. It then checks that every rollout has a status and that the token ledger
 balances, and keeps cross-step state (the pass-rate posterior, partial samples carried to the next step).
 
-Two engine shapes are supported by the `Driver`:
+The controller runs every step of every loop (uniform is the default policy), on any engine of
+`engine.protocol`. Two engine shapes are supported by the `Driver`:
 - step-level (`add_request` / `step` / `abort`, i.e. `EngineCore` or `llm.engine`): the samples of a group go
   in one request (n = K, one prefill of the prompt, a seed derived from the step, the group and the first
   sample's index), or one request per sample where a policy must see, score or abort each on its own
   (early_stop) or where per-sample params are set; the driver measures how much of the engine's batch sits
   empty while the long tail finishes;
-- batch-only (`generate`, e.g. `RemoteEngine`): whole batches, no per-sample control (uniform, dynamic and
-  adaptive still work; early_stop and partial refuse at their first step with a one-line reason).
+- batch-only (`generate`: `RemoteEngine`, `MultiEngine`, `RayEngines`): whole batches, no per-sample control
+  (uniform, dynamic and adaptive work; the config refuses early_stop and partial for those backends).
+
+Every sample becomes a `Rollout` through one function, `make_rollout`, which decides its status.
 
 NOTE on the token ledger (checked every step by `Accounting.check`):
     generated_tokens = rollout_tokens + carried_out_tokens - carried_in_tokens
@@ -35,11 +38,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from rollwise.envs.base import Task
+from rollwise.engine.protocol import step_engine
 from rollwise.rewards.concurrent import score_many
-from rollwise.run.rollouts import StepRollouts
 from rollwise.types import (ROLLOUT_STATUSES, CompletionOutput, RequestOutput, Rollout, RolloutGroup,
-                            SamplingParams, Score)
+                            SamplingParams, Score, Task)
 
 TaskSource = Callable[[int], list[Task]]
 """`take(k)` -> the next k training tasks (the loop's seeded, resumable data order)."""
@@ -123,14 +125,6 @@ class Accounting:
 # ------------------------------------------------------------------------------------------------- the engine
 
 
-def step_engine(engine: Any) -> Any | None:
-    """The step-level engine behind `engine` (an `EngineCore`, or `LLM.engine`), else None."""
-    for cand in (engine, getattr(engine, "engine", None)):
-        if cand is not None and all(callable(getattr(cand, a, None)) for a in ("add_request", "step", "abort")):
-            return cand
-    return None
-
-
 @dataclass
 class SampleRequest:
     """Samples start .. start+count-1 of one group as one engine request (they share the prompt's prefill)."""
@@ -143,6 +137,8 @@ class SampleRequest:
     """n == count; a seed of its own (see `sample_params`)."""
     partial: list[CompletionOutput] | None = None
     """Resume these aborted samples instead of starting fresh (partial rollouts)."""
+    submitted_at: float = 0.0
+    """perf_counter() when the request went to the engine (for the rollouts' `timings`)."""
 
     @property
     def request_id(self) -> str:
@@ -186,6 +182,7 @@ class Driver:
     def submit(self, req: SampleRequest) -> None:
         if self.core is None:
             raise RuntimeError("submit needs a step-level engine (add_request/step/abort)")
+        req.submitted_at = time.perf_counter()
         self.core.add_request(req.request_id, req.prompt_token_ids, req.params, partial=req.partial)
         self.inflight[req.request_id] = (req, sum(len(o.token_ids) for o in req.partial or []))
         self._peak = max(self._peak, self._live_samples())
@@ -228,6 +225,8 @@ class Driver:
             return []
         if self.core is None:
             t0 = time.perf_counter()
+            for r in reqs:
+                r.submitted_at = t0
             outs = self.engine.generate([r.prompt_token_ids for r in reqs], [r.params for r in reqs])
             self.gen_s += time.perf_counter() - t0
             got = [list(o.outputs) for o in outs]
@@ -245,11 +244,18 @@ class Driver:
 # ------------------------------------------------------------------------------------------------- the step
 
 
-def sample_params(base: SamplingParams, group_id: str, start: int, count: int) -> SamplingParams:
-    """Params for samples start .. start+count-1 of a group: n=count and a seed of their own, derived from the step
-    seed, the group and `start` (the engine derives each sample's seed from it and the index within the request),
-    so samples are reproducible and distinct within a group however it is split into requests."""
-    seed = None if base.seed is None else (base.seed * 1_000_003 + zlib.crc32(f"{group_id}/{start}".encode())) % (1 << 62)
+def sample_params(base: SamplingParams, group_index: int, start: int, count: int) -> SamplingParams:
+    """Params for samples start .. start+count-1 of the step's group `group_index`: n=count and a seed of their own.
+
+    A whole group in one request gets the seed `step_seed * 1_000_003 + group_index` (the engine derives sample j's
+    draws from it and j); a request for a later run of samples mixes `start` in, so samples are reproducible and
+    distinct within a group however it is split into requests.
+    NOTE: one seed shared by every group of a step (vLLM's semantics for one call) would make sample j of every
+    group draw the same uniform numbers: a needless correlation across an RL batch."""
+    if base.seed is None:
+        return dataclasses.replace(base, n=count)
+    group_seed = base.seed * 1_000_003 + group_index
+    seed = group_seed if start == 0 else (group_seed * 1_000_003 + zlib.crc32(f"{start}".encode())) % (1 << 62)
     return dataclasses.replace(base, n=count, seed=seed)
 
 
@@ -263,7 +269,13 @@ class PendingGroup:
     outputs: list[CompletionOutput | None]
     scores: list[Score | None]
     seed: int | None = None
-    """The step's sampling seed (stored on each rollout, as the loop's default path does)."""
+    """The step's sampling seed (stored on each rollout)."""
+    index: int = 0
+    """The group's index within its step (seeds its samples: `sample_params`)."""
+    gen_s: list[float | None] = field(default_factory=list)
+    """Per sample: seconds from its request's submission to its finish (the rollout's timings['generate_s'])."""
+    score_s: list[float | None] = field(default_factory=list)
+    """Per sample: wall time of the scoring call that scored it (timings['score_s'])."""
 
     @property
     def size(self) -> int:
@@ -295,10 +307,11 @@ class StepContext:
         return self.params.n
 
     def new_group(self, task: Task, size: int) -> PendingGroup:
-        gid = f"s{self.step}-g{self._next_group}"
+        index = self._next_group
         self._next_group += 1
         self.acc.prompts += 1
-        return PendingGroup(task, gid, self.encode(task), [None] * size, [None] * size, self.params.seed)
+        return PendingGroup(task, f"s{self.step}-g{index}", self.encode(task), [None] * size, [None] * size,
+                            self.params.seed, index, [None] * size, [None] * size)
 
     def requests(self, g: PendingGroup, indices: Sequence[int],
                  partial: Sequence[CompletionOutput | None] | None = None) -> list[SampleRequest]:
@@ -316,7 +329,7 @@ class StepContext:
                 runs.append([j])
         out = []
         for run in runs:
-            sp = sample_params(self.params, g.group_id, run[0], len(run))
+            sp = sample_params(self.params, g.index, run[0], len(run))
             if self.params_fn is not None:
                 sp = self.params_fn(g.task, run[0], sp)
             part = [partial[j] for j in run] if partial is not None else None
@@ -325,8 +338,10 @@ class StepContext:
 
     def place(self, g: PendingGroup, req: SampleRequest, outs: list[CompletionOutput]) -> None:
         """Store a request's outputs into its group's slots."""
+        took = time.perf_counter() - req.submitted_at if req.submitted_at else None
         for i, o in enumerate(outs):
             g.outputs[req.start + i] = o
+            g.gen_s[req.start + i] = took
 
     def score(self, pairs: list[tuple[PendingGroup, int]]) -> None:
         """Score finished, non-aborted samples (concurrently) into their groups."""
@@ -335,9 +350,13 @@ class StepContext:
             return
         t0 = time.perf_counter()
         scores = self.score_fn([(g.task, g.outputs[j].text) for g, j in todo])
-        self.acc.score_s += time.perf_counter() - t0
+        took = time.perf_counter() - t0
+        self.acc.score_s += took
+        if len(scores) != len(todo):
+            raise RuntimeError(f"the scorer returned {len(scores)} scores for {len(todo)} completions")
         for (g, j), s in zip(todo, scores):
             g.scores[j] = s
+            g.score_s[j] = took
 
     def generate(self, groups: Sequence[PendingGroup], indices: Sequence[Sequence[int]] | None = None) -> None:
         """Generate and score the given sample indices of each group (default: all of them) in one batch."""
@@ -348,32 +367,65 @@ class StepContext:
         self.score([(g, j) for g, js in zip(groups, idx) for j in js])
 
 
+def plain_encoder(tokenizer: Any) -> Callable[[Task], list[int]]:
+    """`encode(task)`: the task's prompt text through the tokenizer as it stands (no template, no special tokens:
+    the built-in character model's convention)."""
+    def encode(task: Task) -> list[int]:
+        if tokenizer is None:
+            raise ValueError("the model has no tokenizer: text tasks need one next to the weights (model.tokenizer)")
+        ids = list(tokenizer.encode(task.prompt, add_special_tokens=False))
+        if not ids:
+            raise ValueError(f"task {task.id!r} has an empty prompt after tokenization")
+        return ids
+
+    return encode
+
+
+def rollout_status(output: CompletionOutput, score: Score | None, max_tokens: int) -> tuple[str, str]:
+    """(status, reason) of one sample; the one place that decides it.
+
+    aborted (never finished, so never scored) > errored (scoring failed: no reward, never a silent 0) >
+    truncated (hit max_tokens; scored as it stands) > kept. 'filtered' is set later, by whoever filters."""
+    if output.finish_reason == "abort":
+        return "aborted", "aborted before it finished"
+    if score is None:
+        raise RuntimeError("a finished sample was never scored (a bug in a policy)")
+    if score.error is not None:
+        return "errored", score.error
+    if output.finish_reason == "length":
+        return "truncated", f"hit max_tokens={max_tokens}"
+    return "kept", ""
+
+
+def make_rollout(task: Task, group_id: str, index: int, prompt_token_ids: list[int], output: CompletionOutput,
+                 score: Score | None, *, step: int, seed: int | None, max_tokens: int,
+                 timings: dict[str, float] | None = None) -> Rollout:
+    """The one constructor of a Rollout from an engine output and its score (status by `rollout_status`)."""
+    status, reason = rollout_status(output, score, max_tokens)
+    scored = status != "aborted" and score is not None and score.error is None
+    n = len(output.token_ids)
+    return Rollout(
+        prompt_id=task.id, group_id=group_id, sample_index=index, prompt_token_ids=list(prompt_token_ids),
+        completion_token_ids=list(output.token_ids), logprobs=list(output.logprobs),
+        weight_versions=list(output.weight_versions) or [0] * n, loss_mask=[1] * n, text=output.text,
+        finish_reason=output.finish_reason, reward=float(score.value) if scored else None,
+        reward_parts=dict(score.parts) if score is not None and status != "aborted" else {},
+        status=status, status_reason=reason, step=step, seed=seed, timings=dict(timings or {}),  # type: ignore[arg-type]
+        env_info={k: v for k, v in (score.info if score is not None else {}).items()
+                  if isinstance(v, (int, float, str, bool))},
+    )
+
+
 def build_group(g: PendingGroup, step: int, max_tokens: int) -> RolloutGroup:
-    """Lay a finished pending group out as Rollouts with statuses (errored > aborted > truncated > kept)."""
+    """Lay a finished pending group out as Rollouts (`make_rollout` decides each status)."""
     rollouts = []
     for j, (o, sc) in enumerate(zip(g.outputs, g.scores)):
         if o is None:
             raise RuntimeError(f"group {g.group_id} sample {j} was never generated")
-        status, reason = "kept", ""
-        if o.finish_reason == "abort":
-            status, reason = "aborted", "aborted by the controller"
-        elif sc is None:
-            raise RuntimeError(f"group {g.group_id} sample {j} finished but was never scored")
-        elif sc.error is not None:
-            status, reason = "errored", sc.error
-        elif o.finish_reason == "length":
-            status, reason = "truncated", f"hit max_tokens={max_tokens}"
-        scored = sc is not None and sc.error is None and status != "aborted"
-        rollouts.append(Rollout(
-            prompt_id=g.task.id, group_id=g.group_id, sample_index=j, prompt_token_ids=list(g.prompt_token_ids),
-            completion_token_ids=list(o.token_ids), logprobs=list(o.logprobs),
-            weight_versions=list(o.weight_versions) or [0] * len(o.token_ids), loss_mask=[1] * len(o.token_ids),
-            text=o.text, finish_reason=o.finish_reason, reward=float(sc.value) if scored else None,
-            reward_parts=dict(sc.parts) if sc is not None else {}, status=status, status_reason=reason, step=step,
-            seed=g.seed,
-            env_info={k: v for k, v in (sc.info if sc is not None else {}).items()
-                      if isinstance(v, (int, float, str, bool))},
-        ))
+        t = {k: v for k, v in (("generate_s", g.gen_s[j] if j < len(g.gen_s) else None),
+                               ("score_s", g.score_s[j] if j < len(g.score_s) else None)) if v is not None}
+        rollouts.append(make_rollout(g.task, g.group_id, j, g.prompt_token_ids, o, sc, step=step, seed=g.seed,
+                                     max_tokens=max_tokens, timings=t))
     return RolloutGroup(g.task.id, g.group_id, rollouts)
 
 
@@ -418,25 +470,25 @@ class ControlStep:
     groups: list[RolloutGroup]
     accounting: Accounting
 
-    def step_rollouts(self) -> StepRollouts:
-        """The sync loop's view of the step; scores are rebuilt from the rollouts (aborted ones have none)."""
-        scores = [[Score(r.reward or 0.0, dict(r.reward_parts), r.status_reason if r.status == "errored" else None)
-                   for r in g.rollouts if r.status != "aborted"] for g in self.groups]
-        a = self.accounting
-        return StepRollouts(self.groups, [], scores, a.gen_s, a.score_s, a.generated_tokens)
-
 
 class RolloutController:
     """Runs one policy (and optionally a prompt selector) step after step; owns their cross-step state."""
 
     def __init__(self, policy: Policy, env: Any, tokenizer: Any, *, selector: Selector | None = None,
                  prior: tuple[float, float] = (0.5, 0.5), max_skip_factor: int = 4, score_workers: int = 8,
-                 score_timeout_s: float | None = 30.0, params_fn: ParamsFn | None = None) -> None:
+                 score_timeout_s: float | None = 30.0, params_fn: ParamsFn | None = None,
+                 encode: Callable[[Task], list[int]] | None = None,
+                 scorer: Callable[[list[tuple[Task, str]]], list[Score]] | None = None) -> None:
+        """encode: a task's prompt token ids (default: the tokenizer's plain encoding of `task.prompt`);
+        scorer: `scorer(items) -> scores` in input order (default: `score_many` over `env` in this process; the
+        Ray backend passes its scoring actors)."""
         if max_skip_factor < 1:
             raise ValueError(f"max_skip_factor must be >= 1, got {max_skip_factor}")
         self.policy = policy
         self.env = env
         self.tokenizer = tokenizer
+        self.encode = encode if encode is not None else self._encode
+        self.scorer = scorer
         self.selector = selector
         self.prior = prior
         self.max_skip_factor = max_skip_factor
@@ -447,14 +499,11 @@ class RolloutController:
         self._version: int | None = None
 
     def _encode(self, task: Task) -> list[int]:
-        if self.tokenizer is None:
-            raise ValueError("the model has no tokenizer: text tasks need one next to the weights (model.tokenizer)")
-        ids = list(self.tokenizer.encode(task.prompt, add_special_tokens=False))
-        if not ids:
-            raise ValueError(f"task {task.id!r} has an empty prompt after tokenization")
-        return ids
+        return plain_encoder(self.tokenizer)(task)
 
     def _score(self, items: list[tuple[Task, str]]) -> list[Score]:
+        if self.scorer is not None:
+            return self.scorer(items)
         return score_many(self.env, items, max_workers=max(1, min(self.score_workers, len(items))),
                           timeout_s=self.score_timeout_s)
 
@@ -494,7 +543,7 @@ class RolloutController:
         self._version = v
         acc = Accounting()
         sel = self.selector
-        ctx = StepContext(drv, self._selecting(source, acc, params.n), params, step, batch_groups, self._encode,
+        ctx = StepContext(drv, self._selecting(source, acc, params.n), params, step, batch_groups, self.encode,
                           self._score, self.params_fn, acc,
                           prior=(sel.belief if sel is not None else (lambda _tid: self.prior)))
         groups = self.policy.run(ctx)

@@ -1,7 +1,7 @@
-"""Uniform sampling (the baseline): the step's prompts, K samples each, every group returned as generated.
+"""Uniform sampling (the default policy): the step's prompts, K samples each, every group returned as generated.
 
-Same decisions as `run.rollouts.generate_and_score` (the loop's default path), with the controller's books:
-per-sample requests on a step-level engine, so engine idle time waiting for the long tail is measured too.
+One request per group (its samples share the prompt's prefill); on a step-level engine the controller's books
+also measure the engine time left idle while the long tail finishes.
 """
 
 from __future__ import annotations

@@ -16,6 +16,7 @@ from typing import Any, Iterable, Mapping
 
 import torch
 
+from rollwise.config import EngineConfig  # the one definition of the engine knobs; the sizing fields are read here
 from rollwise.engine.block_manager import BlockManager
 from rollwise.engine.model_runner import ModelRunner, resolve_dtype
 from rollwise.engine.scheduler import Scheduler, SchedulerConfig
@@ -33,31 +34,6 @@ def sample_seed(seed: int, index: int) -> int:
     z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & ((1 << 64) - 1)
     z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & ((1 << 64) - 1)
     return (z ^ (z >> 31)) & _MASK63
-
-
-@dataclass
-class EngineConfig:
-    """Engine sizing. One field per knob a user of vLLM would expect."""
-
-    max_num_seqs: int = 256
-    """Most sequences decoded together in one forward pass."""
-    max_num_batched_tokens: int = 8192
-    """Token budget of one prefill step."""
-    max_model_len: int | None = None
-    """Longest prompt + output; default min(config.max_position_embeddings, 4096)."""
-    block_size: int = 16
-    """Tokens per KV-cache block (the unit of prefix sharing)."""
-    num_kv_blocks: int | None = None
-    """KV-cache blocks; default: enough for max_num_seqs full-length sequences, capped by kv_cache_gb."""
-    kv_cache_gb: float = 4.0
-    """Memory cap for the default KV-cache size."""
-    enable_prefix_caching: bool = True
-    seed: int = 0
-    """Seeds the per-sample seeds of requests submitted without one."""
-
-    def __post_init__(self) -> None:
-        if self.block_size < 1 or self.max_num_seqs < 1:
-            raise ValueError("EngineConfig.block_size and max_num_seqs must be >= 1")
 
 
 @dataclass
@@ -81,7 +57,8 @@ class EngineStats:
 
 class EngineCore:
     def __init__(self, model: DecoderLM, hf_config: Any, tokenizer: Any = None, config: EngineConfig | None = None,
-                 device: str | torch.device = "cpu") -> None:
+                 device: str | torch.device = "cpu", seed: int = 0) -> None:
+        """seed: seeds the per-sample seeds of requests submitted without one."""
         self.config = config or EngineConfig()
         self.model = model
         self.hf_config = hf_config
@@ -106,14 +83,14 @@ class EngineCore:
         self.weight_version = 0
         self.requests: dict[str, _Request] = {}
         self.stats = EngineStats()
-        self._rng = random.Random(cfg.seed)
+        self._rng = random.Random(seed)
         self._mapper = WeightMapper(model)
         self._touched: set[str] = set()  # requests with a sample that finished since the last collect
 
     # ------------------------------------------------------------------ construction
     @classmethod
     def from_pretrained(cls, model_dir: str | Path, device: str = "cpu", dtype: str = "float32",
-                        config: EngineConfig | None = None, tokenizer: Any = None) -> "EngineCore":
+                        config: EngineConfig | None = None, tokenizer: Any = None, seed: int = 0) -> "EngineCore":
         config = config or EngineConfig()
         dev = torch.device(device)
         if dev.type == "cuda" and not torch.cuda.is_available():
@@ -122,7 +99,7 @@ class EngineCore:
         model, hf_config = load_model(model_dir, resolve_dtype(dtype), dev, max_len)
         if tokenizer is None:
             tokenizer = load_tokenizer(model_dir)
-        return cls(model, hf_config, tokenizer, config, dev)
+        return cls(model, hf_config, tokenizer, config, dev, seed=seed)
 
     # ------------------------------------------------------------------ requests
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
@@ -272,14 +249,19 @@ class EngineCore:
         return [o for o in (self.abort(rid) for rid in list(self.requests)) if o is not None]
 
     def load_weights(self, weights: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]],
-                     strict: bool = False) -> int:
-        """Copy HF-named weights into the model (a full or partial state dict); bumps `weight_version` and
-        invalidates the prefix cache. Running sequences keep their KV and continue under the new weights."""
+                     version: int | None = None, strict: bool = False) -> int:
+        """Copy HF-named weights into the model (a full or partial state dict) and invalidate the prefix cache.
+        Running sequences keep their KV and continue under the new weights.
+
+        version: the weight version the caller assigns (in RL: the trainer's update count, so every engine and
+        every token agrees on what a version means); None = the current version + 1. Returns the new version."""
         items = weights.items() if isinstance(weights, Mapping) else weights
-        n = self._mapper.load(items, strict=strict, source="load_weights: ")
-        self.weight_version += 1
+        self._mapper.load(items, strict=strict, source="load_weights: ")
+        if version is not None and (not isinstance(version, int) or version < 0):
+            raise ValueError(f"load_weights: version must be a non-negative integer, got {version!r}")
+        self.weight_version = self.weight_version + 1 if version is None else version
         self.block_manager.reset_prefix_cache()
-        return n
+        return self.weight_version
 
 
 def _eos_ids(hf_config: Any, tokenizer: Any) -> set[int]:

@@ -1,4 +1,5 @@
-"""`LLM`: the batch API of ARCHITECTURE.md's public contract, a thin loop over `EngineCore`."""
+"""`LLM`: the batch API of ARCHITECTURE.md's public contract, a thin loop over `EngineCore`; implements
+`engine.protocol.Engine` (and exposes the step-level `EngineCore` as `.engine`)."""
 
 from __future__ import annotations
 
@@ -21,8 +22,18 @@ class LLM:
 
     def __init__(self, model: str | Path, device: str = "cpu", dtype: str = "float32", tokenizer: Any = None,
                  **engine_kwargs: Any) -> None:
-        self.engine = EngineCore.from_pretrained(model, device=device, dtype=dtype,
-                                                 config=EngineConfig(**engine_kwargs), tokenizer=tokenizer)
+        """engine_kwargs: the sizing fields of `rollwise.config.EngineConfig` (same names and defaults as the run
+        config's `engine` section), plus `seed` for requests submitted without one."""
+        from pydantic import ValidationError
+
+        seed = int(engine_kwargs.pop("seed", 0))
+        try:
+            cfg = EngineConfig(**engine_kwargs)
+        except ValidationError as e:
+            err = e.errors(include_url=False)[0]
+            raise ValueError(f"LLM: bad engine argument {'.'.join(map(str, err['loc']))!r}: {err['msg']}") from None
+        self.engine = EngineCore.from_pretrained(model, device=device, dtype=dtype, config=cfg, tokenizer=tokenizer,
+                                                 seed=seed)
         self.model_dir = str(model)
         self._ids = itertools.count()
 
@@ -72,11 +83,11 @@ class LLM:
             outs.append(o)
         return outs
 
-    def load_weights(self, state_dict: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]) -> int:
-        """Load HF-named weights (a full or partial state dict, e.g. a trainer's); returns the new
-        `weight_version` (the same as `RemoteEngine.load_weights`)."""
-        self.engine.load_weights(state_dict)
-        return self.engine.weight_version
+    def load_weights(self, state_dict: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]],
+                     version: int | None = None) -> int:
+        """Load HF-named weights (a full or partial state dict, e.g. a trainer's) as `version` (None: current + 1);
+        returns the new `weight_version` (see `engine.protocol`)."""
+        return self.engine.load_weights(state_dict, version)
 
     def abort(self, request_id: str) -> RequestOutput | None:
         return self.engine.abort(request_id)

@@ -33,9 +33,10 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Protocol, Sequence as Seq, runtime_checkable
+from typing import Any, Iterable, Mapping, Sequence as Seq
 from urllib.parse import urlsplit
 
+from rollwise.engine.protocol import Engine  # noqa: F401 - re-exported: the protocol both classes implement
 from rollwise.types import CompletionOutput, RequestOutput, SamplingParams
 
 RELOAD_ROUTES = {
@@ -43,18 +44,6 @@ RELOAD_ROUTES = {
     "sglang": "/update_weights_from_disk",
     "vllm": "/collective_rpc",
 }
-
-
-@runtime_checkable
-class Engine(Protocol):
-    """What an RL loop needs from a generation engine (in-process `LLM`, `RemoteEngine`, `MultiEngine`)."""
-
-    def generate(self, prompts: Any, sampling_params: Any = None) -> list[RequestOutput]: ...
-
-    def load_weights(self, state_dict: Any) -> int: ...
-
-    @property
-    def weight_version(self) -> int: ...
 
 
 class RemoteEngineError(RuntimeError):
@@ -190,13 +179,13 @@ class RemoteEngine:
     # ------------------------------------------------------------------ the engine calls
     @property
     def weight_version(self) -> int:
-        """The server's weight version (rollwise serve reports it); else the number of loads done from here."""
-        if self.backend == "rollwise":
-            v = self.health().get("weight_version")
-            if isinstance(v, int):
-                with self._version_lock:
-                    self._version = v
+        """The version of the weights last loaded through this engine (the caller's number: see `engine.protocol`);
+        0 before any load."""
         return self._version
+
+    def abort(self, request_id: str) -> RequestOutput | None:
+        """`generate` is synchronous, so no request of this engine is in flight between calls: always None."""
+        return None
 
     def health(self) -> dict[str, Any]:
         r = self._request("GET", "/health", timeout_s=min(self.timeout_s, 30.0))
@@ -253,8 +242,8 @@ class RemoteEngine:
                 raise RemoteEngineError(f"choice {j}: {len(ids)} token ids but {len(lps)} log-probs")
             versions = ch.get("weight_versions")
             if not (isinstance(versions, list) and len(versions) == len(ids)):
-                v = top_version if isinstance(top_version, int) else self._version
-                versions = [v] * len(ids)
+                # Servers that don't report versions (vLLM, SGLang) serve what was last loaded through us.
+                versions = [top_version if isinstance(top_version, int) else self._version] * len(ids)
             reason = ch.get("finish_reason")
             outs.append(CompletionOutput(index=j, token_ids=[int(t) for t in ids],
                                          logprobs=[float(x) if x is not None else float("nan") for x in lps],
@@ -262,9 +251,6 @@ class RemoteEngine:
                                          text=ch.get("text") or "", weight_versions=[int(v) for v in versions]))
             if prompt_ids is None and isinstance(ch.get("prompt_token_ids"), list):
                 prompt_ids = [int(t) for t in ch["prompt_token_ids"]]
-        if isinstance(top_version, int):
-            with self._version_lock:
-                self._version = max(self._version, top_version)
         if prompt_ids is None:
             prompt_ids = list(self.tokenizer.encode(prompt, add_special_tokens=False)) if self.tokenizer else []
         return RequestOutput(rid, prompt_ids, outs, prompt=prompt if isinstance(prompt, str) else None)
@@ -300,11 +286,13 @@ class RemoteEngine:
             raise
         return outs
 
-    def load_weights_from_dir(self, path: str | os.PathLike) -> int:
-        """Ask the server to load the checkpoint directory `path` (a path on the server's filesystem)."""
+    def load_weights_from_dir(self, path: str | os.PathLike, version: int | None = None) -> int:
+        """Ask the server to load the checkpoint directory `path` (a path on the server's filesystem) as
+        `version` (None: current + 1); returns the new version."""
         path = str(path)
+        version = self._next_version(version)
         if self.backend == "rollwise":
-            data = self._json("POST", RELOAD_ROUTES["rollwise"], {"path": path})
+            data = self._json("POST", RELOAD_ROUTES["rollwise"], {"path": path, "weight_version": version})
         elif self.backend == "sglang":
             data = self._json("POST", RELOAD_ROUTES["sglang"], {"model_path": path})
             if isinstance(data, dict) and data.get("success") is False:
@@ -315,35 +303,50 @@ class RemoteEngine:
                 raise RemoteEngineError(f"vLLM reloads weights only from the directory it serves ({served}); write "
                                         f"the checkpoint there instead of {path}")
             data = self._json("POST", RELOAD_ROUTES["vllm"], {"method": "reload_weights"})
-        return self._bump(data)
+        return self._adopt(data, version)
 
-    def load_weights(self, state_dict: Mapping[str, Any] | Iterable[tuple[str, Any]]) -> int:
-        """Send HF-named weights to the server (rollwise: as the request body; others: through a directory)."""
+    def load_weights(self, state_dict: Mapping[str, Any] | Iterable[tuple[str, Any]], version: int | None = None) -> int:
+        """Send HF-named weights to the server (rollwise: as the request body; others: through a directory) as
+        `version` (None: current + 1); returns the new version."""
         from safetensors.torch import save, save_file
 
         items = state_dict.items() if isinstance(state_dict, Mapping) else state_dict
         # clone(): safetensors refuses tensors that share storage (tied embeddings) and non-contiguous ones.
         tensors = {k: v.detach().to("cpu").contiguous().clone() for k, v in items}
         if self.backend == "rollwise" and self.weights_dir is None:
-            r = self._request("POST", RELOAD_ROUTES["rollwise"], save(tensors), "application/octet-stream")
+            version = self._next_version(version)
+            route = f"{RELOAD_ROUTES['rollwise']}?weight_version={version}"
+            r = self._request("POST", route, save(tensors), "application/octet-stream")
             data = r.json()
             if r.status >= 400:
                 raise RemoteEngineError(f"POST {RELOAD_ROUTES['rollwise']} -> HTTP {r.status}: "
                                         f"{_error_message(data, r.body)}")
-            return self._bump(data)
+            return self._adopt(data, version)
         if self.backend == "vllm":
             raise RemoteEngineError("vLLM reloads only from its served directory: save the checkpoint there and call "
                                     "load_weights_from_dir(that_dir)")
         base = Path(self.weights_dir) if self.weights_dir is not None else None
         with tempfile.TemporaryDirectory(prefix="rollwise-weights-", dir=base) as d:
             save_file(tensors, os.path.join(d, "model.safetensors"))
-            return self.load_weights_from_dir(d)
+            return self.load_weights_from_dir(d, version)
 
-    def _bump(self, data: Any) -> int:
+    def _next_version(self, version: int | None) -> int:
+        if version is None:
+            return self._version + 1
+        if not isinstance(version, int) or version < 0:
+            raise ValueError(f"load_weights: version must be a non-negative integer, got {version!r}")
+        return version
+
+    def _adopt(self, data: Any, version: int) -> int:
+        """Record `version` after a successful reload; a rollwise server that reports another number is an error
+        (its tokens would then carry versions that mean something else)."""
+        served = data.get("weight_version") if isinstance(data, dict) else None
+        if self.backend == "rollwise" and isinstance(served, int) and served != version:
+            raise RemoteEngineError(f"the server reports weight version {served} after loading version {version}: "
+                                    "it does not take the version from the request (an older rollwise serve?)")
         with self._version_lock:
-            v = data.get("weight_version") if isinstance(data, dict) else None
-            self._version = v if isinstance(v, int) else self._version + 1
-            return self._version
+            self._version = version
+        return version
 
     def _served_root(self) -> str | None:
         try:
@@ -435,12 +438,18 @@ class MultiEngine:
             outs.extend(j.result())
         return outs
 
-    def load_weights(self, state_dict: Mapping[str, Any]) -> int:
-        """Load the same weights into every engine (concurrently); returns the new `weight_version`."""
+    def load_weights(self, state_dict: Mapping[str, Any], version: int | None = None) -> int:
+        """Load the same weights into every engine (concurrently) as `version` (None: the oldest engine's + 1), so
+        their versions agree; returns it."""
         sd = dict(state_dict) if not isinstance(state_dict, Mapping) else state_dict
-        for f in [self._pool.submit(e.load_weights, sd) for e in self.engines]:
+        v = self.weight_version + 1 if version is None else version
+        for f in [self._pool.submit(e.load_weights, sd, v) for e in self.engines]:
             f.result()
-        return self.weight_version
+        return v
+
+    def abort(self, request_id: str) -> RequestOutput | None:
+        """Generation is split into synchronous per-engine calls: no request is in flight between calls."""
+        return None
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)

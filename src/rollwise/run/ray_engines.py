@@ -1,5 +1,5 @@
-"""Generation on N Ray actors behind the engine protocol the loop uses (`generate`, `load_weights`,
-`weight_version`, `tokenizer`).
+"""Generation on N Ray actors behind the engine protocol (`engine.protocol.Engine`: `generate`,
+`load_weights(state, version)`, `abort`, `weight_version`, `tokenizer`).
 
 Ray stays at the edge: `EngineWorker` is a plain class; `ray.remote` and its resources are applied here, at
 launch. Weights cross the process boundary as numpy arrays through the object store, put once per update and
@@ -46,9 +46,7 @@ class EngineWorker:
     def load_weights(self, weights: dict[str, Any], version: int) -> int:
         import torch
 
-        self.llm.load_weights({k: torch.from_numpy(v) for k, v in weights.items()})
-        self.llm.engine.weight_version = version  # keep every actor (and a restarted one) on the driver's count
-        return version
+        return self.llm.load_weights({k: torch.from_numpy(v) for k, v in weights.items()}, version)
 
 
 class RayEngines:
@@ -136,10 +134,10 @@ class RayEngines:
                 pending[i] = self.actors[i].generate.remote([list(prompts[j]) for j in idx], [plist[j] for j in idx])
         return [o for i, _ in chunks for o in results[i]]
 
-    def load_weights(self, state_dict: Any) -> int:
-        """Broadcast HF-named weights through the object store; returns the new weight version. Takes a state
-        dict, or an ObjectRef to a dict of numpy arrays (a trainer actor's `sync_weights`)."""
-        self.weight_version += 1
+    def load_weights(self, state_dict: Any, version: int | None = None) -> int:
+        """Broadcast HF-named weights through the object store as `version` (None: current + 1); returns it.
+        Takes a state dict, or an ObjectRef to a dict of numpy arrays (a trainer actor's `weights()`)."""
+        self.weight_version = self.weight_version + 1 if version is None else version
         if isinstance(state_dict, self._ray.ObjectRef):
             self._weights_ref = state_dict
         else:
@@ -151,6 +149,10 @@ class RayEngines:
             except self._ray.exceptions.RayActorError:
                 self._revive(i)  # the restarted actor gets the weights there
         return self.weight_version
+
+    def abort(self, request_id: str) -> RequestOutput | None:
+        """Chunks run as synchronous actor calls inside `generate`: no request is in flight between calls."""
+        return None
 
     def shutdown(self) -> None:
         for a in self.actors:

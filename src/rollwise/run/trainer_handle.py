@@ -1,34 +1,63 @@
-"""The four things the loop asks of a trainer, in-process or as a Ray actor.
+"""The trainer as the loop sees it, in-process (`LocalTrainer`) or in a Ray actor (`RayTrainer`).
 
-`train_step(rollouts)`, `sync_weights()`, `save(step)` and `restore(checkpoint)`: the loop hands over plain
-rollouts (dataclasses of lists), so the same call works across a process boundary; the `TrainBatch` with its
-tensors is built where the model lives.
+Five calls: `train_step(rollouts)`, `weights()`, `save(...)`, `restore(path)`, `shutdown()`, plus `version`.
+The loop hands over plain rollouts (dataclasses of lists), so the same call works across a process boundary;
+the `TrainBatch` with its tensors is built where the model lives.
+
+NOTE on `version`: the trainer owns the weight version. It is the number of RL steps trained (a step whose
+batch was empty counts too: its weights equal the previous version's, and counting it keeps version == step in
+every loop). The loop passes it to `engine.load_weights(weights, version)`, so every rollout token's recorded
+version means the same thing on every engine (`engine.protocol`).
 """
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Protocol, Sequence
 
 from rollwise.types import Rollout
 
 
+class TrainerHandle(Protocol):
+    version: int
+
+    def train_step(self, rollouts: Sequence[Rollout]) -> dict[str, float]: ...
+
+    def weights(self) -> Any: ...
+
+    def save(self, run_dir: str | Path, step: int, data_position: dict[str, Any], keep: int | None,
+             tokenizer: Any = None) -> Path: ...
+
+    def restore(self, ckpt_path: str | Path) -> dict[str, Any]: ...
+
+    def shutdown(self) -> None: ...
+
+
 class LocalTrainer:
+    """A `train.trainer.Trainer` in this process."""
+
     def __init__(self, trainer: Any, micro_batch_tokens: int, loss_name: str, loss_cfg: Any) -> None:
         self.trainer = trainer
         self.micro_batch_tokens = micro_batch_tokens
         self.loss_name = loss_name
         self.loss_cfg = loss_cfg
+        self.version = 0
 
     def train_step(self, rollouts: Sequence[Rollout]) -> dict[str, float]:
+        """One RL step on `rollouts` (none: no update, empty metrics); `version` goes up by one either way."""
         from rollwise.train.batch import TrainBatch
         from rollwise.train.losses import LOSSES
 
-        batch = TrainBatch.from_rollouts(list(rollouts), self.micro_batch_tokens)
-        return self.trainer.train_step(batch, LOSSES[self.loss_name], self.loss_cfg)
+        m: dict[str, float] = {}
+        if rollouts:
+            batch = TrainBatch.from_rollouts(list(rollouts), self.micro_batch_tokens)
+            m = self.trainer.train_step(batch, LOSSES[self.loss_name], self.loss_cfg)
+        self.version += 1
+        return m
 
-    def sync_weights(self) -> Any:
+    def weights(self) -> Any:
+        """The live HF-named state dict (LoRA merged); copy it before handing it to another thread."""
         return self.trainer.state_dict_for_sync()
 
     def save(self, run_dir: str | Path, step: int, data_position: dict[str, Any], keep: int | None,
@@ -39,12 +68,18 @@ class LocalTrainer:
                                tokenizer=tokenizer if tokenizer is not None else self.trainer.tokenizer, keep=keep)
 
     def restore(self, ckpt_path: str | Path) -> dict[str, Any]:
+        """Model, optimiser, RNG and `version` (= the checkpoint's step); returns its data position."""
         from rollwise.train.checkpoint import load_checkpoint, restore_checkpoint
 
         ckpt = load_checkpoint(ckpt_path)
         if ckpt is None:
             raise ValueError(f"no complete checkpoint at {ckpt_path}")
-        return restore_checkpoint(self.trainer, ckpt)
+        pos = restore_checkpoint(self.trainer, ckpt)
+        self.version = ckpt.step
+        return pos
+
+    def shutdown(self) -> None:
+        """Nothing to release in-process."""
 
 
 class TrainerWorker:
@@ -70,20 +105,21 @@ class TrainerWorker:
     def train_step(self, rollouts: list[Rollout]) -> dict[str, float]:
         return self.local.train_step(rollouts)
 
-    def sync_weights(self) -> dict[str, Any]:
-        return {k: v.detach().cpu().numpy() for k, v in self.local.sync_weights().items()}
+    def weights(self) -> dict[str, Any]:
+        return {k: v.detach().cpu().numpy() for k, v in self.local.weights().items()}
 
     def save(self, run_dir: str, step: int, data_position: dict[str, Any], keep: int | None) -> str:
         return str(self.local.save(run_dir, step, data_position, keep))
 
-    def restore(self, ckpt_path: str) -> dict[str, Any]:
-        return self.local.restore(ckpt_path)
+    def restore(self, ckpt_path: str) -> tuple[dict[str, Any], int]:
+        pos = self.local.restore(ckpt_path)
+        return pos, self.local.version
 
 
 class RayTrainer:
-    """Proxy with `LocalTrainer`'s methods over a `TrainerWorker` actor; every wait has a timeout.
+    """`LocalTrainer`'s calls over a `TrainerWorker` actor; every wait has a timeout.
 
-    `sync_weights` returns an ObjectRef: the weights go from the trainer actor to the engine actors through the
+    `weights()` returns an ObjectRef: the weights go from the trainer actor to the engine actors through the
     object store without passing through the driver.
     """
 
@@ -92,6 +128,7 @@ class RayTrainer:
 
         self._ray = ray
         self.timeout_s = timeout_s
+        self.version = 0
         self.actor = ray.remote(max_restarts=0)(TrainerWorker).options(num_cpus=1, num_gpus=num_gpus).remote(*args, **kwargs)
         self.pid = self._get(self.actor.pid.remote(), "start")
 
@@ -102,17 +139,20 @@ class RayTrainer:
             raise RuntimeError(f"the Ray trainer actor did not {what} within {self.timeout_s:.0f}s") from None
 
     def train_step(self, rollouts: Sequence[Rollout]) -> dict[str, float]:
-        return self._get(self.actor.train_step.remote(list(rollouts)), "finish a train step")
+        m = self._get(self.actor.train_step.remote(list(rollouts)), "finish a train step")
+        self.version += 1
+        return m
 
-    def sync_weights(self) -> Any:
-        return self.actor.sync_weights.remote()
+    def weights(self) -> Any:
+        return self.actor.weights.remote()
 
     def save(self, run_dir: str | Path, step: int, data_position: dict[str, Any], keep: int | None,
              tokenizer: Any = None) -> Path:
         return Path(self._get(self.actor.save.remote(str(run_dir), step, data_position, keep), "save a checkpoint"))
 
     def restore(self, ckpt_path: str | Path) -> dict[str, Any]:
-        return self._get(self.actor.restore.remote(str(ckpt_path)), "restore a checkpoint")
+        pos, self.version = self._get(self.actor.restore.remote(str(ckpt_path)), "restore a checkpoint")
+        return pos
 
     def shutdown(self) -> None:
         self._ray.kill(self.actor)

@@ -30,6 +30,7 @@ from dataclasses import dataclass, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Callable
+from urllib.parse import parse_qs
 
 from rollwise.serve.chat import render_chat
 from rollwise.serve.protocol import (APIError, GenerationRequest, ModelInfo, parse_chat, parse_completion,
@@ -178,9 +179,10 @@ class OpenAIServer:
         if not hmac.compare_digest(given.encode(), key.encode()):
             raise APIError(401, "invalid admin key")
 
-    def load_weights(self, tensors: dict[str, Any]) -> int:
-        """Copy HF-named tensors into the engine between two steps; returns the new weight version."""
-        fut = self.worker.call(lambda eng: eng.load_weights(tensors))
+    def load_weights(self, tensors: dict[str, Any], version: int | None = None) -> int:
+        """Copy HF-named tensors into the engine between two steps as `version` (the caller's number, see
+        `engine.protocol`; None: current + 1); returns the new weight version."""
+        fut = self.worker.call(lambda eng: eng.load_weights(tensors, version))
         try:
             fut.result(timeout=self.config.weight_load_timeout_s)
         except TimeoutError:
@@ -188,6 +190,20 @@ class OpenAIServer:
         except ValueError as e:  # CheckpointError: names or shapes do not fit this model
             raise APIError(400, f"cannot load these weights: {e}") from None
         return self.engine.weight_version
+
+
+def _version_arg(query: dict[str, list[str]]) -> int | None:
+    """`weight_version=N` from the admin request (query string or JSON body), or None."""
+    raw = query.get("weight_version")
+    if not raw:
+        return None
+    try:
+        v = int(raw[-1])
+    except ValueError:
+        v = -1
+    if v < 0:
+        raise APIError(400, f"weight_version must be a non-negative integer, got {raw[-1]!r}", "weight_version")
+    return v
 
 
 class _HTTPServer(ThreadingHTTPServer):
@@ -323,6 +339,7 @@ class _Handler(BaseHTTPRequestHandler):
     def _admin_load(self) -> None:
         app = self.app
         app.check_admin(self.headers)
+        query = parse_qs(self.path.split("?", 1)[1]) if "?" in self.path else {}
         ctype = self.headers.get("Content-Type", "application/json").split(";")[0].strip()
         if ctype == "application/octet-stream":
             raw = self._read_body(int(app.config.max_upload_gb * 2**30))
@@ -340,7 +357,9 @@ class _Handler(BaseHTTPRequestHandler):
             if not isinstance(body, dict):
                 raise APIError(400, "request body must be a JSON object")
             tensors = _read_dir_tensors(body.get("path", body.get("model_path")))
-        version = app.load_weights(tensors)
+            if "weight_version" in body:
+                query["weight_version"] = [str(body["weight_version"])]
+        version = app.load_weights(tensors, _version_arg(query))
         self._send_json(200, {"success": True, "weight_version": version, "num_tensors": len(tensors),
                               "message": f"loaded {len(tensors)} tensors; weight_version={version}"})
 

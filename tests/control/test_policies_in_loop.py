@@ -1,4 +1,4 @@
-"""Policies run inside `run_sync` on the built-in tiny model: statuses, books and staleness reach the metrics."""
+"""Policies run inside the loop on the tiny model: statuses, books and staleness reach the metrics."""
 
 from __future__ import annotations
 
@@ -7,8 +7,7 @@ import json
 import pytest
 import torch
 
-from rollwise.config import load_config
-from rollwise.run.sync import run_sync
+from rollwise.run.loop import train
 from rollwise.store.writer import RolloutStore
 
 
@@ -20,23 +19,12 @@ def one_thread():
     torch.set_num_threads(n)
 
 
-def tiny_cfg(out, cache, *extra):
-    return load_config(None, [
-        f"run.out_dir={out}", f"warmup.cache_dir={cache}", "warmup.steps=40", "warmup.seconds=120",
-        "model.builtin.hidden_size=64", "model.builtin.num_layers=2", "model.builtin.intermediate_size=128",
-        "rollout.prompts_per_step=4", "rollout.samples_per_prompt=4", "rollout.max_tokens=6",
-        "env.eval_size=8", "train.steps=3", "run.tensorboard=false", "model.device=cpu",
-        "algo.skip_zero_variance=false", *extra,
-    ])
-
-
 @pytest.mark.parametrize("policy", ["partial", "adaptive", "dynamic", "early_stop"])
-def test_policy_runs_inside_the_sync_loop(tmp_path_factory, policy):
-    cache = tmp_path_factory.getbasetemp() / "control-warmup-cache"
+def test_policy_runs_inside_the_loop(tmp_path_factory, run_cfg, policy):
     out = tmp_path_factory.mktemp(policy)
     extra = {"partial": ["control.over_provision=1.0", "algo.tis_cap=2.0"], "adaptive": ["control.select=posterior"],
              "dynamic": ["control.max_rounds=2"], "early_stop": ["control.confidence=0.6"]}[policy]
-    summary = run_sync(tiny_cfg(out, cache, f"control.policy={policy}", *extra), log=lambda s: None)
+    summary = train(run_cfg(out, f"control.policy={policy}", *extra), log=lambda s: None)
     lines = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in lines] == [1, 2, 3]
     for m in lines:

@@ -1,4 +1,4 @@
-"""The synchronous RL loop end to end on the built-in tiny model (short warm-up), and resume."""
+"""The RL loop end to end on the built-in tiny model (short warm-up), resume, and replay."""
 
 from __future__ import annotations
 
@@ -10,32 +10,16 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from rollwise.config import load_config
 from rollwise.envs import register_env
 from rollwise.envs.arithmetic import ArithmeticEnv
 from rollwise.types import Score
-from rollwise.run.sync import run_sync
+from rollwise.run.loop import train
 from rollwise.store.writer import RolloutStore
 
 
-def tiny_cfg(out, cache, *extra):
-    return load_config(None, [
-        f"run.out_dir={out}", f"warmup.cache_dir={cache}", "warmup.steps=40", "warmup.seconds=120",
-        "model.builtin.hidden_size=64", "model.builtin.num_layers=2", "model.builtin.intermediate_size=128",
-        "rollout.prompts_per_step=4", "rollout.samples_per_prompt=4", "rollout.max_tokens=6",
-        "env.eval_size=16", "train.steps=4", "run.tensorboard=false", "train.lr=1e-3",
-        "algo.skip_zero_variance=false", *extra,
-    ])
-
-
-@pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-    return tmp_path_factory.mktemp("warmup-cache")
-
-
-def test_run_writes_everything_and_accounts_for_every_rollout(tmp_path, cache):
+def test_run_writes_everything_and_accounts_for_every_rollout(tmp_path, run_cfg):
     out = tmp_path / "run"
-    summary = run_sync(tiny_cfg(out, cache, "run.checkpoint_every=2"), log=lambda s: None)
+    summary = train(run_cfg(out, "run.checkpoint_every=2", "train.steps=4", builtin=True), log=lambda s: None)
     for name in ("config.yaml", "metrics.jsonl", "summary.json", "report.html", "eval_before.json"):
         assert (out / name).is_file(), name
     assert sorted(p.name for p in (out / "checkpoints").iterdir() if not p.name.startswith(".")) == ["step-2", "step-4"]
@@ -64,14 +48,16 @@ def test_run_writes_everything_and_accounts_for_every_rollout(tmp_path, cache):
     assert all(len(r.logprobs) == len(r.completion_token_ids) for r in rows)
 
 
-def test_resume_continues_as_if_never_stopped(tmp_path, cache):
+def test_resume_continues_as_if_never_stopped(tmp_path, run_cfg):
     full = tmp_path / "full"
-    run_sync(tiny_cfg(full, cache, "run.checkpoint_every=2"), log=lambda s: None)
+    train(run_cfg(full, "run.checkpoint_every=2", "train.steps=4", "train.lr=1e-3"), log=lambda s: None)
     part = tmp_path / "part"
-    assert run_sync(tiny_cfg(part, cache, "run.checkpoint_every=2"), log=lambda s: None, stop_after=3) is None
+    assert train(run_cfg(part, "run.checkpoint_every=2", "train.steps=4", "train.lr=1e-3"), log=lambda s: None,
+                 stop_after=3) is None
     # Step 3 ran after the last checkpoint (step 2): it is redone on resume, and stored once.
     assert (part / "rollouts" / "step-000003.parquet").is_file()
-    run_sync(tiny_cfg(part, cache, "run.checkpoint_every=2", "run.resume=true"), log=lambda s: None)
+    train(run_cfg(part, "run.checkpoint_every=2", "train.steps=4", "train.lr=1e-3", "run.resume=true"),
+          log=lambda s: None)
     a = load_file(full / "checkpoints" / "step-4" / "model.safetensors")
     b = load_file(part / "checkpoints" / "step-4" / "model.safetensors")
     assert a.keys() == b.keys()
@@ -103,11 +89,11 @@ class _ParityArithmetic(ArithmeticEnv):
         return Score(ok, parts={"correct": ok})
 
 
-def test_replay_reuses_past_rollouts_without_storing_them_twice(tmp_path, cache):
+def test_replay_reuses_past_rollouts_without_storing_them_twice(tmp_path, run_cfg):
     register_env("parity_arith_test", _ParityArithmetic, overwrite=True)
     out = tmp_path / "replay"
-    run_sync(tiny_cfg(out, cache, "replay.enabled=true", "replay.reuse_per_step=8", "train.steps=5",
-                      "env.name=parity_arith_test"), log=lambda s: None)
+    train(run_cfg(out, "replay.enabled=true", "replay.reuse_per_step=8", "train.steps=5", "train.lr=1e-3",
+                  "env.name=parity_arith_test"), log=lambda s: None)
     lines = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
     assert sum(m["replay_used"] for m in lines) > 0 and lines[0]["replay_used"] == 0
     assert all(m["replay_age_max"] <= 4 for m in lines)

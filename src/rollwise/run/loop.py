@@ -1,0 +1,253 @@
+"""The RL loop, top to bottom. One step:
+
+    batch    = source.next_batch(step)        # select prompts -> generate -> score (the rollout controller)
+    rescue   = replay: past successes into all-failed groups (optional)
+    advantages per group (GRPO & co); zero-variance groups filtered, and counted
+    trainable = kept + truncated rollouts (+ replayed ones, optional)
+    metrics  = trainer.train_step(trainable)  # trainer.version += 1
+    source.sync(trainer.weights(), trainer.version)   # weights -> engine(s), under the trainer's version
+    store.write_step(step, every rollout of the step, any status)
+    metrics.log(step, step_metrics(...)); evaluate and checkpoint when due
+
+The variants are objects built by `run/setup.py` from the config and handed in: the source (synchronous, or
+asynchronous with staleness K), the engine behind it (local, remote servers, Ray actors), the scorer and the
+trainer (in-process or a Ray actor). The loop never asks which one it has.
+
+Everything the run writes lives in `RUN_DIR` (see ARCHITECTURE.md). `run.resume` continues from the latest
+complete checkpoint: model, optimiser, step, RNG, data position and weight version, and rewrites the rollouts
+and metrics of any step after it, so each completed step is stored exactly once.
+
+Deliberately left out: the replay buffer is not checkpointed (a resumed run starts it empty), and partial
+samples carried by `control.policy: partial` do not survive a resume (their tokens are simply not trained).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from rollwise.config import RunConfig, config_hash
+from rollwise.types import ROLLOUT_STATUSES, Rollout, RolloutGroup, SamplingParams
+
+Log = Callable[[str], None]
+EVAL_SAMPLES = 4
+"""Samples per held-out problem for the sampled accuracy (ACCURACY_METHOD states it)."""
+
+
+def train(cfg: RunConfig, log: Log = print, *, stop_after: int | None = None) -> dict[str, Any] | None:
+    """Run (or resume) RL training as `cfg` says; returns the summary written to RUN_DIR/summary.json.
+
+    stop_after: end this invocation after that many steps as if interrupted (no final eval or summary;
+    returns None). Used by the resume tests and by time-boxed jobs; `run.resume` continues later.
+    """
+    from rollwise.run.setup import build_run
+
+    run = build_run(cfg, log)
+    try:
+        return _run_steps(run, log, stop_after)
+    finally:
+        run.close()
+
+
+def _run_steps(run: Any, log: Log, stop_after: int | None) -> dict[str, Any] | None:
+    from rollwise.run.evaluate import evaluate
+    from rollwise.run.sources import DataOrder, make_source
+    from rollwise.store.replay import ReplayBuffer, ReplayConfig, is_replayed, rescue_groups, reuse_rollouts
+    from rollwise.store.writer import RolloutStore
+    from rollwise.train.metrics import MetricsLogger
+
+    cfg, trainer, engine = run.cfg, run.trainer, run.engine
+    R, A, P = cfg.rollout, cfg.algo, cfg.replay
+    order = DataOrder(len(run.train_tasks), run.seed)
+    start_step, prev_wall = 0, 0.0
+    if run.ckpt is not None:
+        pos = trainer.restore(run.ckpt.path)  # trainer.version = the checkpoint's step
+        order.epoch, order.index = int(pos.get("epoch", 0)), int(pos.get("index", 0))
+        prev_wall = float(pos.get("wall_s", 0.0))
+        start_step = run.ckpt.step
+        log(f"resume: continuing after step {start_step} from {run.ckpt.path}")
+    if run.ckpt is not None or cfg.engine.backend == "remote":  # a server may hold other weights: send ours
+        engine.load_weights(trainer.weights(), trainer.version)
+    tok = run.tokenizer
+    store = RolloutStore(run.run_dir, decode=(lambda ids: tok.decode(ids)) if tok is not None else None)
+    store.truncate_after(start_step)
+    metrics = MetricsLogger(run.run_dir, total_steps=cfg.train.steps, tensorboard=cfg.run.tensorboard,
+                            resume_from_step=start_step)
+    eval_kw = dict(temperature=R.temperature, samples=EVAL_SAMPLES, max_tokens=R.max_tokens, seed=run.seed + 7919,
+                   scorer=run.scorer)
+
+    def held_out(eng: Any) -> dict[str, float]:
+        return evaluate(eng, run.encode, run.env, run.eval_tasks, **eval_kw)
+
+    eval_b = _eval_before(run, engine, held_out)
+    K = cfg.control.async_staleness
+    log(f"held-out accuracy before RL: {eval_b['accuracy']:.3f} sampled (T={R.temperature}), "
+        f"{eval_b['accuracy_greedy']:.3f} greedy, on {len(run.eval_tasks)} problems"
+        + (f"; generation up to {K} versions ahead" if K else ""))
+    replay = ReplayBuffer(ReplayConfig(capacity=P.capacity, max_age=P.max_age, max_reuse=P.max_reuse,
+                                       seed=run.seed)) if P.enabled else None
+    last = cfg.train.steps if stop_after is None else min(cfg.train.steps, start_step + stop_after)
+
+    def params(step: int) -> SamplingParams:
+        return SamplingParams(n=R.samples_per_prompt, temperature=R.temperature, top_p=R.top_p, top_k=R.top_k,
+                              max_tokens=R.max_tokens, seed=run.seed * 1_000_003 + step)
+
+    source = make_source(run.controller, engine, run.train_tasks, order, params, R.prompts_per_step, staleness=K,
+                         first_step=start_step + 1, last_step=last, trained_version=trainer.version)
+    ckpt_dir = None
+    try:
+        for step in range(start_step + 1, last + 1):
+            t_step = time.perf_counter()
+            batch = source.next_batch(step)  # select prompts -> generate -> score
+            t_got = time.perf_counter()
+            groups = batch.result.groups
+            policy_version = trainer.version  # the policy this step's gradient is taken at
+            replayed: list[Rollout] = []
+            if replay is not None and P.rescue:  # past successes for groups that all failed
+                replayed += rescue_groups(replay, groups, policy_version, P.rescue_k)
+            zero_var = assign_advantages(groups, A)
+            trainable = [r for g in groups for r in g.rollouts if r.status in ("kept", "truncated")]
+            if replay is not None and P.reuse_per_step:  # train again on recent informative rollouts
+                reused = reuse_rollouts(replay, P.reuse_per_step, policy_version)
+                trainable += reused
+                replayed += reused
+            books = run.controller.finalize(batch.result, policy_version)  # useful tokens, staleness of what trains
+            train_m = trainer.train_step(trainable)
+            sync_s = source.sync(trainer.weights(), trainer.version)
+            own = [r for g in groups for r in g.rollouts if not is_replayed(r)]  # this step's own rollouts
+            store.write_step(step, own)
+            extra: dict[str, Any] = {}
+            if replay is not None:
+                replay.add(own)
+                replay.evict_stale(trainer.version)
+                extra = {"replay_used": len(replayed), **replay.stats(trainer.version)}
+            if cfg.run.eval_every and step % cfg.run.eval_every == 0 and step < cfg.train.steps:
+                with source.exclusive() as eng:
+                    ev = held_out(eng)
+                extra["eval_accuracy"], extra["eval_accuracy_greedy"] = ev["accuracy"], ev["accuracy_greedy"]
+            rec = step_metrics(own, len(groups), zero_var, books, train_m, gen_wait_s=t_got - t_step,
+                               producer_wait_s=batch.wait_s, sync_s=sync_s, step_s=time.perf_counter() - t_step,
+                               weight_version=trainer.version, staleness_bound=source.staleness_bound,
+                               engine=engine, useful=_useful_tokens(trainable, is_replayed))
+            metrics.log(step, {**rec, **extra})
+            if (cfg.run.checkpoint_every and step % cfg.run.checkpoint_every == 0) or step == cfg.train.steps:
+                wall = prev_wall + time.perf_counter() - run.t_start
+                ckpt_dir = trainer.save(run.run_dir, step, {**batch.data_position, "wall_s": wall},
+                                        cfg.run.keep_checkpoints, tokenizer=tok)
+    finally:
+        source.close()
+        metrics.close()
+        if hasattr(engine, "requeued"):
+            log(f"ray: {engine.requeued} generate chunk(s) re-queued after an engine actor died")
+    if last < cfg.train.steps:
+        return None
+    with source.exclusive() as eng:
+        after = held_out(eng)
+    return _finish(run, eval_b, after, store, ckpt_dir, prev_wall, log)
+
+
+def assign_advantages(groups: Sequence[RolloutGroup], algo: Any) -> int:
+    """Advantages in place; a zero-variance group's trainable rollouts become 'filtered' when the algo says so.
+    Returns the number of zero-variance groups."""
+    from rollwise.train.advantages import assign_advantages as assign
+
+    assign(groups, algo.advantage, eps=algo.adv_eps, baseline=algo.reinforce_baseline)
+    zero_var = 0
+    for g in groups:
+        if g.zero_variance:
+            zero_var += 1
+            if algo.skip_zero_variance:
+                for r in g.rollouts:
+                    if r.status in ("kept", "truncated"):
+                        r.status, r.status_reason = "filtered", "zero-variance group (no GRPO signal)"
+    return zero_var
+
+
+def _useful_tokens(trainable: Sequence[Rollout], is_replayed: Callable[[Rollout], bool]) -> int:
+    return sum(len(r.completion_token_ids) for r in trainable if abs(r.advantage or 0.0) > 0 and not is_replayed(r))
+
+
+def step_metrics(rollouts: Sequence[Rollout], num_groups: int, zero_var: int, books: Any, train_m: dict[str, float],
+                 *, gen_wait_s: float, producer_wait_s: float, sync_s: float, step_s: float, weight_version: int,
+                 staleness_bound: int, engine: Any, useful: int) -> dict[str, Any]:
+    """One step's metrics.jsonl record; a value that does not exist this step is left out (never NaN or 0).
+
+    reward_mean is over rollouts that have a reward (errored and aborted ones have none); accuracy is over
+    finished rollouts (not aborted), errored ones counting as incorrect; score_errors counts errored rollouts."""
+    import numpy as np
+
+    counts = {s: sum(r.status == s for r in rollouts) for s in ROLLOUT_STATUSES}
+    rewards = [r.reward for r in rollouts if r.reward is not None]
+    finished = [r for r in rollouts if r.status != "aborted"]
+    lens = [len(r.completion_token_ids) for r in rollouts]
+    gen_tokens = books.generated_tokens
+    rec: dict[str, Any] = {
+        "reward_mean": float(np.mean(rewards)) if rewards else None,
+        "accuracy": float(np.mean([r.status != "errored" and r.reward_parts.get("correct", r.reward or 0.0) >= 1 - 1e-9
+                                   for r in finished])) if finished else None,
+        "zero_var_frac": zero_var / num_groups if num_groups else None,
+        "resp_len_mean": float(np.mean(lens)) if lens else None, "resp_len_max": int(max(lens)) if lens else None,
+        "truncation_rate": counts["truncated"] / len(rollouts) if rollouts else None,
+        "rollouts": counts, "score_errors": counts["errored"],
+        "gen_tokens": gen_tokens, "gen_tokens_per_s": gen_tokens / books.gen_s if books.gen_s > 0 else None,
+        "gen_tokens_per_useful_token": gen_tokens / useful if useful else None,
+        "time_generate_s": books.gen_s, "time_score_s": books.score_s, "time_wait_rollouts_s": gen_wait_s,
+        "time_train_s": train_m.get("train_s", 0.0), "time_sync_s": sync_s, "step_s": step_s,
+        "tokens_per_s": gen_tokens / step_s if step_s > 0 else None,
+        "logprob_mismatch_mean": train_m.get("logprob_diff_mean"), "logprob_mismatch_max": train_m.get("logprob_diff_max"),
+        "kl": train_m.get("kl"), "entropy": train_m.get("entropy"), "grad_norm": train_m.get("grad_norm"),
+        "loss": train_m.get("loss"), "clip_frac": train_m.get("clip_frac"), "lr": train_m.get("lr"),
+        "weight_version": weight_version, "async_staleness_bound": staleness_bound,
+        "engine_requeued": getattr(engine, "requeued", None), "engine_restarts": getattr(engine, "restarts", None),
+    }
+    if staleness_bound:
+        rec["time_producer_wait_s"] = producer_wait_s
+    rec.update(books.metrics())  # control_* books; staleness_mean / staleness_max of the trained tokens
+    return {k: v for k, v in rec.items() if v is not None}
+
+
+def _write_json_atomic(path: Path, obj: Any) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=2, default=str))
+    os.replace(tmp, path)
+
+
+def _eval_before(run: Any, engine: Any, held_out: Callable[[Any], dict[str, float]]) -> dict[str, float]:
+    """The pre-RL evaluation, computed once and kept in RUN_DIR/eval_before.json for resumed runs."""
+    path = run.run_dir / "eval_before.json"
+    if run.ckpt is not None and path.is_file():
+        return json.loads(path.read_text())
+    res = held_out(engine)
+    _write_json_atomic(path, res)
+    return res
+
+
+def _finish(run: Any, before: dict[str, float], after: dict[str, float], store: Any, ckpt_dir: Path | None,
+            prev_wall: float, log: Log) -> dict[str, Any]:
+    """summary.json (with the rollout card) and report.html."""
+    from rollwise.run.evaluate import ACCURACY_METHOD
+    from rollwise.store.card import build_rollout_card
+
+    cfg = run.cfg
+    log(f"held-out accuracy after RL:  {after['accuracy']:.3f} sampled, {after['accuracy_greedy']:.3f} greedy "
+        f"({cfg.train.steps} steps)")
+    card = build_rollout_card(store.counts_by_status(), config_hash=config_hash(cfg),
+                              seeds={"train": run.seed, "eval": run.seed + 7919}, accuracy_method=ACCURACY_METHOD,
+                              checkpoints={"init": run.init_dir, **({"final": ckpt_dir} if ckpt_dir else {})})
+    summary = {
+        **card, "eval_before": before, "eval_after": after, "accuracy_gain": after["accuracy"] - before["accuracy"],
+        "steps": cfg.train.steps, "wall_s": prev_wall + time.perf_counter() - run.t_start, "device": run.device,
+        "warmup": run.warm_info, "run_dir": str(run.run_dir), "engine_backend": cfg.engine.backend,
+        "async_staleness": cfg.control.async_staleness, "control_policy": cfg.control.policy,
+    }
+    _write_json_atomic(run.run_dir / "summary.json", summary)
+    try:
+        from rollwise.report import write_report
+
+        write_report(run.run_dir)
+    except Exception as e:  # noqa: BLE001 - the run is done and saved; a report failure must not hide that
+        log(f"warning: report not written: {type(e).__name__}: {e}")
+    return summary
