@@ -26,8 +26,14 @@ def test_embedded_default_loads_and_is_documented():
     assert cfg.model.path == "builtin:tiny"
     assert cfg.rollout.samples_per_prompt >= 2  # GRPO needs groups
     assert cfg.warmup.enabled
-    text = default_config_path().read_text()
-    assert "# Peak AdamW learning rate" in text  # every field carries its docstring as a comment
+    # default.yaml holds only what the recipe changes; everything else is the code's documented default.
+    recipe = yaml.safe_load(default_config_path().read_text())
+    assert recipe == {"rollout": {"max_tokens": 16}, "train": {"lr": 3e-4, "micro_batch_tokens": 512, "steps": 100},
+                      "run": {"cpu_threads": 1}, "warmup": {"steps": 1500, "seconds": 400.0}}
+    defaults = RunConfig()
+    for section, keys in recipe.items():
+        for k, v in keys.items():
+            assert getattr(getattr(defaults, section), k) != v, f"{section}.{k} equals the default: drop it"
     for model in (RunConfig, *[f.annotation for f in RunConfig.model_fields.values()]):
         for name, field in model.model_fields.items():
             assert field.description, f"{model.__name__}.{name} has no docstring"
@@ -97,8 +103,11 @@ def test_bad_files(tmp_path):
     bad.write_text("train:\n  lora:\n    alpah: 3\n")
     with pytest.raises(ConfigError, match=r"unknown config key 'train.lora.alpah' \(did you mean 'train.lora.alpha'\?\)"):
         load_config(bad)
-    bad.write_text("run:\n  backend: slurm\n")
-    with pytest.raises(ConfigError, match="bad value for config key 'run.backend'"):
+    bad.write_text("engine:\n  backend: slurm\n")
+    with pytest.raises(ConfigError, match="bad value for config key 'engine.backend'"):
+        load_config(bad)
+    bad.write_text("run:\n  backend: ray\n")
+    with pytest.raises(ConfigError, match=r"unknown config key 'run.backend' \(did you mean 'engine.backend'\?\)"):
         load_config(bad)
     empty = tmp_path / "empty.yaml"
     empty.write_text("")
@@ -138,3 +147,78 @@ def test_config_module_does_not_import_torch():
     code = "import sys, rollwise.config as c; c.load_config(None, []); print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+# ------------------------------------------------------------------------------------------------- schema walk
+
+
+def _unread_keys(src_text: str) -> list[str]:
+    import re
+
+    from rollwise.config import _field_annotation, _unwrap_model
+
+    out = []
+    for k in valid_keys():
+        if _unwrap_model(_field_annotation(tuple(k.split(".")))) is not None:
+            continue  # a section, not a leaf
+        name = k.rsplit(".", 1)[-1]
+        if not re.search(rf"\.{re.escape(name)}\b", src_text) and not re.search(rf"[\"']{re.escape(name)}[\"']", src_text):
+            out.append(k)
+    return out
+
+
+def test_every_config_key_is_read_somewhere():
+    """Walk the schema: every leaf key's field is read by code outside config.py (an unread key is a silent no-op)."""
+    from pathlib import Path
+
+    import rollwise
+
+    root = Path(rollwise.__file__).parent
+    src = "\n".join(p.read_text() for p in root.rglob("*.py") if p.name != "config.py")
+    assert _unread_keys(src) == []
+    # The walk notices a key nobody reads: drop every reader of 'kv_cache_gb' and it is reported.
+    stripped = src.replace(".kv_cache_gb", "").replace('"kv_cache_gb"', "")
+    assert _unread_keys(stripped) == ["engine.kv_cache_gb"]
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["control.policy=early_stop", "engine.backend=ray"], "control.policy 'early_stop' needs engine.backend 'local'"),
+    (["control.policy=partial", "engine.backend=remote", "engine.remote_urls=[http://h:1]"],
+     "control.policy 'partial' needs engine.backend 'local'"),
+    (["engine.backend=remote"], "engine.backend 'remote' needs engine.remote_urls"),
+    (["rollout.temperature=0"], "RL needs temperature > 0"),
+    (["control.confidence=0.5"], "'control.confidence' is set but has no effect unless control.policy is 'early_stop'"),
+    (["engine.remote_urls=[http://h:1]"], "'engine.remote_urls' is set but has no effect unless engine.backend is 'remote'"),
+    (["engine.num_engines=4"], "'engine.num_engines' is set but has no effect unless engine.backend is 'ray'"),
+    (["replay.max_age=2"], "'replay.max_age' is set but has no effect unless replay.enabled is true"),
+    (["model.path=/m", "warmup.steps=10"], "'warmup.steps' is set but has no effect unless model.path is 'builtin:tiny'"),
+    (["train.lora.r=4"], "'train.lora.r' is set but has no effect unless train.lora.enabled is true"),
+    (["algo.kl_estimator=k1"], "'algo.kl_estimator' is set but has no effect unless algo.kl_coef > 0"),
+])
+def test_combinations_that_cannot_work_are_refused_at_load(overrides, message):
+    with pytest.raises(ConfigError) as e:
+        load_config(None, overrides)
+    assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_keys_that_take_effect_pass_and_a_saved_run_config_is_not_second_guessed(tmp_path):
+    cfg = load_config(None, ["control.policy=early_stop", "control.confidence=0.5", "engine.max_num_seqs=8",
+                             "replay.enabled=true", "replay.max_age=2", "algo.kl_coef=0.1", "algo.kl_estimator=k1"])
+    assert cfg.control.confidence == 0.5 and cfg.replay.max_age == 2
+    # The embedded recipe's own warm-up keys are not the user's choice: pointing it at a checkpoint is fine.
+    assert load_config(None, ["model.path=/m"]).model.path == "/m"
+    # A run's resolved config.yaml carries every key; it loads back as it is.
+    saved = tmp_path / "config.yaml"
+    saved.write_text(dump_config(load_config(None, ["model.path=/m"])))
+    assert load_config(saved, saved_run=True).model.path == "/m"
+    with pytest.raises(ConfigError, match=r"'warmup\.(seconds|steps)' is set but has no effect"):
+        load_config(saved)  # as a user's own file, it sets warm-up keys for a checkpoint model
+
+
+def test_resume_conflicts_name_the_keys_that_change_results():
+    from rollwise.config import resume_conflicts
+
+    a = load_config(None, [])
+    assert resume_conflicts(a, load_config(None, ["train.steps=200", "run.tensorboard=false", "engine.max_num_seqs=8"])) == []
+    diffs = resume_conflicts(a, load_config(None, ["train.lr=1e-3", "rollout.samples_per_prompt=4"]))
+    assert diffs == ["rollout.samples_per_prompt: 8 -> 4", "train.lr: 0.0003 -> 0.001"]

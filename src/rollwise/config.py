@@ -498,6 +498,13 @@ def _defaults() -> RunConfig:
     return _DEFAULTS
 
 
+def _differs(cfg: RunConfig, dotted: str) -> bool:
+    try:
+        return _value_at(cfg, dotted) != _value_at(_defaults(), dotted)
+    except AttributeError:  # a free-form dict's key (env.kwargs.x): not a schema field
+        return True
+
+
 def cross_section_problems(cfg: RunConfig) -> list[str]:
     """Combinations that cannot work, and keys set where they take no effect; one line each (empty: fine)."""
     out: list[str] = []
@@ -527,8 +534,13 @@ def inert_keys(cfg: RunConfig, given: set[str] | list[str]) -> list[str]:
     out = []
     for key, applies, when in _APPLIES_WHEN:
         touched = sorted(g for g in given if g == key or g.startswith(key + ".") or key.startswith(g + "."))
-        if touched and not applies(cfg) and _value_at(cfg, key) != _value_at(_defaults(), key):
-            name = touched[0] if touched[0].startswith(key) else key
+        if not touched or applies(cfg):
+            continue
+        # Name the most specific key the user set to a non-default value (e.g. 'warmup.steps', not 'warmup').
+        changed = [g for g in touched if g.startswith(key + ".") and _differs(cfg, g)]
+        if changed or _value_at(cfg, key) != _value_at(_defaults(), key) and any(not g.startswith(key + ".")
+                                                                                 for g in touched):
+            name = changed[0] if changed else key
             out.append(f"bad config: '{name}' is set but has no effect unless {when}")
     return out
 

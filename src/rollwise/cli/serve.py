@@ -54,9 +54,8 @@ def run(args: argparse.Namespace) -> int:
 
     key = args.admin_key or os.environ.get("ROLLWISE_ADMIN_KEY") or None
     cfg = EngineConfig(max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-                       max_model_len=args.max_model_len, kv_cache_gb=args.kv_cache_gb, block_size=args.block_size,
-                       seed=args.seed)
-    engine = EngineCore.from_pretrained(args.model, device=args.device, dtype=args.dtype, config=cfg)
+                       max_model_len=args.max_model_len, kv_cache_gb=args.kv_cache_gb, block_size=args.block_size)
+    engine = EngineCore.from_pretrained(args.model, device=args.device, dtype=args.dtype, config=cfg, seed=args.seed)
     try:
         server = OpenAIServer(engine, args.model, ServeConfig(host=args.host, port=args.port,
                                                               served_model_name=args.served_model_name,

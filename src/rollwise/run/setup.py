@@ -194,7 +194,9 @@ def build_run(cfg: RunConfig, log: Log) -> RunParts:
             log(f"resume: no complete checkpoint in {run_dir}; starting from scratch")
         else:
             ckpt = load_checkpoint(latest)
-    (run_dir / "config.yaml").write_text(dump_config(cfg))
+    resolved = cfg.model_copy(deep=True)
+    resolved.run.resume = False  # how this invocation started is not part of the run's config
+    (run_dir / "config.yaml").write_text(dump_config(resolved))
     init_dir, warm_info = prepare_model(cfg, env, train_tasks, run_dir, log)
     tok_dir = Path(cfg.model.tokenizer) if cfg.model.tokenizer else init_dir
     tokenizer = load_tokenizer(tok_dir)
