@@ -134,6 +134,47 @@ class Rollout:
         return int(sum(self.loss_mask))
 
 
+def rollout_status(finish_reason: str | None, score: Score | None, max_tokens: int | None = None) -> tuple[str, str]:
+    """(status, reason) of one sample or episode: the one place that decides it.
+
+    errored (scoring, or the environment, failed: no reward, never a silent 0) > aborted (stopped before it
+    finished, and not scored) > truncated (hit max_tokens, or an episode's turn or token limit; scored as it stands)
+    > kept. 'filtered' is set later, by whoever filters (zero-variance groups, dynamic sampling)."""
+    if score is not None and score.error is not None:
+        return "errored", score.error
+    if finish_reason == "abort":
+        return "aborted", "aborted before it finished"
+    if score is None:
+        raise RuntimeError("a finished sample was never scored (a bug in the caller)")
+    if finish_reason == "length":
+        return "truncated", f"hit max_tokens={max_tokens}" if max_tokens else "hit the token limit"
+    if finish_reason == "max_turns":
+        return "truncated", "hit the turn limit"
+    return "kept", ""
+
+
+def make_rollout(task: Task, group_id: str, index: int, prompt_token_ids: list[int], *, token_ids: list[int],
+                 logprobs: list[float], weight_versions: list[int], finish_reason: str | None, text: str,
+                 score: Score | None, step: int, seed: int | None = None, max_tokens: int | None = None,
+                 loss_mask: list[int] | None = None, timings: dict[str, float] | None = None,
+                 env_info: dict[str, Any] | None = None) -> Rollout:
+    """The one constructor of a Rollout from what was generated and its score (status by `rollout_status`);
+    used by the rollout controller and by multi-turn episodes alike."""
+    status, reason = rollout_status(finish_reason, score, max_tokens)
+    scored = status != "aborted" and score is not None and score.error is None
+    n = len(token_ids)
+    info = {k: v for k, v in (score.info if score is not None else {}).items() if isinstance(v, (int, float, str, bool))}
+    return Rollout(
+        prompt_id=task.id, group_id=group_id, sample_index=index, prompt_token_ids=list(prompt_token_ids),
+        completion_token_ids=list(token_ids), logprobs=list(logprobs),
+        weight_versions=list(weight_versions) or [0] * n, loss_mask=list(loss_mask) if loss_mask is not None else [1] * n,
+        text=text, finish_reason=finish_reason, reward=float(score.value) if scored else None,  # type: ignore[union-attr]
+        reward_parts=dict(score.parts) if score is not None and status != "aborted" else {},
+        status=status, status_reason=reason, step=step, seed=seed, timings=dict(timings or {}),  # type: ignore[arg-type]
+        env_info={**info, **(env_info or {})},
+    )
+
+
 @dataclass
 class RolloutGroup:
     """The samples of one prompt: the unit GRPO-style advantages are computed over."""

@@ -18,11 +18,9 @@ duckdb = pytest.importorskip("duckdb")
 PROMPTS, SAMPLES, STEPS = 4, 4, 6
 
 
-def args(out: Path, cache: Path) -> list[str]:
+def args(out: Path, model: Path) -> list[str]:
     sets = [
-        f"warmup.cache_dir={cache}", "warmup.steps=40", "warmup.seconds=120",
-        "model.builtin.hidden_size=64", "model.builtin.num_layers=2", "model.builtin.intermediate_size=128",
-        f"rollout.prompts_per_step={PROMPTS}", f"rollout.samples_per_prompt={SAMPLES}", "rollout.max_tokens=6",
+        f"model.path={model}", f"rollout.prompts_per_step={PROMPTS}", f"rollout.samples_per_prompt={SAMPLES}", "rollout.max_tokens=6",
         "env.eval_size=8", f"train.steps={STEPS}", "run.tensorboard=false", "run.checkpoint_every=2",
         "algo.skip_zero_variance=false",
     ]
@@ -69,9 +67,9 @@ def run_until(cmd: list[str], out: Path, kill_at_step: int | None, delay_s: floa
 
 
 @pytest.mark.slow
-def test_sigkill_at_several_points_then_resume(tmp_path):
-    out, cache = tmp_path / "run", tmp_path / "cache"
-    cmd = args(out, cache)
+def test_sigkill_at_several_points_then_resume(tmp_path, tiny_model):
+    out = tmp_path / "run"
+    cmd = args(out, tiny_model)
     # 1) killed inside step 2 (before the first checkpoint), 2) inside step 4 (right after checkpoint 2 or
     # during checkpoint 4's save), 3) then run to the end.
     assert run_until(cmd, out, kill_at_step=1, delay_s=0.05) == -9

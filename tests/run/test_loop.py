@@ -46,6 +46,8 @@ def test_run_writes_everything_and_accounts_for_every_rollout(tmp_path, run_cfg)
     rows = RolloutStore(out).read()
     assert len(rows) == 64 and {r.step for r in rows} == {1, 2, 3, 4}
     assert all(len(r.logprobs) == len(r.completion_token_ids) for r in rows)
+    # Every stored rollout says how long its generation and its scoring took (the store's `timings` column).
+    assert all({"generate_s", "score_s"} <= set(r.timings) and r.timings["generate_s"] > 0 for r in rows)
 
 
 def test_resume_continues_as_if_never_stopped(tmp_path, run_cfg):

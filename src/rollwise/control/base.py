@@ -40,8 +40,8 @@ from typing import Any, Protocol
 
 from rollwise.engine.protocol import step_engine
 from rollwise.rewards.concurrent import score_many
-from rollwise.types import (ROLLOUT_STATUSES, CompletionOutput, RequestOutput, Rollout, RolloutGroup,
-                            SamplingParams, Score, Task)
+from rollwise.types import (ROLLOUT_STATUSES, CompletionOutput, RequestOutput, RolloutGroup, SamplingParams, Score,
+                            Task, make_rollout)
 
 TaskSource = Callable[[int], list[Task]]
 """`take(k)` -> the next k training tasks (the loop's seeded, resumable data order)."""
@@ -381,41 +381,6 @@ def plain_encoder(tokenizer: Any) -> Callable[[Task], list[int]]:
     return encode
 
 
-def rollout_status(output: CompletionOutput, score: Score | None, max_tokens: int) -> tuple[str, str]:
-    """(status, reason) of one sample; the one place that decides it.
-
-    aborted (never finished, so never scored) > errored (scoring failed: no reward, never a silent 0) >
-    truncated (hit max_tokens; scored as it stands) > kept. 'filtered' is set later, by whoever filters."""
-    if output.finish_reason == "abort":
-        return "aborted", "aborted before it finished"
-    if score is None:
-        raise RuntimeError("a finished sample was never scored (a bug in a policy)")
-    if score.error is not None:
-        return "errored", score.error
-    if output.finish_reason == "length":
-        return "truncated", f"hit max_tokens={max_tokens}"
-    return "kept", ""
-
-
-def make_rollout(task: Task, group_id: str, index: int, prompt_token_ids: list[int], output: CompletionOutput,
-                 score: Score | None, *, step: int, seed: int | None, max_tokens: int,
-                 timings: dict[str, float] | None = None) -> Rollout:
-    """The one constructor of a Rollout from an engine output and its score (status by `rollout_status`)."""
-    status, reason = rollout_status(output, score, max_tokens)
-    scored = status != "aborted" and score is not None and score.error is None
-    n = len(output.token_ids)
-    return Rollout(
-        prompt_id=task.id, group_id=group_id, sample_index=index, prompt_token_ids=list(prompt_token_ids),
-        completion_token_ids=list(output.token_ids), logprobs=list(output.logprobs),
-        weight_versions=list(output.weight_versions) or [0] * n, loss_mask=[1] * n, text=output.text,
-        finish_reason=output.finish_reason, reward=float(score.value) if scored else None,
-        reward_parts=dict(score.parts) if score is not None and status != "aborted" else {},
-        status=status, status_reason=reason, step=step, seed=seed, timings=dict(timings or {}),  # type: ignore[arg-type]
-        env_info={k: v for k, v in (score.info if score is not None else {}).items()
-                  if isinstance(v, (int, float, str, bool))},
-    )
-
-
 def build_group(g: PendingGroup, step: int, max_tokens: int) -> RolloutGroup:
     """Lay a finished pending group out as Rollouts (`make_rollout` decides each status)."""
     rollouts = []
@@ -424,7 +389,9 @@ def build_group(g: PendingGroup, step: int, max_tokens: int) -> RolloutGroup:
             raise RuntimeError(f"group {g.group_id} sample {j} was never generated")
         t = {k: v for k, v in (("generate_s", g.gen_s[j] if j < len(g.gen_s) else None),
                                ("score_s", g.score_s[j] if j < len(g.score_s) else None)) if v is not None}
-        rollouts.append(make_rollout(g.task, g.group_id, j, g.prompt_token_ids, o, sc, step=step, seed=g.seed,
+        rollouts.append(make_rollout(g.task, g.group_id, j, g.prompt_token_ids, token_ids=o.token_ids,
+                                     logprobs=o.logprobs, weight_versions=o.weight_versions,
+                                     finish_reason=o.finish_reason, text=o.text, score=sc, step=step, seed=g.seed,
                                      max_tokens=max_tokens, timings=t))
     return RolloutGroup(g.task.id, g.group_id, rollouts)
 

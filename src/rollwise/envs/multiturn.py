@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from rollwise.envs.base import EpisodeState, MultiTurnEnvironment, Task
-from rollwise.types import Rollout, SamplingParams, Score
+from rollwise.types import Rollout, SamplingParams, Score, make_rollout
 
 EpisodeEnd = Literal["stop", "length", "max_turns", "abort"]
 ENV_WEIGHT_VERSION = -1
@@ -52,28 +52,14 @@ class Episode:
         return len(self.prompt_token_ids) + len(self.token_ids)
 
     def to_rollout(self, prompt_id: str | None = None, group_id: str | None = None, step: int = 0) -> Rollout:
-        """The episode as a `Rollout` (status "truncated" when it did not end by the environment's choice)."""
-        s = self.score or Score(0.0, error="episode was not scored")
-        status = "errored" if s.error else ("aborted" if self.finish_reason == "abort" else
-                                            "kept" if self.finish_reason == "stop" else "truncated")
-        return Rollout(
-            prompt_id=prompt_id or self.task.id,
-            group_id=group_id or self.task.id,
-            sample_index=self.sample_index,
-            prompt_token_ids=list(self.prompt_token_ids),
-            completion_token_ids=list(self.token_ids),
-            logprobs=list(self.logprobs),
-            weight_versions=list(self.weight_versions),
-            loss_mask=list(self.loss_mask),
-            text="".join(t for _, t in self.texts),
-            finish_reason=self.finish_reason,
-            reward=s.value,
-            reward_parts=dict(s.parts),
-            status=status,  # type: ignore[arg-type]
-            status_reason=s.error or "",
-            env_info={"turns": self.turns, **{k: v for k, v in s.info.items() if isinstance(v, (str, int, float, bool, type(None)))}},
-            step=step,
-        )
+        """The episode as a `Rollout` (`types.make_rollout`: "truncated" when it hit a turn or token limit)."""
+        r = make_rollout(self.task, group_id or self.task.id, self.sample_index, self.prompt_token_ids,
+                         token_ids=self.token_ids, logprobs=self.logprobs, weight_versions=self.weight_versions,
+                         finish_reason=self.finish_reason, text="".join(t for _, t in self.texts),
+                         score=self.score or Score(0.0, error="episode was not scored"), step=step,
+                         loss_mask=self.loss_mask, env_info={"turns": self.turns})
+        r.prompt_id = prompt_id or self.task.id
+        return r
 
 
 def encode_reply(tokenizer: Any, text: str) -> list[int]:
