@@ -246,3 +246,14 @@ def test_every_float_field_refuses_non_finite():
         checked += 1
     assert checked >= 25, checked
     assert math.isfinite(load_config(None, ["train.lr=1e308"]).train.lr)
+
+
+def test_alias_expansion_depth_is_bounded(tmp_path):
+    """Each level under the limit as written, but an alias chain stacks them past it once expanded."""
+    p = tmp_path / "chain.yaml"
+    lines = ["env:", "  kwargs:", "    l0: &l0 " + "[" * 30 + "1" + "]" * 30]
+    lines += [f"    l{i}: &l{i} " + "[" * 30 + f"*l{i - 1}" + "]" * 30 for i in range(1, 4)]
+    p.write_text("\n".join(lines) + "\n")
+    assert "nested deeper than 64 levels once aliases are expanded" in _one_line_error(p)
+    p.write_text("\n".join(lines[:4]) + "\n")  # l0 and l1: 62 levels under env.kwargs, 64 in all
+    assert load_config(p).env.kwargs["l1"][0][0]

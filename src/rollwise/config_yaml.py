@@ -116,7 +116,7 @@ def _check_expansion(root: Node) -> None:
             line = node.start_mark.line + 1
             if size[k] > MAX_NODES:
                 raise _Refused(f"aliases expand to more than {MAX_NODES:,} nodes (an alias bomb?)", line)
-            if depth[k] > MAX_DEPTH + 1:  # +1: the scalar leaves count as a level here, not in compose_node
+            if depth[k] > MAX_DEPTH:  # counted as compose_node counts: every node, scalars too, is a level
                 raise _Refused(f"nested deeper than {MAX_DEPTH} levels once aliases are expanded", line)
             continue
         if k in size:

@@ -442,7 +442,8 @@ def test_stalled_bodies_time_out_and_release_their_bytes(tight):
         if code is not None:
             _json_error((code, headers, body), code, "did not arrive within" if code == 408 else "too many request bytes")
         s.close()
-    assert set(statuses) <= {408, 503} and 408 in statuses, statuses
+    # None: refused over budget and reset while its 3 MiB were still being sent (the 503 was not read back).
+    assert set(statuses) <= {408, 503, None} and 408 in statuses, statuses
     assert peak <= 8 * 2**20
     t0 = time.monotonic()
     while budget.used and time.monotonic() - t0 < 2:

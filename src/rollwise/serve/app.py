@@ -1,7 +1,11 @@
 """`OpenAIServer`: an OpenAI-compatible HTTP server over one `EngineCore` (stdlib `ThreadingHTTPServer`).
 
 Threads: one per connection for HTTP (parsing, tokenizing, waiting, writing), and the single engine thread
-of `EngineWorker` that runs the continuous batch. Handlers never touch the engine.
+of `EngineWorker` that runs the continuous batch. Handlers never touch the engine. What one client can hold
+is bounded by conn.py: read deadlines per phase, a write timeout, a connection cap that closes idle
+connections first, a byte budget for request bodies, and an accept loop that backs off when descriptors
+run out. Every error answer, the stdlib's own (400 bad request line, 414, 431, 501, 505) included, is
+OpenAI's error JSON; JSON bodies nested deeper than `max_json_depth` are a 400.
 
 Routes:
     POST /v1/completions            POST /v1/chat/completions      GET /v1/models      GET /health
@@ -443,7 +447,7 @@ class _Handler(BaseHTTPRequestHandler):
             if not self._consumed and self.headers.get("Content-Length", "0") not in ("", "0"):
                 self.close_connection = True  # an unread body would be parsed as the next request
             self._send_error(e)
-        except (BrokenPipeError, ConnectionResetError):
+        except (BrokenPipeError, ConnectionResetError, TimeoutError):  # TimeoutError: a write past write_timeout_s
             self.close_connection = True
         except Exception as e:  # noqa: BLE001 - a bug must answer 500, not kill the connection silently
             log.exception("unhandled error on %s %s", self.command, path)
