@@ -552,3 +552,14 @@ def test_descriptor_limit_idle_connections_and_accept_backoff(char_ckpt, tmp_pat
             s.close()
         proc.kill()
         proc.wait()
+
+
+@pytest.mark.parametrize("flag, value", [("--header-timeout", "0"), ("--body-timeout", "-1"),
+                                         ("--write-timeout", "inf"), ("--max-buffered-mb", "nan"),
+                                         ("--max-connections", "0")])
+def test_cli_refuses_bad_connection_limits(char_ckpt, capsys, flag, value):
+    from rollwise.cli.main import main
+
+    assert main(["serve", "--model", str(char_ckpt), flag, value]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and flag in err, err

@@ -47,8 +47,8 @@ def add_parser(subparsers: Any) -> None:
                    help="seconds a request body gets, plus 1 s per MiB (default 30)")
     g.add_argument("--write-timeout", type=float, default=60.0,
                    help="seconds a client may stop reading its response before it is dropped (default 60)")
-    g.add_argument("--max-buffered-mb", type=float, default=512.0,
-                   help="request-body MiB held across all connections; over it a request gets 503 (default 512)")
+    g.add_argument("--max-buffered-mb", type=float, default=256.0,
+                   help="request-body MiB held across all connections; over it a request gets 503 (default 256)")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -52,7 +52,7 @@ class ConnLimits:
     min_body_rate_mb_s: float = 1.0
     write_timeout_s: float = 60.0
     max_connections: int = 512
-    max_buffered_mb: float = 512.0
+    max_buffered_mb: float = 256.0
     max_request_line: int = 8192
     max_header_bytes: int = 65536
 
