@@ -396,7 +396,8 @@ def test_slow_loris_is_cut_off_and_threads_stay_bounded(tight):
         peak = max(peak, threading.active_count() - base_threads, len(tight._httpd.conns))
         assert _health_ok(tight, within=2.0) < 1.0
         time.sleep(0.1)
-    assert peak <= 16 + 2, peak  # the cap (the /health probe's own connection and its thread ride along)
+    # The cap of 16, plus slack for the /health probe and evicted threads still on their way out (100 without a cap).
+    assert peak <= 24, peak
     closed = 0
     for s in socks:
         code, _, body = _read_reply(s, timeout=2.0)
