@@ -222,3 +222,122 @@ def test_resume_conflicts_name_the_keys_that_change_results():
     assert resume_conflicts(a, load_config(None, ["train.steps=200", "run.tensorboard=false", "engine.max_num_seqs=8"])) == []
     diffs = resume_conflicts(a, load_config(None, ["train.lr=1e-3", "rollout.samples_per_prompt=4"]))
     assert diffs == ["rollout.samples_per_prompt: 8 -> 4", "train.lr: 0.0003 -> 0.001"]
+
+
+# ---------------------------------------------------------------- hostile YAML and non-finite numbers (issue 12)
+
+BOMB = "\n".join(
+    ["env:", "  name: arithmetic", "  kwargs:", '    a0: &a0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    + [f"    a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 9) + "]" for i in range(1, 9)]
+) + "\n"
+
+
+def _one_line_error(path, *overrides) -> str:
+    with pytest.raises(ConfigError) as info:
+        load_config(path, list(overrides))
+    text = str(info.value)
+    assert "\n" not in text and "Traceback" not in text
+    return text
+
+
+def test_deeply_nested_yaml_is_refused_in_one_line(tmp_path):
+    p = tmp_path / "deep.yaml"
+    p.write_text("env:\n  kwargs:\n    x: " + "[" * 10_000 + "]" * 10_000 + "\n")
+    text = _one_line_error(p)
+    assert text.startswith("bad config: ") and "nested deeper than" in text and "line 3" in text
+    p.write_text("env:\n  kwargs:\n" + "".join("  " * (i + 2) + f"k{i}:\n" for i in range(2_000)))
+    assert "nested deeper than" in _one_line_error(p)
+    text = _one_line_error(None, "env.kwargs.x=" + "[" * 5_000 + "]" * 5_000)
+    assert "nested deeper than" in text
+
+
+def test_alias_bomb_is_refused_quickly(tmp_path):
+    import time
+
+    p = tmp_path / "bomb.yaml"
+    p.write_text(BOMB)  # 9**9 = 387 million strings once expanded
+    t0 = time.perf_counter()
+    text = _one_line_error(p)
+    assert time.perf_counter() - t0 < 5
+    assert text.startswith("bad config: ") and "aliases expand to more than" in text
+    # The same through the CLI's --print-config, as a user meets it: one line, exit 2, no hang.
+    out = subprocess.run([sys.executable, "-m", "rollwise.cli.main", "train", str(p), "--print-config"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "aliases expand to more than" in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1, out.stderr
+    # A recursive alias (a list that contains itself) is refused, not turned into a cyclic object.
+    p.write_text("env:\n  kwargs:\n    loop: &x [1, *x]\n")
+    assert "refers to itself" in _one_line_error(p)
+
+
+def test_ordinary_anchors_and_merge_keys_still_load(tmp_path):
+    p = tmp_path / "anchors.yaml"
+    p.write_text("env:\n  kwargs: &kw {digits: 2, seed: 3}\n"
+                 "rollout:\n  temperature: 0.7\n"
+                 "algo: {}\n")
+    assert load_config(p).env.kwargs == {"digits": 2, "seed": 3}
+    p.write_text("env:\n  kwargs:\n    base: &b {digits: 2, seed: 3}\n    more:\n      <<: *b\n      seed: 4\n")
+    assert load_config(p).env.kwargs["more"] == {"digits": 2, "seed": 4}
+
+
+def test_duplicate_keys_are_refused_with_their_lines(tmp_path):
+    p = tmp_path / "dup.yaml"
+    p.write_text("train:\n  lr: 1e-4\nrollout:\n  temperature: 0.5\ntrain:\n  lr: 3e-4\n")
+    text = _one_line_error(p)
+    assert text.startswith("bad config: ") and "at line 5: duplicate key 'train' (first at line 1)" in text
+    p.write_text("train:\n  lr: 1e-4\n  weight_decay: 0.1\n  lr: 5e-4\n")
+    assert "at line 4: duplicate key 'lr' (first at line 2)" in _one_line_error(p)
+    p.write_text("env:\n  kwargs: {seed: 1, seed: 2}\n")
+    assert "at line 2: duplicate key 'seed'" in _one_line_error(p)
+
+
+@pytest.mark.parametrize("key", ["train.lr", "engine.kv_cache_gb", "rollout.temperature", "train.grad_clip",
+                                 "algo.tis_cap", "control.oversample", "train.betas"])
+@pytest.mark.parametrize("value", [".inf", "-.inf", ".nan", "inf", "nan"])
+def test_non_finite_numbers_are_refused(key, value, tmp_path):
+    val = f"[0.9, {value}]" if key == "train.betas" else value
+    text = _one_line_error(None, f"{key}={val}")
+    assert f"'{key}" in text and "finite" in text, text
+    section, name = key.split(".")
+    p = tmp_path / "c.yaml"
+    p.write_text(f"{section}:\n  {name}: {val}\n")
+    text = _one_line_error(p)
+    assert f"'{key}" in text and "finite" in text, text
+
+
+def _has_float(ann) -> bool:
+    return ann is float or any(_has_float(a) for a in typing.get_args(ann) if not isinstance(a, str))
+
+
+def test_every_float_field_refuses_non_finite():
+    """All sections at once: every float-typed field of every section rejects inf (no field forgotten)."""
+    import math
+
+    from rollwise.config import _unwrap_model
+
+    checked = 0
+    for key in valid_keys():
+        parts = key.split(".")
+        model = RunConfig
+        for p in parts[:-1]:
+            model = _unwrap_model(model.model_fields[p].annotation)
+        ann = model.model_fields[parts[-1]].annotation
+        if not _has_float(ann):
+            continue
+        value = "[0.5, .inf]" if "tuple" in str(ann) else ".inf"
+        with pytest.raises(ConfigError, match="finite"):
+            load_config(None, [f"{key}={value}"])
+        checked += 1
+    assert checked >= 25, checked
+    assert math.isfinite(load_config(None, ["train.lr=1e308"]).train.lr)
+
+
+def test_alias_expansion_depth_is_bounded(tmp_path):
+    """Each level under the limit as written, but an alias chain stacks them past it once expanded."""
+    p = tmp_path / "chain.yaml"
+    lines = ["env:", "  kwargs:", "    l0: &l0 " + "[" * 30 + "1" + "]" * 30]
+    lines += [f"    l{i}: &l{i} " + "[" * 30 + f"*l{i - 1}" + "]" * 30 for i in range(1, 4)]
+    p.write_text("\n".join(lines) + "\n")
+    assert "nested deeper than 64 levels once aliases are expanded" in _one_line_error(p)
+    p.write_text("\n".join(lines[:4]) + "\n")  # l0 and l1: 62 levels under env.kwargs, 64 in all
+    assert load_config(p).env.kwargs["l1"][0][0]

@@ -30,6 +30,8 @@ from typing import Any, Literal, get_args, get_origin
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from rollwise.config_yaml import ConfigYAMLError, load_yaml
+
 __all__ = [
     "ConfigError",
     "ModelConfig",
@@ -61,7 +63,8 @@ class ConfigError(ValueError):
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_assignment=True, frozen=False)
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_assignment=True, frozen=False,
+                              allow_inf_nan=False)  # inf/nan refused for every float field of every section
 
 
 class BuiltinModelConfig(_Section):
@@ -398,7 +401,7 @@ class ReplaySection(_Section):
 class RunConfig(BaseModel):
     """The whole run config: one section per component."""
 
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_assignment=True, allow_inf_nan=False)
 
     model: ModelConfig = Field(default_factory=ModelConfig)
     """The policy model."""
@@ -710,7 +713,9 @@ def _parse_override(item: str) -> tuple[list[str], Any]:
     if not key or any(not p for p in key.split(".")):
         raise ConfigError(f"bad override {item!r}: expected KEY=VALUE with a dotted key, e.g. train.lr=1e-4")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else None
+        value = load_yaml(raw, f"override {key}") if raw.strip() else None
+    except ConfigYAMLError as e:
+        raise ConfigError(str(e)) from None
     except yaml.YAMLError as e:
         raise ConfigError(f"bad override {item!r}: value is not a YAML scalar ({str(e).splitlines()[0]})") from None
     return key.split("."), value
@@ -769,7 +774,9 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
     except OSError as e:
         raise ConfigError(f"cannot read config file {src}: {e.strerror or e}") from None
     try:
-        data = yaml.safe_load(text)
+        data = load_yaml(text, str(src))
+    except ConfigYAMLError as e:
+        raise ConfigError(str(e)) from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""

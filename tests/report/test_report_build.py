@@ -82,6 +82,38 @@ def test_bad_shard_is_named_on_the_page(run_dir):
     assert {g["step"] for g in _embedded(page)["groups"]} == set(range(11, 19))
 
 
+def _shard_damage():
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location("shard_damage", Path(__file__).parents[1] / "store" / "shard_damage.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_undecodable_step_is_named_not_dropped_silently(run_dir, capsys):
+    """Step 19's status column still reads but its log-prob pages do not: the page says so (it used to vanish)."""
+    bad = run_dir / "rollouts" / "step-000019.parquet"
+    _shard_damage().scramble(bad, "logprobs")
+    RolloutStore(run_dir).read_shard(bad, ["step", "num_generated", "status"])  # the light columns are fine
+    page = write_report(run_dir).read_text()
+    assert f"skipped unreadable shard {bad}" in page and "step 19 is left out of the browser" in page
+    assert {g["step"] for g in _embedded(page)["groups"]} == set(range(11, 19))
+
+
+def test_corrupt_page_of_an_old_step_is_named_on_the_page_and_by_the_cli(run_dir, tmp_path, capsys):
+    """4 flipped bytes in step 3's log-probs (outside the embedded steps): named, not read as a different number."""
+    bad = run_dir / "rollouts" / "step-000003.parquet"
+    _shard_damage().flip_silently(bad, "logprobs")
+    out = tmp_path / "r.html"
+    assert main(["report", str(run_dir), "--output", str(out)]) == 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and str(bad) in err[0] and "page checksum does not match" in err[0]
+    page = out.read_text()
+    assert "step 3 is left out" in page and str(bad) in page
+
+
 def test_not_a_run_dir(tmp_path):
     with pytest.raises(FileNotFoundError, match="does not exist"):
         write_report(tmp_path / "nope")

@@ -14,13 +14,16 @@ MODEL = "tiny"
 CHARS = "0123456789+-*= abcdefghij\n"
 
 
-def start_server(ckpt: Path, admin_key: str | None = ADMIN_KEY, **engine_kwargs: Any):
+def start_server(ckpt: Path, admin_key: str | None = ADMIN_KEY, serve: dict[str, Any] | None = None,
+                 **engine_kwargs: Any):
+    """An in-process server on a free port; `serve` holds extra `ServeConfig` fields (e.g. tight `limits`)."""
     from rollwise.engine.core import EngineConfig, EngineCore
     from rollwise.serve.app import OpenAIServer, ServeConfig
 
     cfg = EngineConfig(**{"block_size": 4, "max_model_len": 128, **engine_kwargs})
     eng = EngineCore.from_pretrained(ckpt, config=cfg)
-    return OpenAIServer(eng, ckpt, ServeConfig(port=0, served_model_name=MODEL, admin_key=admin_key)).start()
+    scfg = ServeConfig(port=0, served_model_name=MODEL, admin_key=admin_key, **(serve or {}))
+    return OpenAIServer(eng, ckpt, scfg).start()
 
 
 @dataclass

@@ -276,3 +276,291 @@ def test_engine_limits_and_engine_errors_do_not_stop_the_server(char_ckpt):
         assert request(srv.url + "/health").body["engine_errors"] == 1
     finally:
         srv.shutdown(drain_s=0.0)
+
+
+# ------------------------------------------------------------------ hostile connections (issue 12)
+# A server with tight limits, so each attack resolves in about a second.
+
+def _limits(**kw):
+    from rollwise.serve.conn import ConnLimits
+
+    base = dict(header_timeout_s=0.5, body_timeout_s=0.5, min_body_rate_mb_s=200.0, write_timeout_s=2.0,
+                max_connections=16, max_buffered_mb=8.0)
+    return ConnLimits(**{**base, **kw})
+
+
+@pytest.fixture(scope="module")
+def tight(char_ckpt):
+    srv = start_server(char_ckpt, serve={"limits": _limits()})
+    yield srv
+    srv.shutdown(drain_s=0.0)
+
+
+def _addr(srv):
+    host, port = srv.url.split("//")[1].split(":")
+    return host, int(port)
+
+
+def _read_reply(s: socket.socket, timeout: float = 5.0) -> tuple[int | None, dict, bytes]:
+    """(status, headers, body) of one response, or (None, {}, b"") when the server closed without one."""
+    s.settimeout(timeout)
+    data = b""
+    try:
+        while b"\r\n\r\n" not in data:
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+        if b"\r\n\r\n" not in data:
+            return None, {}, data
+        head, body = data.split(b"\r\n\r\n", 1)
+        lines = head.decode("latin-1").split("\r\n")
+        headers = {k.strip().lower(): v.strip() for k, v in (ln.split(":", 1) for ln in lines[1:] if ":" in ln)}
+        n = int(headers.get("content-length", 0))
+        while len(body) < n:
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            body += chunk
+        return int(lines[0].split()[1]), headers, body
+    except (ConnectionResetError, BrokenPipeError):
+        return None, {}, data
+
+
+def _raw(srv, data: bytes, timeout: float = 5.0):
+    with socket.create_connection(_addr(srv), timeout=timeout) as s:
+        try:
+            s.sendall(data)
+        except (ConnectionResetError, BrokenPipeError):
+            pass
+        return _read_reply(s, timeout)
+
+
+def _json_error(reply, status, fragment):
+    code, headers, body = reply
+    assert code == status, (code, body[:300])
+    assert headers["content-type"] == "application/json", headers
+    err = json.loads(body)["error"]
+    assert err["code"] == status and fragment in err["message"] and "\n" not in err["message"], err
+    return err
+
+
+def _health_ok(srv, within: float = 2.0) -> float:
+    t0 = time.monotonic()
+    r = request(srv.url + "/health", timeout=within)
+    assert r.status == 200, r.raw[:200]
+    return time.monotonic() - t0
+
+
+def test_deeply_nested_json_is_a_400_not_a_500(tight):
+    for depth in (100_000, 65):
+        body = b'{"model": "tiny", "prompt": [5], "user": ' + b"[" * depth + b"]" * depth + b"}"
+        r = post(tight, "/v1/completions", None, raw=body)
+        _check_error(r, 400, "nested deeper than 64 levels")
+    shallow = {**GOOD, "user": json.loads("[" * 60 + "]" * 60)}  # unknown fields are ignored, as in vLLM
+    assert post(tight, "/v1/completions", shallow).status == 200
+
+
+@pytest.mark.parametrize("data, status, fragment", [
+    (b"GET /" + b"a" * 10_000 + b" HTTP/1.1\r\nHost: x\r\n\r\n", 414, "request line is longer than 8192"),
+    (b"GET /health HTTP/1.1\r\n" + b"".join(b"X-%d: y\r\n" % i for i in range(200)) + b"\r\n", 431, "headers"),
+    (b"GET /health HTTP/1.1\r\nX-Big: " + b"y" * 70_000 + b"\r\n\r\n", 431, "more than 65536 bytes"),
+    (b"GET /health HTTP/1.1\r\n" + b"".join(b"X-%d: %s\r\n" % (i, b"y" * 2000) for i in range(90)) + b"\r\n", 431,
+     "request head is larger than 65536 bytes"),
+    (b"BREW /pot HTTP/1.1\r\nHost: x\r\n\r\n", 501, "unsupported method 'BREW'"),
+    (b"this is not http\r\n\r\n", 400, "Bad request"),
+    (b"GET /health HTTP/9.0\r\n\r\n", 505, "HTTP"),
+], ids=["414", "431-count", "431-line", "431-total", "501", "400", "505"])
+def test_protocol_errors_are_openai_json(tight, data, status, fragment):
+    _json_error(_raw(tight, data), status, fragment)
+    _health_ok(tight)
+
+
+def test_slow_loris_is_cut_off_and_threads_stay_bounded(tight):
+    """100 clients trickle a request head a byte at a time: the server drops each after header_timeout_s,
+    never holds more than max_connections of them, and /health answers throughout."""
+    base_threads = threading.active_count()
+    socks = []
+    for _ in range(100):
+        s = socket.create_connection(_addr(tight), timeout=5)
+        s.sendall(b"GET /health HTTP/1.1\r\n")
+        socks.append(s)
+    peak = 0
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < 1.5:
+        for s in socks:
+            try:
+                s.send(b"X")
+            except OSError:
+                pass
+        peak = max(peak, threading.active_count() - base_threads, len(tight._httpd.conns))
+        assert _health_ok(tight, within=2.0) < 1.0
+        time.sleep(0.1)
+    # The cap of 16, plus slack for the /health probe and evicted threads still on their way out (100 without a cap).
+    assert peak <= 24, peak
+    closed = 0
+    for s in socks:
+        code, _, body = _read_reply(s, timeout=2.0)
+        assert code in (None, 408), (code, body[:200])
+        closed += 1
+        s.close()
+    assert closed == 100
+    t1 = time.monotonic()
+    while len(tight._httpd.conns) and time.monotonic() - t1 < 2:
+        time.sleep(0.02)
+    assert len(tight._httpd.conns) == 0
+
+
+def test_slow_head_that_started_gets_408(tight):
+    with socket.create_connection(_addr(tight), timeout=5) as s:
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n")
+        t0 = time.monotonic()
+        reply = _read_reply(s, timeout=3.0)
+    _json_error(reply, 408, "request head did not arrive within 0.5s")
+    assert time.monotonic() - t0 < 2.0
+
+
+def test_stalled_bodies_time_out_and_release_their_bytes(tight):
+    """8 clients announce 30 MiB bodies, send 3 MiB and stall: each is answered 408 (or 503 once the 8 MiB
+    budget is spent) within a second or so, and no bytes stay held."""
+    budget = tight._httpd.budget
+    socks = []
+    for _ in range(8):
+        s = socket.create_connection(_addr(tight), timeout=5)
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: %d\r\n\r\n" % (30 * 2**20))
+        try:
+            s.sendall(b" " * (3 * 2**20))
+        except OSError:
+            pass
+        socks.append(s)
+    peak = budget.used
+    statuses = []
+    for s in socks:
+        code, headers, body = _read_reply(s, timeout=5.0)
+        peak = max(peak, budget.used)
+        statuses.append(code)
+        if code is not None:
+            _json_error((code, headers, body), code, "did not arrive within" if code == 408 else "too many request bytes")
+        s.close()
+    # None: refused over budget and reset while its 3 MiB were still being sent (the 503 was not read back).
+    assert set(statuses) <= {408, 503, None} and 408 in statuses, statuses
+    assert peak <= 8 * 2**20
+    t0 = time.monotonic()
+    while budget.used and time.monotonic() - t0 < 2:
+        time.sleep(0.02)
+    assert budget.used == 0
+    _health_ok(tight)
+    assert post(tight, "/v1/completions", GOOD).status == 200
+
+
+def test_connection_cap_evicts_idle_then_refuses_with_503(char_ckpt):
+    srv = start_server(char_ckpt, serve={"limits": _limits(max_connections=4, header_timeout_s=30.0,
+                                                           body_timeout_s=30.0)})
+    try:
+        idle = [socket.create_connection(_addr(srv), timeout=5) for _ in range(10)]  # connect, send nothing
+        time.sleep(0.2)
+        assert len(srv._httpd.conns) <= 4
+        assert _health_ok(srv) < 1.0  # the oldest idle connection made room
+        # Four connections busy sending a body are not evictable: a fifth is refused with a JSON 503.
+        busy = []
+        for _ in range(4):
+            s = socket.create_connection(_addr(srv), timeout=5)
+            s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{")
+            busy.append(s)
+        time.sleep(0.2)
+        reply = _raw(srv, b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        _json_error(reply, 503, "maximum of connections")
+        assert reply[1]["connection"] == "close"
+        for s in busy + idle:
+            s.close()
+        time.sleep(0.2)
+        assert _health_ok(srv) < 1.0
+        assert srv._httpd.conns.evictions >= 6 and srv._httpd.conns.rejections >= 1
+    finally:
+        srv.shutdown(drain_s=0.0)
+
+
+FD_SERVER = r"""
+import os, resource, sys
+resource.setrlimit(resource.RLIMIT_NOFILE, (256, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+sys.path.insert(0, sys.argv[2])
+from serve_util import start_server
+srv = start_server(sys.argv[1])
+print(srv.url, flush=True)
+held = []
+for line in sys.stdin:
+    if line.strip() == "fill":  # use up every descriptor, as a leak elsewhere in the process would
+        while True:
+            try:
+                held.append(os.open(os.devnull, os.O_RDONLY))
+            except OSError:
+                break
+        print("filled", len(held), flush=True)
+    elif line.strip() == "free":
+        for fd in held:
+            os.close(fd)
+        held.clear()
+        print("freed", flush=True)
+"""
+
+
+def _cpu_s(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@pytest.mark.slow
+def test_descriptor_limit_idle_connections_and_accept_backoff(char_ckpt, tmp_path):
+    """At a 256-descriptor limit: 300 idle connections leave /health answering and the CPU idle; with every
+    descriptor used up, the accept loop backs off instead of spinning, and recovers when they come back."""
+    proc = subprocess.Popen([sys.executable, "-c", FD_SERVER, str(char_ckpt), str(Path(__file__).parent)],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    socks: list[socket.socket] = []
+    try:
+        url = proc.stdout.readline().strip()
+        assert url.startswith("http://"), url
+        host, port = url.split("//")[1].split(":")
+        for _ in range(300):
+            socks.append(socket.create_connection((host, int(port)), timeout=5))
+        time.sleep(0.5)
+        assert request(url + "/health", timeout=3).status == 200
+        c0 = _cpu_s(proc.pid)
+        time.sleep(1.0)
+        assert _cpu_s(proc.pid) - c0 < 0.3, "the server burns CPU while holding idle connections"
+        assert request(url + "/health", timeout=3).status == 200
+        for s in socks:
+            s.close()
+        socks.clear()
+        time.sleep(0.3)
+        proc.stdin.write("fill\n")
+        proc.stdin.flush()
+        assert proc.stdout.readline().startswith("filled")
+        socks = [socket.create_connection((host, int(port)), timeout=5) for _ in range(5)]  # wait in the backlog
+        time.sleep(0.3)
+        c0 = _cpu_s(proc.pid)
+        time.sleep(1.0)
+        assert _cpu_s(proc.pid) - c0 < 0.3, "the accept loop spins on EMFILE"
+        for s in socks:
+            s.close()
+        socks.clear()
+        proc.stdin.write("free\n")
+        proc.stdin.flush()
+        assert proc.stdout.readline().startswith("freed")
+        assert request(url + "/health", timeout=5).status == 200
+    finally:
+        for s in socks:
+            s.close()
+        proc.kill()
+        proc.wait()
+
+
+@pytest.mark.parametrize("flag, value", [("--header-timeout", "0"), ("--body-timeout", "-1"),
+                                         ("--write-timeout", "inf"), ("--max-buffered-mb", "nan"),
+                                         ("--max-connections", "0")])
+def test_cli_refuses_bad_connection_limits(char_ckpt, capsys, flag, value):
+    from rollwise.cli.main import main
+
+    assert main(["serve", "--model", str(char_ckpt), flag, value]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and flag in err, err

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -18,6 +19,7 @@ def run(args: argparse.Namespace) -> int:
     from rollwise.report.build import ReportLimits, write_report
 
     limits = ReportLimits(max_steps=args.max_steps, max_rows=args.max_rows, max_tokens=args.max_tokens)
-    path = write_report(args.run_dir, output=args.output, limits=limits)
+    path = write_report(args.run_dir, output=args.output, limits=limits,
+                        warn=lambda line: print(f"rollwise report: {line}", file=sys.stderr))
     print(f"wrote {path} ({path.stat().st_size / 1e6:.2f} MB)")
     return 0

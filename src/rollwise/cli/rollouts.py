@@ -2,6 +2,7 @@
 
   rollwise rollouts export RUN_DIR [--format jsonl|csv|parquet] [--output F] [--skip-bad]
   rollwise rollouts counts RUN_DIR [--skip-bad]
+  rollwise rollouts verify RUN_DIR      (every page's checksum; exit 1 and one line per bad shard)
 
 pyarrow is imported inside `run`, after parsing, so `rollwise --help` stays fast.
 """
@@ -27,6 +28,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     c = sub.add_parser("counts", help="print rollout counts by status as JSON")
     c.add_argument("run_dir", metavar="RUN_DIR")
     c.add_argument("--skip-bad", action="store_true", help="skip unreadable shards (named on stderr) instead of failing")
+
+    v = sub.add_parser("verify", help="read every shard whole, checking page checksums; exit 1 if any is bad")
+    v.add_argument("run_dir", metavar="RUN_DIR")
 
 
 def _open_store(run_dir: str):
@@ -56,6 +60,8 @@ def _tables(store, skip_bad: bool, columns=None):
 
 def run(args: argparse.Namespace) -> int:
     store = _open_store(args.run_dir)
+    if args.rollouts_command == "verify":
+        return _verify(store)
     if args.rollouts_command == "counts":
         from rollwise.store.card import normalise_counts
 
@@ -78,6 +84,21 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _verify(store) -> int:
+    shards = store.shards()
+    errors = store.verify(strict=False)
+    for err in errors:
+        print(f"rollwise rollouts: bad shard: {err}", file=sys.stderr)
+    if errors:
+        print(f"{len(errors)} of {len(shards)} shards unreadable; the others verified")
+        return 1
+    import pyarrow.parquet as pq
+
+    rows = sum(pq.ParquetFile(p).metadata.num_rows for p in shards)
+    print(f"{len(shards)} shards, {rows} rollouts: all pages verified")
+    return 0
+
+
 def _export(store, args: argparse.Namespace) -> int:
     from rollwise.store.schema import ROLLOUT_SCHEMA
 
@@ -86,7 +107,7 @@ def _export(store, args: argparse.Namespace) -> int:
     if args.format == "parquet":
         import pyarrow.parquet as pq
 
-        with pq.ParquetWriter(args.output, ROLLOUT_SCHEMA, compression="zstd") as w:
+        with pq.ParquetWriter(args.output, ROLLOUT_SCHEMA, compression="zstd", write_page_checksum=True) as w:
             for t in tables:
                 w.write_table(t)
                 n += t.num_rows

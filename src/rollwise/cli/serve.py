@@ -10,6 +10,7 @@ then abort the rest.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import signal
 import sys
@@ -36,6 +37,18 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--seed", type=int, default=0, help="seeds requests sent without a seed")
     p.add_argument("--drain", type=float, default=5.0, help="seconds running requests get to finish on shutdown")
     p.add_argument("--log-level", default="warning", help="debug, info, warning or error")
+    g = p.add_argument_group("connection limits", "what one client can hold (see docs/serve.md)")
+    g.add_argument("--max-connections", type=int, default=512,
+                   help="most connections held (also capped by the descriptor limit, ulimit -n, less 64); at the cap "
+                        "idle ones are closed to admit new ones, else the new one gets 503 (default 512)")
+    g.add_argument("--header-timeout", type=float, default=10.0,
+                   help="seconds to deliver a request line and headers, also the keep-alive idle limit (default 10)")
+    g.add_argument("--body-timeout", type=float, default=30.0,
+                   help="seconds a request body gets, plus 1 s per MiB (default 30)")
+    g.add_argument("--write-timeout", type=float, default=60.0,
+                   help="seconds a client may stop reading its response before it is dropped (default 60)")
+    g.add_argument("--max-buffered-mb", type=float, default=256.0,
+                   help="request-body MiB held across all connections; over it a request gets 503 (default 256)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -49,6 +62,17 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--port must be in [0, 65535], got {args.port}")
     logging.basicConfig(level=getattr(logging, str(args.log_level).upper(), logging.WARNING),
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    for flag, v in (("--header-timeout", args.header_timeout), ("--body-timeout", args.body_timeout),
+                    ("--write-timeout", args.write_timeout), ("--max-buffered-mb", args.max_buffered_mb)):
+        if not (v > 0 and math.isfinite(v)):
+            raise UserError(f"{flag} must be a positive number, got {v}")
+    if args.max_connections < 1:
+        raise UserError(f"--max-connections must be at least 1, got {args.max_connections}")
+    from rollwise.serve.conn import ConnLimits
+
+    limits = ConnLimits(header_timeout_s=args.header_timeout, body_timeout_s=args.body_timeout,
+                        write_timeout_s=args.write_timeout, max_connections=args.max_connections,
+                        max_buffered_mb=args.max_buffered_mb)
     from rollwise.engine.core import EngineConfig, EngineCore
     from rollwise.serve.app import OpenAIServer, ServeConfig
 
@@ -59,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         server = OpenAIServer(engine, args.model, ServeConfig(host=args.host, port=args.port,
                                                               served_model_name=args.served_model_name,
-                                                              admin_key=key))
+                                                              admin_key=key, limits=limits))
     except OSError as e:
         raise UserError(f"cannot listen on {args.host}:{args.port}: {e.strerror or e}") from None
     stopping = threading.Event()

@@ -17,7 +17,7 @@ import os
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from rollwise.report import svg
 from rollwise.report.data import Metrics, RolloutData, load_metrics, load_rollouts, load_summary
@@ -53,8 +53,12 @@ class Plot:
     svg: str
 
 
-def write_report(run_dir: str | os.PathLike[str], output: str | os.PathLike[str] | None = None, limits: ReportLimits | None = None) -> Path:
-    """Write `RUN_DIR/report.html` (or `output`) and return its path."""
+def write_report(run_dir: str | os.PathLike[str], output: str | os.PathLike[str] | None = None, limits: ReportLimits | None = None,
+                 warn: Callable[[str], None] | None = None) -> Path:
+    """Write `RUN_DIR/report.html` (or `output`) and return its path.
+
+    warn: called with one line per rollout shard that could not be read (the page names them too).
+    """
     run = Path(run_dir)
     if not run.is_dir():
         raise FileNotFoundError(f"run directory {run} does not exist")
@@ -64,6 +68,10 @@ def write_report(run_dir: str | os.PathLike[str], output: str | os.PathLike[str]
     metrics = load_metrics(run / "metrics.jsonl")
     summary, summary_notes = load_summary(run / "summary.json")
     rollouts = load_rollouts(run, max_steps=limits.max_steps, max_rows=limits.max_rows, max_tokens=limits.max_tokens)
+    if warn is not None:
+        for note in rollouts.notes:
+            if note.startswith("skipped unreadable shard"):
+                warn(note)
     plots, missing = build_plots(metrics, rollouts)
     notes = metrics.notes + summary_notes + rollouts.notes
     if missing:

@@ -3,7 +3,8 @@
 - `metrics.jsonl`: one JSON object per step. A line cut short by a kill is skipped and noted; a step
   logged twice (a resumed run re-running it) keeps its last record.
 - `summary.json`: absent while a run is going; the page says so.
-- `rollouts/`: bad shards are skipped and named on the page. Only the last `max_steps` steps, up to
+- `rollouts/`: every shard is read once whole (page checksums verified); a bad shard is skipped and named,
+  with its step, on the page and to the caller's `warn`. Only the last `max_steps` steps, up to
   `max_rows` rollouts in whole groups, are embedded for the browser; the length histogram and the
   status counts use every shard (a few small columns).
 """
@@ -14,7 +15,10 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
+import re
 from typing import Any
+
+SHARD_STEP = re.compile(r"^step-(\d+)\.parquet$")
 
 
 @dataclass
@@ -116,8 +120,14 @@ def load_rollouts(run_dir: Path, *, max_steps: int, max_rows: int, max_tokens: i
     notes: list[str] = []
     if not store.steps():
         return RolloutData([], [], {}, 0, 0, [], ["no rollout shards in rollouts/: nothing to browse"])
-    light = store.scan(columns=["step", "num_generated", "status"])
-    notes += [f"skipped unreadable shard {e}" for e in light.errors]
+    # Every page of every shard is read once with its checksum verified, so a corrupt step is named here
+    # even when it is older than the steps the browser embeds (whose other columns are never read).
+    bad = store.verify(strict=False)
+    notes += [_bad_shard_note(e) for e in bad]
+    bad_paths = {e.path for e in bad}
+    good = [s for s in store.steps() if store.shard_path(s) not in bad_paths]
+    light = store.scan(steps=good, columns=["step", "num_generated", "status"])
+    notes += [_bad_shard_note(e) for e in light.errors]  # damaged between the two reads
     steps_col = light.table.column("step").to_pylist()
     status_col = light.table.column("status").to_pylist()
     status_by_step: dict[int, dict[str, int]] = {}
@@ -128,7 +138,9 @@ def load_rollouts(run_dir: Path, *, max_steps: int, max_rows: int, max_tokens: i
 
     readable = sorted({int(p.name[5:-8]) for p in light.shards})
     wanted = readable[-max_steps:] if max_steps > 0 else []
-    table = store.scan(steps=wanted, columns=BROWSER_COLUMNS).table
+    browse = store.scan(steps=wanted, columns=BROWSER_COLUMNS)
+    notes += [_bad_shard_note(e) for e in browse.errors]
+    table = browse.table
     groups: dict[tuple[int, str], dict[str, Any]] = {}
     for row in table.to_pylist():
         key = (row["step"], row["group_id"])
@@ -153,6 +165,12 @@ def load_rollouts(run_dir: Path, *, max_steps: int, max_rows: int, max_tokens: i
         n_rows += len(g["samples"])
     embedded_steps = sorted({g["step"] for g in chosen})
     return RolloutData(chosen, lengths, status_by_step, n_rows, len(lengths), embedded_steps, notes)
+
+
+def _bad_shard_note(e: Any) -> str:
+    m = SHARD_STEP.match(e.path.name)
+    step = f"step {int(m.group(1))}" if m else "a step"
+    return f"skipped unreadable shard {e} ({step} is left out of the browser, the length histogram and the status counts)"
 
 
 def _clean(v: float | None, nd: int = 4) -> float | None:

@@ -1,7 +1,8 @@
 """rollwise.serve: an OpenAI-compatible HTTP server over one `EngineCore` (`rollwise serve`).
 
 protocol.py validates requests and shapes responses (no torch), worker.py owns the engine thread, app.py
-is the HTTP layer, chat.py renders chat messages. `OpenAIServer` and `ServeConfig` are imported lazily so
+is the HTTP layer, conn.py bounds what a connection can hold (deadlines, cap, byte budget), chat.py renders
+chat messages. `OpenAIServer` and `ServeConfig` are imported lazily so
 that importing the package stays cheap.
 """
 

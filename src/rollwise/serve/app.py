@@ -1,7 +1,11 @@
 """`OpenAIServer`: an OpenAI-compatible HTTP server over one `EngineCore` (stdlib `ThreadingHTTPServer`).
 
 Threads: one per connection for HTTP (parsing, tokenizing, waiting, writing), and the single engine thread
-of `EngineWorker` that runs the continuous batch. Handlers never touch the engine.
+of `EngineWorker` that runs the continuous batch. Handlers never touch the engine. What one client can hold
+is bounded by conn.py: read deadlines per phase, a write timeout, a connection cap that closes idle
+connections first, a byte budget for request bodies, and an accept loop that backs off when descriptors
+run out. Every error answer, the stdlib's own (400 bad request line, 414, 431, 501, 505) included, is
+OpenAI's error JSON; JSON bodies nested deeper than `max_json_depth` are a 400.
 
 Routes:
     POST /v1/completions            POST /v1/chat/completions      GET /v1/models      GET /health
@@ -19,6 +23,7 @@ Left out on purpose: TLS, API keys on the generation routes, multiple models, pr
 from __future__ import annotations
 
 import hmac
+import io
 import json
 import logging
 import queue
@@ -26,13 +31,16 @@ import select
 import socket
 import threading
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
+from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Callable
 from urllib.parse import parse_qs
 
 from rollwise.serve.chat import render_chat
+from rollwise.serve.conn import (AcceptBackoff, ByteBudget, Connection, ConnectionTable, ConnLimits, Evicted,
+                                 HeadTooLarge, ReadDeadline, fd_connection_cap, reject_busy)
 from rollwise.serve.protocol import (APIError, GenerationRequest, ModelInfo, parse_chat, parse_completion,
                                      resolve_max_tokens)
 from rollwise.serve.respond import GenerationRun
@@ -58,10 +66,16 @@ class ServeConfig:
     weight_load_timeout_s: float = 600.0
     disconnect_poll_s: float = 0.1
     """How often a waiting handler checks whether its client hung up (then the request is aborted)."""
+    max_json_depth: int = 64
+    """Deepest nesting of arrays/objects accepted in a JSON body (a request needs fewer than 6); deeper is 400."""
+    limits: ConnLimits = field(default_factory=ConnLimits)
+    """Timeouts, the connection cap and the byte budget (see serve/conn.py)."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.port < 65536:
             raise ValueError(f"port must be in [0, 65535], got {self.port}")
+        if self.max_json_depth < 2:
+            raise ValueError(f"max_json_depth must be >= 2, got {self.max_json_depth}")
 
 
 class OpenAIServer:
@@ -83,7 +97,7 @@ class OpenAIServer:
         self.created = int(time.time())
         self._tok_lock = threading.Lock()
         self._httpd = _HTTPServer((self.config.host, self.config.port), _Handler)
-        self._httpd.app = self
+        self._httpd.setup_guard(self, self.config.limits)
         self._http_thread: threading.Thread | None = None
         self._closed = False
         self._serving = False
@@ -210,6 +224,60 @@ class _HTTPServer(ThreadingHTTPServer):
     daemon_threads = True
     request_queue_size = 1024  # 64+ clients connect at once; the default backlog of 5 drops SYNs
     app: OpenAIServer
+    conns: ConnectionTable
+    budget: ByteBudget
+    limits: ConnLimits
+
+    def setup_guard(self, app: OpenAIServer, limits: ConnLimits) -> None:
+        self.app = app
+        self.limits = limits
+        self.conns = ConnectionTable(fd_connection_cap(limits.max_connections))
+        self.budget = ByteBudget(int(limits.max_buffered_mb * 2**20))
+        self._backoff = AcceptBackoff(self.conns)
+        self._busy = _error_response(503, "the server holds its maximum of connections, all working on requests; "
+                                          "retry shortly")
+
+    def get_request(self) -> tuple[socket.socket, Any]:
+        try:
+            got = super().get_request()
+        except OSError as e:
+            self._backoff.failed(e)  # out of descriptors: free one and sleep instead of spinning
+            raise
+        self._backoff.succeeded()
+        return got
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        conn = Connection(request, self.limits.write_timeout_s)
+        if not self.conns.admit(conn):
+            reject_busy(request, self._busy)
+            return
+        super().process_request(request, client_address)
+
+    def shutdown_request(self, request: Any) -> None:
+        self.conns.remove(request)  # before the close: see Connection.evict
+        super().shutdown_request(request)
+
+
+def _error_response(status: int, message: str) -> bytes:
+    """A whole HTTP/1.1 error response with OpenAI's error JSON, for answers sent outside a handler."""
+    body = json.dumps(APIError(status, message).to_json()).encode()
+    head = (f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\nConnection: close\r\nRetry-After: 1\r\n\r\n")
+    return head.encode() + body
+
+
+def _json_depth(obj: Any, limit: int) -> int:
+    """Nesting depth of parsed JSON, counted without recursion; stops early past `limit`."""
+    deepest = 0
+    stack = [(obj, 1)]
+    while stack:
+        o, d = stack.pop()
+        if isinstance(o, (list, dict)):
+            deepest = max(deepest, d)
+            if deepest > limit:
+                return deepest
+            stack.extend((v, d + 1) for v in (o.values() if isinstance(o, dict) else o))
+    return deepest
 
 
 def _read_dir_tensors(path: Any) -> dict[str, Any]:
@@ -248,7 +316,8 @@ class _Handler(BaseHTTPRequestHandler):
     def _send_error(self, e: APIError) -> None:
         self._send_json(e.status, e.to_json())
 
-    def _read_body(self, limit: int) -> bytes:
+    def _read_body(self, limit: int, budgeted: bool = True) -> bytes:
+        """The body, read against its deadline and (unless `budgeted` is False) the server's byte budget."""
         length = self.headers.get("Content-Length")
         if length is None:
             if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
@@ -262,18 +331,122 @@ class _Handler(BaseHTTPRequestHandler):
             raise APIError(400, f"bad Content-Length {length!r}")
         if n > limit:
             raise APIError(413, f"request body of {n} bytes exceeds the limit of {limit} bytes")
-        data = self.rfile.read(n)
+        lim = self.server.limits
+        self._reader.begin("request body", lim.body_deadline_s(n))
+        chunks: list[bytes] = []
+        left = n
+        try:
+            while left:
+                chunk = self.rfile.read1(min(left, 1 << 20))
+                if not chunk:
+                    raise APIError(400, f"the client closed the connection after {n - left} of {n} body bytes")
+                if budgeted:
+                    if not self.server.budget.take(len(chunk)):
+                        raise APIError(503, "the server is holding too many request bytes; retry shortly")
+                    self._held += len(chunk)
+                chunks.append(chunk)
+                left -= len(chunk)
+        except ReadDeadline as e:
+            raise APIError(408, f"the request body ({n} bytes) did not arrive within {e.timeout_s:.3g}s; "
+                                f"{n - left} bytes came") from None
         self._consumed = True
-        return data
+        return b"".join(chunks)
 
     def _read_json(self) -> Any:
         raw = self._read_body(int(self.app.config.max_body_mb * 2**20))
         if not raw:
             raise APIError(400, "request body is empty; send a JSON object")
+        depth = self.app.config.max_json_depth
         try:
-            return json.loads(raw)
+            obj = json.loads(raw)
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise APIError(400, f"invalid JSON body: {e}") from None
+        except RecursionError:
+            raise APIError(400, f"the JSON body is nested deeper than {depth} levels") from None
+        if _json_depth(obj, depth) > depth:
+            raise APIError(400, f"the JSON body is nested deeper than {depth} levels")
+        return obj
+
+    # ------------------------------------------------------------------ connection handling
+    def setup(self) -> None:
+        super().setup()
+        conn = self.server.conns.get(self.request)
+        if conn is None:  # evicted between accept and this thread starting
+            conn = Connection(self.request, self.server.limits.write_timeout_s)
+            conn.reader.evicted = True
+        self._conn = conn
+        self._reader = conn.reader
+        self._held = 0
+        self.rfile.close()
+        self.rfile = io.BufferedReader(self._reader)
+        self.connection.settimeout(self.server.limits.write_timeout_s)
+
+    def handle_one_request(self) -> None:
+        """The stdlib's, with the head read against a deadline and a size cap, and errors as JSON."""
+        lim = self.server.limits
+        conn = self._conn
+        conn.waiting, conn.waiting_since = True, time.monotonic()
+        self._reader.begin("request head", lim.header_timeout_s, limit=lim.max_header_bytes + io.DEFAULT_BUFFER_SIZE)
+        self.command, self.request_version, self.requestline = "", "HTTP/1.1", ""
+        try:
+            self.raw_requestline = self.rfile.readline(lim.max_request_line + 1)
+            if len(self.raw_requestline) > lim.max_request_line:
+                self.send_error(414, f"the request line is longer than {lim.max_request_line} bytes")
+                return
+            if not self.raw_requestline:
+                self.close_connection = True
+                return
+            if not self.parse_request():  # 400/431/505 already answered, as JSON (see send_error)
+                return
+        except ReadDeadline as e:
+            self.close_connection = True
+            if e.got:  # a client that sent nothing (an idle keep-alive) is closed without an answer
+                self._send_quietly(408, f"the request head did not arrive within {e.timeout_s:.3g}s")
+            return
+        except HeadTooLarge:
+            self._send_quietly(431, f"the request head is larger than {lim.max_header_bytes} bytes")
+            return
+        except (Evicted, OSError):
+            self.close_connection = True
+            return
+        conn.waiting = False
+        self._reader.begin("idle", None)
+        try:
+            method = getattr(self, "do_" + self.command, None)
+            if method is None:
+                self.send_error(501, f"unsupported method {self.command[:32]!r}")
+                return
+            method()
+            self.wfile.flush()
+        except (TimeoutError, Evicted, OSError):  # a write timed out or the client went away
+            self.close_connection = True
+        finally:
+            if self._held:
+                self.server.budget.give(self._held)
+                self._held = 0
+
+    def _send_quietly(self, status: int, message: str) -> None:
+        try:
+            self.send_error(status, message)
+        except OSError:
+            self.close_connection = True
+
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        """Every error the stdlib raises itself (400 bad request line, 414, 431, 501, 505) as OpenAI's JSON."""
+        text = message or HTTPStatus(code).phrase
+        if explain and explain != text and code in (400, 431):
+            text = f"{text}: {explain}"
+        text = " ".join(str(text).split())[:300]
+        if self.request_version == "HTTP/0.9":  # parse_request's default: answer with a status line anyway
+            self.request_version = "HTTP/1.1"
+        self.close_connection = True  # after a malformed request the byte stream cannot be trusted
+        data = json.dumps(APIError(code, text).to_json()).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.send_header("Connection", "close")
+        self.end_headers()
+        self.wfile.write(data)
 
     def _dispatch(self, routes: dict[str, Callable[[], None]]) -> None:
         path = self.path.split("?", 1)[0].rstrip("/") or "/"
@@ -290,7 +463,7 @@ class _Handler(BaseHTTPRequestHandler):
             if not self._consumed and self.headers.get("Content-Length", "0") not in ("", "0"):
                 self.close_connection = True  # an unread body would be parsed as the next request
             self._send_error(e)
-        except (BrokenPipeError, ConnectionResetError):
+        except (BrokenPipeError, ConnectionResetError, TimeoutError):  # TimeoutError: a write past write_timeout_s
             self.close_connection = True
         except Exception as e:  # noqa: BLE001 - a bug must answer 500, not kill the connection silently
             log.exception("unhandled error on %s %s", self.command, path)
@@ -342,7 +515,7 @@ class _Handler(BaseHTTPRequestHandler):
         query = parse_qs(self.path.split("?", 1)[1]) if "?" in self.path else {}
         ctype = self.headers.get("Content-Type", "application/json").split(";")[0].strip()
         if ctype == "application/octet-stream":
-            raw = self._read_body(int(app.config.max_upload_gb * 2**30))
+            raw = self._read_body(int(app.config.max_upload_gb * 2**30), budgeted=False)  # authenticated above
             if not raw:
                 raise APIError(400, "empty weight upload; send a safetensors file as the body")
             from safetensors import SafetensorError

@@ -35,7 +35,9 @@ class APIError(Exception):
 
     TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
              404: "not_found_error", 405: "invalid_request_error", 411: "invalid_request_error",
-             413: "invalid_request_error", 500: "internal_error", 503: "service_unavailable"}
+             408: "timeout_error", 413: "invalid_request_error", 414: "invalid_request_error",
+             431: "invalid_request_error", 500: "internal_error", 501: "invalid_request_error",
+             503: "service_unavailable", 505: "invalid_request_error"}
 
     def __init__(self, status: int, message: str, param: str | None = None) -> None:
         super().__init__(message)

@@ -170,8 +170,9 @@ class GenerationRun:
                              "choices": [], "usage": usage(sum(len(p) for p in self.prompt_ids), n_out)})
             h.wfile.write(b"data: [DONE]\n\n")
             h.wfile.flush()
-        except (BrokenPipeError, ConnectionResetError):
+        except OSError:  # the client hung up, or stopped reading for write_timeout_s (TimeoutError)
             self._abort_all()
+            h.close_connection = True
 
     @property
     def _obj(self) -> str:

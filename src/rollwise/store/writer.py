@@ -14,6 +14,12 @@ the resume path calls `truncate_after(checkpoint_step)` before its first new ste
 Reading is shard by shard: a truncated or corrupt shard is reported as one line naming its file
 (`ShardError`) while the other shards still load (`scan`, or `strict=False`).
 
+NOTE on corruption: shards are written with Parquet page checksums (a CRC32 per data and dictionary
+page) and every read verifies them, so flipped bits in a page are an error naming the file, never a
+silently different log-prob. A damaged footer fails to parse. `verify()` reads every page of every
+shard once (checksums, footer, schema) without keeping the rows: the check to run before resuming.
+Shards written before checksums existed carry none and are checked for structure only.
+
 Deliberately left out: appending within a step (a step's rollouts are written once, together),
 compaction, and any index beyond file names; DuckDB over the glob does ad-hoc queries well.
 """
@@ -119,7 +125,7 @@ class RolloutStore:
         tmp = self.dir / f".{final.name}.{os.getpid()}{TMP_SUFFIX}"
         try:
             with open(tmp, "wb") as f:
-                pq.write_table(table, f, compression="zstd")
+                pq.write_table(table, f, compression="zstd", write_page_checksum=True)
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, final)
@@ -196,7 +202,7 @@ class RolloutStore:
         if unknown:
             raise ValueError(f"unknown rollout column(s) {unknown}; known: {', '.join(COLUMNS)}")
         try:
-            pf = pq.ParquetFile(path)
+            pf = pq.ParquetFile(path, page_checksum_verification=True)
             schema = pf.schema_arrow
         except (pa.ArrowException, OSError) as e:
             raise ShardError(path, f"not a readable Parquet file (truncated or corrupt?): {_one_line(e)}") from None
@@ -211,11 +217,30 @@ class RolloutStore:
         try:
             table = pf.read(columns=cols)
         except (pa.ArrowException, OSError) as e:
-            raise ShardError(path, f"cannot read its data (truncated or corrupt?): {_one_line(e)}") from None
+            raise ShardError(path, _read_failure(e)) from None
         try:
             return table.cast(pa.schema([ROLLOUT_SCHEMA.field(c) for c in cols], metadata=ROLLOUT_SCHEMA.metadata))
         except (pa.ArrowException, ValueError) as e:
             raise ShardError(path, f"columns do not match the rollout schema: {_one_line(e)}") from None
+
+    def verify(self, steps: Iterable[int] | None = None, *, strict: bool = True) -> list[ShardError]:
+        """Read every page of every shard (or those of `steps`) once, checking page checksums and the schema.
+
+        Returns the bad shards' errors, in step order. strict: raise instead when there is any, a
+        `ShardError` naming the first bad file and how many others there are (one line).
+        """
+        errors = []
+        for p in self.shards(steps):
+            try:
+                self.read_shard(p)  # every column: each page's checksum is verified as it is decoded
+            except ShardError as e:
+                errors.append(e)
+        if errors and strict:
+            first = errors[0]
+            more = f" (and {len(errors) - 1} more bad shard(s): {', '.join(e.path.name for e in errors[1:4])}" \
+                   f"{', ...' if len(errors) > 4 else ''})" if len(errors) > 1 else ""
+            raise ShardError(first.path, first.reason + more)
+        return errors
 
     def scan(self, steps: Iterable[int] | None = None, columns: Sequence[str] | None = None) -> StoreScan:
         """Every readable shard's rows; bad shards become `errors` instead of stopping the read."""
@@ -262,6 +287,13 @@ def _handle_errors(errors: list[ShardError], strict: bool) -> None:
         raise errors[0]
     for e in errors:
         warnings.warn(f"skipping unreadable rollout shard: {e}", stacklevel=3)
+
+
+def _read_failure(e: BaseException) -> str:
+    text = _one_line(e)
+    if "CRC" in text or "checksum" in text.lower():
+        return f"a page checksum does not match: the file is corrupt ({text})"
+    return f"cannot read its data (truncated or corrupt?): {text}"
 
 
 def _one_line(e: BaseException) -> str:
