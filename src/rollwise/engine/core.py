@@ -18,6 +18,7 @@ import torch
 
 from rollwise.engine.block_manager import BlockManager
 from rollwise.engine.model_runner import ModelRunner, resolve_dtype
+from rollwise.engine.sampler import LOGPROBS_MODES
 from rollwise.engine.scheduler import Scheduler, SchedulerConfig
 from rollwise.engine.sequence import Sequence, SeqStatus
 from rollwise.models.decoder import DecoderLM
@@ -54,10 +55,15 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     seed: int = 0
     """Seeds the per-sample seeds of requests submitted without one."""
+    logprobs_mode: str = "processed"
+    """Which log-probs are recorded: 'processed' = of the distribution sampled from (logits / T, top-k, top-p,
+    renormalised; the behaviour policy RL needs), 'raw' = log_softmax(logits) (vLLM's `--logprobs-mode`)."""
 
     def __post_init__(self) -> None:
         if self.block_size < 1 or self.max_num_seqs < 1:
             raise ValueError("EngineConfig.block_size and max_num_seqs must be >= 1")
+        if self.logprobs_mode not in LOGPROBS_MODES:
+            raise ValueError(f"EngineConfig.logprobs_mode must be one of {LOGPROBS_MODES}, got {self.logprobs_mode!r}")
 
 
 @dataclass
@@ -101,7 +107,7 @@ class EngineCore:
         self.scheduler = Scheduler(
             SchedulerConfig(cfg.max_num_seqs, cfg.max_num_batched_tokens, self.max_model_len), self.block_manager
         )
-        self.runner = ModelRunner(model, num_blocks, cfg.block_size, self.device)
+        self.runner = ModelRunner(model, num_blocks, cfg.block_size, self.device, cfg.logprobs_mode)
         self.eos_token_ids = frozenset(_eos_ids(hf_config, tokenizer))
         self.weight_version = 0
         self.requests: dict[str, _Request] = {}
