@@ -197,6 +197,16 @@ class AlgoConfig(_Section):
     """Dr. GRPO's constant length normaliser; None = rollout.max_tokens."""
     skip_zero_variance: bool = True
     """Drop groups whose rewards are all equal (they carry no GRPO signal) from the train batch."""
+    overlong_filter: bool | None = None
+    """DAPO overlong filtering: truncated samples (hit rollout.max_tokens) are left out of the loss; they still
+    count in their group's advantage baseline. None = on for `loss: dapo`, off otherwise."""
+    overlong_penalty: bool | None = None
+    """DAPO soft overlong punishment: a penalty falling linearly from 0 to -1 over the last `overlong_cache`
+    tokens before rollout.max_tokens, added to the reward the advantages see (not to the stored task reward).
+    None = on for `loss: dapo`, off otherwise."""
+    overlong_cache: int | None = Field(None, ge=1)
+    """L_cache of the soft overlong punishment, in tokens (at most rollout.max_tokens); None = rollout.max_tokens
+    // 5 (the paper's 4096 of 20480)."""
 
 
 class LoraConfig(_Section):
