@@ -69,3 +69,26 @@ def test_llm_judge_under_score_many_with_8_workers(tmp_path):
     assert not any(s.error and "KeyError" in s.error for s in eight)
     assert [s.info.get("reply") for s in eight] == [s.info.get("reply") for s in one]
     assert [s.value for s in eight] == [s.value for s in one]
+
+
+def test_abort_from_another_thread_ends_that_generate_call(tiny_ckpts):
+    import time
+
+    llm = LLM(tiny_ckpts["llama"], block_size=4)
+    out: dict = {}
+    sp = SamplingParams(temperature=1.0, max_tokens=400, seed=1, ignore_eos=True)
+    th = threading.Thread(target=lambda: out.setdefault("r", llm.generate([[5, 6, 7]], sp)))
+    th.start()
+    deadline = time.monotonic() + 60
+    rid = None
+    while rid is None and time.monotonic() < deadline:
+        with llm._cv:
+            rid = next(iter(llm.engine.requests), None)
+        time.sleep(0.001)
+    assert rid is not None
+    partial = llm.abort(rid)
+    th.join(60)
+    assert not th.is_alive()
+    c = out["r"][0].outputs[0]
+    assert c.finish_reason == "abort" and len(c.token_ids) < 400
+    assert partial is not None and partial.outputs[0].token_ids == c.token_ids
