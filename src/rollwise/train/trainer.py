@@ -132,6 +132,8 @@ def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: flo
     from torch.utils.checkpoint import checkpoint
 
     n = logits.shape[0]
+    if top_p < 1.0 or 0 < top_k:
+        chunk = max(1, chunk // 4)  # truncation sorts each chunk: [n, V] values + int64 indices + masks
     grad = torch.is_grad_enabled() and logits.requires_grad
     parts = []
     ents = []
