@@ -157,6 +157,10 @@ class EngineConfig(_Section):
     """Memory cap for the KV cache when num_kv_blocks is None."""
     enable_prefix_caching: bool = True
     """Share KV blocks between samples of one prompt (and repeated prefixes)."""
+    logprobs_mode: Literal["processed", "raw"] = "processed"
+    """Which log-probs the engine records: 'processed' = of the distribution sampled from (logits / T, top-k, top-p,
+    renormalised: the behaviour policy RL needs); 'raw' = log_softmax(logits) (vLLM's `--logprobs-mode`; refused
+    in RL runs, whose importance ratios need the processed ones)."""
 
 
 class EnvConfig(_Section):
@@ -223,6 +227,16 @@ class AlgoConfig(_Section):
     """Dr. GRPO's constant length normaliser; None = rollout.max_tokens."""
     skip_zero_variance: bool = True
     """Drop groups whose rewards are all equal (they carry no GRPO signal) from the train batch."""
+    overlong_filter: bool | None = None
+    """DAPO overlong filtering: truncated samples (hit rollout.max_tokens) are left out of the loss; they still
+    count in their group's advantage baseline. None = on for `loss: dapo`, off otherwise."""
+    overlong_penalty: bool | None = None
+    """DAPO soft overlong punishment: a penalty falling linearly from 0 to -1 over the last `overlong_cache`
+    tokens before rollout.max_tokens, added to the reward the advantages see (not to the stored task reward).
+    None = on for `loss: dapo`, off otherwise."""
+    overlong_cache: int | None = Field(None, ge=1)
+    """L_cache of the soft overlong punishment, in tokens (at most rollout.max_tokens); None = rollout.max_tokens
+    // 5 (the paper's 4096 of 20480)."""
 
 
 class LoraConfig(_Section):
@@ -476,6 +490,8 @@ _APPLIES_WHEN: list[tuple[str, Any, str]] = [
     ("algo.kl_estimator", lambda c: c.algo.kl_coef > 0, "algo.kl_coef > 0"),
     ("algo.max_length", lambda c: c.algo.loss == "dr_grpo" or c.algo.advantage == "dr_grpo",
      "algo.loss or algo.advantage is 'dr_grpo'"),
+    ("algo.overlong_cache", lambda c: c.algo.overlong_penalty or (c.algo.overlong_penalty is None and c.algo.loss == "dapo"),
+     "the soft overlong penalty is on (algo.overlong_penalty, or algo.loss 'dapo')"),
     ("train.lora.r", lambda c: c.train.lora.enabled, "train.lora.enabled is true"),
     ("train.lora.alpha", lambda c: c.train.lora.enabled, "train.lora.enabled is true"),
     ("train.lora.dropout", lambda c: c.train.lora.enabled, "train.lora.enabled is true"),
@@ -525,6 +541,12 @@ def cross_section_problems(cfg: RunConfig) -> list[str]:
 
         if importlib.util.find_spec("ray") is None:
             out.append("engine.backend 'ray' needs Ray: pip install 'rollwise[ray]'")
+    ov_cache = c.algo.overlong_cache
+    if ov_cache is not None and ov_cache > c.rollout.max_tokens:
+        out.append(f"algo.overlong_cache ({ov_cache}) must be at most rollout.max_tokens ({c.rollout.max_tokens})")
+    if c.engine.logprobs_mode != "processed":
+        out.append("engine.logprobs_mode 'raw' records log-probs of another distribution than the one sampled from: "
+                   "the trainer's importance ratios need 'processed'")
     if c.rollout.temperature == 0:
         out.append("rollout.temperature 0 (greedy) gives every sample of a group the same completion: RL needs "
                    "temperature > 0")

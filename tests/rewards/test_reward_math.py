@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import json
+import os
 import random
 import string
+import threading
+import time
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rollwise.rewards.math import extract_answer, gold_of, math_equal, to_number, verify_math
+from rollwise.rewards.math import MathVerifyTimeout, extract_answer, gold_of, math_equal, to_number, verify_math
 
 
 @pytest.mark.parametrize(
@@ -129,3 +132,101 @@ def test_agreement_with_openai_labels_on_real_model_solutions(shared_data):
     print(f"math verifier agreement with is_correct labels: {agree}/{total} = {rate:.4f}")
     assert total == 4 * 1319
     assert rate >= 0.995, disagreements[:5]
+
+
+# ---------------------------------------------------------------------------------------------- killable sympy
+
+PATHOLOGICAL = "so the answer is \\boxed{9^{9^{9^{9}}}}"  # sympy evaluates the tower in C big-integer code: never ends
+
+
+@pytest.fixture()
+def small_pool():
+    from rollwise.rewards.procpool import WorkerPool
+
+    pool = WorkerPool(size=1, deadline_s=2.0)
+    yield pool
+    pool.close()
+
+
+def _in_thread(fn, timeout_s):
+    out: dict = {}
+    th = threading.Thread(target=lambda: out.setdefault("v", fn()), daemon=True)
+    t0 = time.monotonic()
+    th.start()
+    th.join(timeout_s)
+    return out.get("v"), time.monotonic() - t0, th.is_alive()
+
+
+def test_runaway_sympy_call_is_killed_at_its_deadline_and_scored_errored(small_pool):
+    assert math_equal("x^2+1", "1+x^2", pool=small_pool)  # the worker is up and answers
+    (pid,) = small_pool.pids()
+    score, elapsed, alive = _in_thread(lambda: verify_math(PATHOLOGICAL, "3", pool=small_pool), 30)
+    assert not alive, "the runaway call was not stopped"
+    assert elapsed < 15
+    assert score.error is not None and "did not finish within 2s" in score.error and "9^{9^{9^{9}}}" in score.error
+    assert score.value == 0.0 and score.info["extracted"] == "9^{9^{9^{9}}}"
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)  # the worker that was burning CPU is gone (killed and reaped)
+    assert small_pool.num_killed == 1 and small_pool.pids() == []
+    # The next call gets a fresh worker.
+    assert math_equal("\\sqrt{4}", "2", pool=small_pool) and small_pool.pids() and small_pool.pids()[0] != pid
+
+
+def test_math_equal_raises_on_timeout_instead_of_false(small_pool):
+    with pytest.raises(MathVerifyTimeout, match="did not finish"):
+        math_equal("9^{9^{9^{9}}}", "3", pool=small_pool)
+
+
+def test_symbolic_scoring_off_the_main_thread_prints_no_timeout_warning(capfd, caplog):
+    from rollwise.rewards.procpool import WorkerPool
+
+    pool = WorkerPool(size=1)
+    try:
+        v, _, alive = _in_thread(lambda: math_equal("\\frac{x}{2}", "x/2", pool=pool), 60)
+        assert v is True and not alive
+    finally:
+        pool.close()
+    assert "Timeout is disabled" not in capfd.readouterr().err  # the worker's stderr is this process's fd 2
+    assert not [r for r in caplog.records if "Timeout is disabled" in r.getMessage()]
+
+
+def test_pool_serves_concurrent_callers_and_reports_worker_errors():
+    from rollwise.rewards.procpool import WorkerError, WorkerPool
+
+    pool = WorkerPool(size=2, deadline_s=30)
+    try:
+        cases = [("x^2+1", "1+x^2", True), ("x+1", "x+2", False), ("\\sqrt{9}", "3", True), ("2x", "x+x", True)] * 4
+        results: list = [None] * len(cases)
+
+        def work(i):
+            results[i] = math_equal(cases[i][0], cases[i][1], pool=pool)
+
+        threads = [threading.Thread(target=work, args=(i,)) for i in range(len(cases))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert results == [c[2] for c in cases]
+        assert len(pool.pids()) <= 2
+        with pytest.raises(ValueError, match="unknown worker function"):
+            pool.call("os.system", "true")
+        with pytest.raises(WorkerError, match="failed in the worker"):
+            pool.call("math_verify_equal", 1)  # wrong arity: the worker reports, and stays usable
+        assert math_equal("x^2", "x*x", pool=pool)
+    finally:
+        pool.close()
+
+
+def test_worker_ends_a_runaway_call_by_itself_when_nobody_kills_it():
+    """The CPU-time limit set before each call stops a runaway even if the parent never kills the worker."""
+    import signal
+
+    from rollwise.rewards.procpool import CallTimeout, _Worker
+
+    w = _Worker(memory_mb=2048, start_timeout_s=60)
+    try:
+        with pytest.raises(CallTimeout):
+            w.call("math_verify_equal", ["9^{9^{9^{9}}}", "3"], deadline_s=1.0)
+        assert w.proc.wait(timeout=20) == -signal.SIGXCPU  # ~2 x deadline of CPU, then the kernel ends it
+    finally:
+        w.kill()

@@ -12,8 +12,14 @@ Freed blocks keep their hash and stay findable until the pool hands them out aga
 preempted sequence or a repeated prompt often finds its prefix still there. `reset_prefix_cache()` forgets
 every hash: after a weight update the cached KV no longer matches what the new weights would compute.
 
+Weight epochs: `reset_prefix_cache()` also starts a new epoch, and every block remembers the epoch its KV was
+written in. A sequence that was running across the reset keeps its old-epoch KV (it continues under the new
+weights), and even the blocks it fills afterwards attend to that old KV, so a block is registered only when it
+and every block before it in the sequence were written in the current epoch.
+
 NOTE invariants: a block with ref_count > 1 is always full, so no shared block is ever written; a block in
-the free list has ref_count 0; `hash_to_block[h] == b` implies `block_hash[b] == h`.
+the free list has ref_count 0; `hash_to_block[h] == b` implies `block_hash[b] == h` and
+`block_epoch[b] == epoch` (only KV of the current weights is ever findable).
 
 Pure bookkeeping: no torch.
 """
@@ -45,6 +51,8 @@ class BlockManager:
         self.block_hash: list[int | None] = [None] * num_blocks
         self.block_token_ids: list[tuple[int, ...] | None] = [None] * num_blocks
         self.hash_to_block: dict[int, int] = {}
+        self.epoch = 0  # bumped by reset_prefix_cache (a weight load)
+        self.block_epoch = [0] * num_blocks  # epoch in which each block's KV was (or is being) written
         self.free: OrderedDict[int, None] = OrderedDict((b, None) for b in range(num_blocks))
         self.num_prefix_hits = 0  # blocks served from the prefix cache (for metrics)
         self.num_prefix_queries = 0
@@ -97,6 +105,7 @@ class BlockManager:
             del self.hash_to_block[old]
         self.block_hash[b] = None
         self.block_token_ids[b] = None
+        self.block_epoch[b] = self.epoch  # its KV is written from now on, under the current weights
         self.ref_count[b] = 1
         return b
 
@@ -106,6 +115,7 @@ class BlockManager:
         self.ref_count[b] += 1
 
     def _register(self, b: int, h: int, tokens: list[int]) -> None:
+        assert self.block_epoch[b] == self.epoch, "registering KV computed under older weights"
         self.block_hash[b] = h
         self.block_token_ids[b] = tuple(tokens)
         self.hash_to_block[h] = b
@@ -150,6 +160,7 @@ class BlockManager:
         child.num_cached_tokens = parent.num_cached_tokens
         if len(parent.block_table) > n_full:
             dst = self._take_free_block()
+            self.block_epoch[dst] = self.block_epoch[parent.block_table[n_full]]  # a copy of the parent's KV
             child.block_table.append(dst)
             return (parent.block_table[n_full], dst)
         return None
@@ -165,7 +176,10 @@ class BlockManager:
             seq.block_table.append(self._take_free_block())
 
     def register_full_blocks(self, seq: Sequence, upto_tokens: int) -> None:
-        """Hash blocks that became full by decoding, so a preempted or resumed sequence finds them."""
+        """Hash blocks that became full by decoding, so a preempted or resumed sequence finds them.
+
+        Stops at the first block written before the current epoch: it and everything after it in this
+        sequence hold (or attended to) KV of older weights."""
         if not self.enable_prefix_caching:
             return
         bs = self.block_size
@@ -175,6 +189,8 @@ class BlockManager:
             toks = seq.block_tokens(i, bs)
             h = chain_hash(h, toks)
             b = seq.block_table[i]
+            if self.block_epoch[b] != self.epoch:
+                return
             if self.block_hash[b] is None and h not in self.hash_to_block:
                 self._register(b, h, toks)
 
@@ -188,7 +204,9 @@ class BlockManager:
         seq.num_cached_tokens = 0
 
     def reset_prefix_cache(self) -> None:
-        """Forget every cached prefix (after a weight update). Blocks in use stay valid for their owners."""
+        """Forget every cached prefix and start a new weight epoch (after a weight update). Blocks in use stay
+        valid for their owners but are never registered again."""
+        self.epoch += 1
         self.hash_to_block.clear()
         self.block_hash = [None] * self.num_blocks
         self.block_token_ids = [None] * self.num_blocks

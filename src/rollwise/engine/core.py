@@ -19,6 +19,7 @@ import torch
 from rollwise.config import EngineConfig  # the one definition of the engine knobs; the sizing fields are read here
 from rollwise.engine.block_manager import BlockManager
 from rollwise.engine.model_runner import ModelRunner, resolve_dtype
+from rollwise.engine.sampler import LOGPROBS_MODES
 from rollwise.engine.scheduler import Scheduler, SchedulerConfig
 from rollwise.engine.sequence import Sequence, SeqStatus
 from rollwise.models.decoder import DecoderLM
@@ -78,7 +79,7 @@ class EngineCore:
         self.scheduler = Scheduler(
             SchedulerConfig(cfg.max_num_seqs, cfg.max_num_batched_tokens, self.max_model_len), self.block_manager
         )
-        self.runner = ModelRunner(model, num_blocks, cfg.block_size, self.device)
+        self.runner = ModelRunner(model, num_blocks, cfg.block_size, self.device, cfg.logprobs_mode)
         self.eos_token_ids = frozenset(_eos_ids(hf_config, tokenizer))
         self.weight_version = 0
         self.requests: dict[str, _Request] = {}

@@ -1,11 +1,23 @@
 """`LLM`: the batch API of ARCHITECTURE.md's public contract, a thin loop over `EngineCore`; implements
-`engine.protocol.Engine` (and exposes the step-level `EngineCore` as `.engine`)."""
+`engine.protocol.Engine` (and exposes the step-level `EngineCore` as `.engine`).
+
+Thread safety: `generate`, `load_weights` and `abort` may be called from many threads at once (an `LLMJudge`
+under `score_many`, a server's handlers). One lock guards the engine; whichever caller holds it runs one engine
+step for *everyone*, files the finished requests under their owners and lets go, so concurrent callers' requests
+are batched into the same forward passes instead of queueing behind each other (a plain lock around a whole
+`generate` would serialise them: 8 judges, 8 separate batches). Callers that arrive during a step are let in to
+add their requests before the next step (`_arriving`), so they join the running batch at once.
+
+Left out: a background engine thread and async API (the rollout controller drives `EngineCore` directly).
+"""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+import threading
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence as Seq
+from typing import Any, Iterable, Iterator, Mapping, Sequence as Seq
 
 import torch
 
@@ -36,6 +48,13 @@ class LLM:
                                                  seed=seed)
         self.model_dir = str(model)
         self._ids = itertools.count()
+        # NOTE invariants: the engine is touched only under `_cv`; `_done` holds finished outputs of requests some
+        # generate call is waiting for (`_wanted`), until that call takes them.
+        self._cv = threading.Condition()
+        self._gate = threading.Lock()  # guards `_arriving` only
+        self._arriving = 0  # callers waiting to add requests; a stepping caller lets them in first
+        self._wanted: set[str] = set()
+        self._done: dict[str, RequestOutput] = {}
 
     @property
     def tokenizer(self) -> Any:
@@ -62,20 +81,17 @@ class LLM:
         plist = list(params) if isinstance(params, (list, tuple)) else [params] * len(prompts)
         if len(plist) != len(prompts):
             raise ValueError(f"{len(plist)} sampling params for {len(prompts)} prompts")
-        rids = []
-        for i, (p, sp) in enumerate(zip(prompts, plist)):
-            rid = f"gen-{next(self._ids)}"
-            ids = self._encode(p)
-            self.engine.add_request(rid, ids, sp, partial=partial[i] if partial is not None else None)
-            rids.append((rid, p if isinstance(p, str) else None))
-        results: dict[str, RequestOutput] = {}
-        while len(results) < len(rids):
-            finished = self.engine.step()
-            for out in finished:
-                results[out.request_id] = out
-            if not finished and not self.engine.has_unfinished():
-                missing = [rid for rid, _ in rids if rid not in results]
-                raise RuntimeError(f"engine went idle with unfinished requests {missing[:3]}")
+        with self._turn():
+            rids = self._add_all(prompts, plist, partial)
+        try:
+            results = self._drive([rid for rid, _ in rids])
+        finally:
+            with self._cv:
+                for rid, _ in rids:
+                    self._wanted.discard(rid)
+                    self._done.pop(rid, None)
+                    if rid in self.engine.requests:  # an error left it unfinished: take it out of the batch
+                        self.engine.abort(rid)
         outs = []
         for rid, text in rids:
             o = results[rid]
@@ -83,11 +99,69 @@ class LLM:
             outs.append(o)
         return outs
 
+    def _add_all(self, prompts, plist, partial) -> list[tuple[str, str | None]]:
+        """Queue every prompt (all or none: on a bad prompt the ones already queued are aborted). Under `_cv`."""
+        rids: list[tuple[str, str | None]] = []
+        try:
+            for i, (p, sp) in enumerate(zip(prompts, plist)):
+                rid = f"gen-{next(self._ids)}"
+                ids = self._encode(p)
+                self.engine.add_request(rid, ids, sp, partial=partial[i] if partial is not None else None)
+                rids.append((rid, p if isinstance(p, str) else None))
+                self._wanted.add(rid)
+        except BaseException:
+            for rid, _ in rids:
+                self._wanted.discard(rid)
+                self.engine.abort(rid)
+            raise
+        return rids
+
+    def _drive(self, mine: list[str]) -> dict[str, RequestOutput]:
+        """Step the shared engine until all of `mine` are finished (other callers' requests ride along)."""
+        while True:
+            with self._cv:
+                while self._arriving:  # let callers that came in during the last step join this batch
+                    self._cv.wait(timeout=0.001)
+                if all(rid in self._done for rid in mine):
+                    return {rid: self._done.pop(rid) for rid in mine}
+                finished = self.engine.step()
+                for out in finished:
+                    if out.request_id in self._wanted:
+                        self._done[out.request_id] = out
+                if not finished and not self.engine.has_unfinished():
+                    missing = [rid for rid in mine if rid not in self._done]
+                    if missing:
+                        raise RuntimeError(f"engine went idle with unfinished requests {missing[:3]}")
+
     def load_weights(self, state_dict: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]],
                      version: int | None = None) -> int:
         """Load HF-named weights (a full or partial state dict, e.g. a trainer's) as `version` (None: current + 1);
         returns the new `weight_version` (see `engine.protocol`)."""
-        return self.engine.load_weights(state_dict, version)
+        with self._turn():
+            return self.engine.load_weights(state_dict, version)
+
+    @contextlib.contextmanager
+    def _turn(self) -> Iterator[None]:
+        """Hold the engine lock as a caller from outside the step loop: announced in `_arriving`, so the thread
+        driving the steps lets us in before its next step (a plain re-acquire by the driver would starve us)."""
+        with self._gate:
+            self._arriving += 1
+        try:
+            with self._cv:
+                yield
+        finally:
+            with self._gate:
+                self._arriving -= 1
+
+    def running_request_ids(self) -> list[str]:
+        """Ids of the requests in the engine now (any caller's)."""
+        with self._turn():
+            return list(self.engine.requests)
 
     def abort(self, request_id: str) -> RequestOutput | None:
-        return self.engine.abort(request_id)
+        """End a request now; a `generate` call waiting for it gets its partial output (finish_reason 'abort')."""
+        with self._turn():
+            out = self.engine.abort(request_id)
+            if out is not None and request_id in self._wanted:
+                self._done[request_id] = out
+            return out

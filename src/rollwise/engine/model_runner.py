@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from rollwise.engine.sampler import SamplingBatch, sample
+from rollwise.engine.sampler import LogprobsMode, SamplingBatch, sample
 from rollwise.engine.scheduler import SchedulerOutput
 from rollwise.models.decoder import AttnMetadata, DecoderLM
 
@@ -33,8 +33,10 @@ class StepResult:
 
 
 class ModelRunner:
-    def __init__(self, model: DecoderLM, num_blocks: int, block_size: int, device: torch.device) -> None:
+    def __init__(self, model: DecoderLM, num_blocks: int, block_size: int, device: torch.device,
+                 logprobs_mode: LogprobsMode = "processed") -> None:
         self.model = model
+        self.logprobs_mode = logprobs_mode
         self.device = device
         self.block_size = block_size
         self.num_blocks = num_blocks
@@ -157,5 +159,5 @@ class ModelRunner:
         if rows != list(range(hidden.shape[0])):
             hidden = hidden.index_select(0, torch.tensor(rows, dtype=torch.long, device=self.device))
         logits = self.model.logits(hidden)
-        tokens, logprobs = sample(logits, self._sampling_batch(out))
+        tokens, logprobs = sample(logits, self._sampling_batch(out), self.logprobs_mode)
         return StepResult(tokens.tolist(), logprobs.tolist())

@@ -6,16 +6,27 @@ same noise at the same position. A global torch.Generator cannot give that. Each
 uniform number from a hash of (its 63-bit seed, its output position) and samples by inverse CDF; the draw
 depends on nothing else in the batch.
 
-Log-probs are those of the sampling distribution *before* top-p/top-k truncation: log_softmax(logits / T)
-in float32 (for greedy, T is taken as 1). That is what the trainer recomputes, so the two can be compared
-token by token.
+Log-probs (`logprobs_mode`, after vLLM's option of that name):
+- "processed" (the default): log p of the sampled token under the distribution it was actually drawn from:
+  logits / T, then top-k, then top-p on the renormalised top-k distribution, renormalised again; float32. That
+  is the behaviour policy an importance ratio needs, and what the trainer recomputes when it is given the same
+  truncation (`Trainer(top_p=, top_k=)`), so the two can be compared token by token. vLLM calls this
+  `processed_logprobs`. Greedy rows use T = 1 and no truncation (log_softmax(logits)).
+- "raw": log_softmax(logits) of the model, before temperature and truncation (vLLM's `raw_logprobs`).
+
+NOTE on top-p: the token whose cumulative mass first reaches p is kept (the kept set is never empty), and
+with top_p = 1 nothing is cut, even where float32 cumulative sums reach 1 early.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
+
+LogprobsMode = Literal["processed", "raw"]
+LOGPROBS_MODES = ("processed", "raw")
 
 _M32 = 0xFFFFFFFF
 
@@ -51,40 +62,56 @@ class SamplingBatch:
     any_truncation: bool
 
 
-def sample(logits: torch.Tensor, sb: SamplingBatch) -> tuple[torch.Tensor, torch.Tensor]:
-    """logits: [B, V] float32 -> (token ids [B] int64, log-probs [B] float32)."""
+def sample(logits: torch.Tensor, sb: SamplingBatch, logprobs_mode: LogprobsMode = "processed"
+           ) -> tuple[torch.Tensor, torch.Tensor]:
+    """logits: [B, V] float32 -> (token ids [B] int64, log-probs [B] float32); see the module docstring."""
+    if logprobs_mode not in LOGPROBS_MODES:
+        raise ValueError(f"logprobs_mode must be one of {LOGPROBS_MODES}, got {logprobs_mode!r}")
     logits = logits.float()
     greedy = sb.temperature <= 0
     temp = torch.where(greedy, torch.ones_like(sb.temperature), sb.temperature)
     scaled = logits / temp[:, None]
     logprobs = torch.log_softmax(scaled, dim=-1)  # [B, V]
+    log_norm = None  # [B]: log of the kept mass under truncation (0 where nothing is cut)
     if sb.all_greedy:
         tokens = logits.argmax(dim=-1)
-        return tokens, logprobs.gather(1, tokens[:, None]).squeeze(1)
-    u = uniform_from_counter(sb.seeds, sb.positions)  # [B]
-    if sb.any_truncation:
-        tokens = _sample_truncated(logprobs, sb, u)
     else:
-        cdf = logprobs.exp().double().cumsum(dim=-1)
-        tokens = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True).squeeze(1)
-        tokens = tokens.clamp_(max=logits.shape[1] - 1)
-    tokens = torch.where(greedy, logits.argmax(dim=-1), tokens)
-    return tokens, logprobs.gather(1, tokens[:, None]).squeeze(1)
+        u = uniform_from_counter(sb.seeds, sb.positions)  # [B]
+        if sb.any_truncation:
+            tokens, log_norm = _sample_truncated(logprobs, sb, u, greedy)
+        else:
+            cdf = logprobs.exp().double().cumsum(dim=-1)
+            tokens = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True).squeeze(1)
+            tokens = tokens.clamp_(max=logits.shape[1] - 1)
+        tokens = torch.where(greedy, logits.argmax(dim=-1), tokens)
+    if logprobs_mode == "raw":
+        return tokens, torch.log_softmax(logits, dim=-1).gather(1, tokens[:, None]).squeeze(1)
+    lp = logprobs.gather(1, tokens[:, None]).squeeze(1)
+    return tokens, (lp if log_norm is None else lp - log_norm)
 
 
-def _sample_truncated(logprobs: torch.Tensor, sb: SamplingBatch, u: torch.Tensor) -> torch.Tensor:
-    """Inverse-CDF sampling restricted to the top-k / top-p set, in descending-probability order."""
-    probs = logprobs.exp()
-    sorted_p, order = probs.sort(dim=-1, descending=True)
-    v = probs.shape[1]
-    rank = torch.arange(v, device=probs.device)[None, :]
-    keep = torch.ones_like(sorted_p, dtype=torch.bool)
+def _sample_truncated(logprobs: torch.Tensor, sb: SamplingBatch, u: torch.Tensor, greedy: torch.Tensor
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Inverse-CDF sampling restricted to the top-k, then top-p set, in descending-probability order.
+
+    logprobs [B, V] (of logits / T), u [B], greedy [B] bool -> (tokens [B], log kept mass [B]; 0 on rows
+    without truncation and on greedy rows)."""
+    sorted_lp, order = logprobs.sort(dim=-1, descending=True)  # [B, V]
+    v = logprobs.shape[1]
+    rank = torch.arange(v, device=logprobs.device)[None, :]
     k = torch.where(sb.top_k > 0, sb.top_k, torch.full_like(sb.top_k, v))
-    keep &= rank < k[:, None]
-    # top-p: keep the smallest prefix whose mass reaches p (the token that crosses p is kept).
-    mass_before = sorted_p.cumsum(dim=-1) - sorted_p
-    keep &= mass_before < sb.top_p[:, None]
-    kept = torch.where(keep, sorted_p, torch.zeros_like(sorted_p)).double()
+    keep = rank < k[:, None]  # top-k
+    neg = torch.tensor(float("-inf"), device=logprobs.device)
+    # top-p on the renormalised top-k distribution: keep the smallest prefix whose mass reaches p.
+    p_k = torch.softmax(torch.where(keep, sorted_lp, neg), dim=-1)
+    mass_before = p_k.cumsum(dim=-1) - p_k
+    keep &= (mass_before < sb.top_p[:, None]) | (sb.top_p[:, None] >= 1.0)
+    log_norm = torch.logsumexp(torch.where(keep, sorted_lp, neg), dim=-1)  # [B]
+    truncating = ((sb.top_k > 0) & (sb.top_k < v)) | (sb.top_p < 1.0)
+    log_norm = torch.where(truncating & ~greedy, log_norm, torch.zeros_like(log_norm))
+    kept = torch.where(keep, sorted_lp.exp(), torch.zeros_like(sorted_lp)).double()
     cdf = kept.cumsum(dim=-1)
     idx = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True).clamp_(max=v - 1)
-    return order.gather(1, idx).squeeze(1)
+    # The clamp above can only land on a zero-mass token through rounding; step back to the last kept one.
+    idx = torch.minimum(idx, keep.sum(dim=-1, keepdim=True) - 1)
+    return order.gather(1, idx).squeeze(1), log_norm

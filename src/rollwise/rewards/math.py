@@ -5,6 +5,12 @@ Extraction tries, in order, the conventions models are trained on: `#### N` (GSM
 numeric first (commas, currency and unit words, trailing zeros, percents, fractions `3/4` and `\\frac`
 all normalise to an exact `Fraction`), and falls back to math-verify (sympy) for symbolic answers.
 
+The symbolic fallback runs in a worker process (`rewards.procpool`) with a deadline: sympy can run for ever
+on some inputs (`9^{9^{9^{9}}}`), inside C code no signal interrupts, and math-verify's own timeouts only work
+in the main thread. A call that misses the deadline has its worker killed and raises `MathVerifyTimeout`;
+`verify_math` turns that into an errored Score naming the input, never a silent 0. Numeric answers (all of
+GSM8K) never leave the calling thread.
+
 Deliberately left out: multiple-choice letter answers and set/interval answers beyond what math-verify
 does by itself.
 """
@@ -12,7 +18,6 @@ does by itself.
 from __future__ import annotations
 
 import re
-import threading
 from decimal import Decimal, InvalidOperation
 from fractions import Fraction
 
@@ -110,20 +115,33 @@ def to_number(s: str) -> Fraction | None:
 MAX_SYMBOLIC_CHARS = 500
 
 
-def _math_verify_equal(pred: str, gold: str) -> bool:
-    if len(pred) > MAX_SYMBOLIC_CHARS or len(gold) > MAX_SYMBOLIC_CHARS:
-        return False  # no final answer is that long; sympy on it would only burn time
+class MathVerifyTimeout(RuntimeError):
+    """The symbolic comparison did not finish by its deadline (its worker process was killed)."""
+
+
+def math_verify_local(pred: str, gold: str) -> bool:
+    """math-verify in this process, without its SIGALRM timeouts: runs inside a killable worker process."""
     from math_verify import parse, verify
 
-    # NOTE: math-verify's timeouts use SIGALRM, which only the main thread may set; elsewhere the caller's
-    # own per-call timeout (score_many) bounds it instead.
-    main = threading.current_thread() is threading.main_thread()
-    kw = {} if main else {"parsing_timeout": None}
-    g = parse(f"${gold}$", **kw)  # type: ignore[arg-type]
-    p = parse(f"${pred}$", **kw)  # type: ignore[arg-type]
+    g = parse(f"${gold}$", parsing_timeout=None)  # type: ignore[arg-type]
+    p = parse(f"${pred}$", parsing_timeout=None)  # type: ignore[arg-type]
     if not g or not p:
         return False
-    return bool(verify(g, p, **({} if main else {"timeout_seconds": None})))
+    return bool(verify(g, p, timeout_seconds=None))  # type: ignore[arg-type]
+
+
+def _math_verify_equal(pred: str, gold: str, pool=None) -> bool:
+    if len(pred) > MAX_SYMBOLIC_CHARS or len(gold) > MAX_SYMBOLIC_CHARS:
+        return False  # no final answer is that long; sympy on it would only burn time
+    from rollwise.rewards.procpool import CallTimeout, default_pool
+
+    pool = pool or default_pool()
+    try:
+        return bool(pool.call("math_verify_equal", pred, gold))
+    except CallTimeout:
+        raise MathVerifyTimeout(
+            f"math-verify did not finish within {pool.deadline_s:g}s comparing {pred[:60]!r} with {gold[:60]!r}"
+            " (its worker was killed)") from None
 
 
 def _decimals(s: str) -> int:
@@ -137,8 +155,11 @@ def _rounds_to(written: str, value: Fraction, other: Fraction) -> bool:
     return d >= 2 and round(other, d) == value
 
 
-def math_equal(pred: str | None, gold: str) -> bool:
+def math_equal(pred: str | None, gold: str, pool=None) -> bool:
     """Whether two answer strings denote the same value: exact numbers first, math-verify otherwise.
+
+    Raises `MathVerifyTimeout` when the symbolic comparison misses its deadline (or `procpool.WorkerError` when
+    its worker fails); `pool` is a `procpool.WorkerPool` (default: the shared one).
 
     NOTE: numbers compare exactly (999999 != 1000000); the only slack is for a rounded decimal, which must
     show at least two decimals and equal the other side rounded to as many.
@@ -150,7 +171,7 @@ def math_equal(pred: str | None, gold: str) -> bool:
         return a == b or _rounds_to(pred, a, b) or _rounds_to(gold, b, a)
     if a is None and b is None and pred.strip() == gold.strip():
         return True
-    return _math_verify_equal(pred, gold)
+    return _math_verify_equal(pred, gold, pool)
 
 
 def gold_of(answer: object) -> str:
@@ -160,11 +181,17 @@ def gold_of(answer: object) -> str:
     return _clean_tail(m[-1]) if m else s.strip()
 
 
-def verify_math(completion: str, answer: object) -> Score:
-    """1.0 when the completion's final answer equals the gold one; info keeps both for audit."""
+def verify_math(completion: str, answer: object, pool=None) -> Score:
+    """1.0 when the completion's final answer equals the gold one; info keeps both for audit. A symbolic
+    comparison that times out or whose worker fails is an errored Score saying so."""
+    from rollwise.rewards.procpool import WorkerError
+
     gold = gold_of(answer)
     pred = extract_answer(completion)
-    ok = math_equal(pred, gold)
+    try:
+        ok = math_equal(pred, gold, pool)
+    except (MathVerifyTimeout, WorkerError) as e:
+        return Score(0.0, error=str(e), info={"extracted": pred, "gold": gold})
     return Score(float(ok), parts={"correct": float(ok)}, info={"extracted": pred, "gold": gold})
 
 

@@ -58,6 +58,7 @@ def _run_steps(run: Any, log: Log, stop_after: int | None) -> dict[str, Any] | N
     from rollwise.store.replay import ReplayBuffer, ReplayConfig, is_replayed, rescue_groups, reuse_rollouts
     from rollwise.store.writer import RolloutStore
     from rollwise.train.metrics import MetricsLogger
+    from rollwise.train.overlong import overlong_options, shape_overlong
 
     cfg, trainer, engine = run.cfg, run.trainer, run.engine
     R, A, P = cfg.rollout, cfg.algo, cfg.replay
@@ -95,6 +96,7 @@ def _run_steps(run: Any, log: Log, stop_after: int | None) -> dict[str, Any] | N
         return SamplingParams(n=R.samples_per_prompt, temperature=R.temperature, top_p=R.top_p, top_k=R.top_k,
                               max_tokens=R.max_tokens, seed=run.seed * 1_000_003 + step)
 
+    overlong = overlong_options(A)  # DAPO's overlong filtering / soft punishment (on for algo.loss: dapo)
     source = make_source(run.controller, engine, run.train_tasks, order, params, R.prompts_per_step, staleness=K,
                          first_step=start_step + 1, last_step=last, trained_version=trainer.version)
     ckpt_dir = None
@@ -108,7 +110,11 @@ def _run_steps(run: Any, log: Log, stop_after: int | None) -> dict[str, Any] | N
             replayed: list[Rollout] = []
             if replay is not None and P.rescue:  # past successes for groups that all failed
                 replayed += rescue_groups(replay, groups, policy_version, P.rescue_k)
+            if overlong.punish:  # the soft length penalty joins the reward the advantages see
+                shape_overlong(groups, max_length=R.max_tokens, cache_len=overlong.cache_for(R.max_tokens))
             zero_var = assign_advantages(groups, A)
+            if overlong.filter:  # truncated samples still set their group's baseline, but are not trained on
+                _mark(groups, "truncated", "filtered", f"overlong filtering: hit max_tokens={R.max_tokens}")
             trainable = [r for g in groups for r in g.rollouts if r.status in ("kept", "truncated")]
             if replay is not None and P.reuse_per_step:  # train again on recent informative rollouts
                 reused = reuse_rollouts(replay, P.reuse_per_step, policy_version)
@@ -164,6 +170,13 @@ def assign_advantages(groups: Sequence[RolloutGroup], algo: Any) -> int:
                     if r.status in ("kept", "truncated"):
                         r.status, r.status_reason = "filtered", "zero-variance group (no GRPO signal)"
     return zero_var
+
+
+def _mark(groups: Sequence[RolloutGroup], status: str, new: str, reason: str) -> None:
+    for g in groups:
+        for r in g.rollouts:
+            if r.status == status:
+                r.status, r.status_reason = new, reason  # type: ignore[assignment]
 
 
 def _useful_tokens(trainable: Sequence[Rollout], is_replayed: Callable[[Rollout], bool]) -> int:

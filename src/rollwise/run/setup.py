@@ -89,14 +89,16 @@ def make_trainer(cfg: RunConfig, model_dir: Path, device: str) -> Any:
     R, A = cfg.rollout, cfg.algo
     loss_cfg = LossConfig.from_algo(A, max_length=R.max_tokens)
     temp = R.temperature
+    # The trainer's log-probs use the truncation the engine sampled under (top-k, then top-p), so the importance
+    # ratio is exactly 1 at the behaviour policy.
     if cfg.engine.backend == "ray":
         return RayTrainer(str(model_dir), cfg.train, device, temp, A.kl_coef > 0, cfg.train.steps,
-                          cfg.train.micro_batch_tokens, A.loss, loss_cfg, cfg.run.cpu_threads,
+                          cfg.train.micro_batch_tokens, A.loss, loss_cfg, cfg.run.cpu_threads, R.top_p, R.top_k,
                           timeout_s=cfg.run.ray_timeout_s, num_gpus=1 if device.startswith("cuda") else 0)
     from rollwise.train.trainer import Trainer
 
-    tr = Trainer(model_dir, cfg.train, device=device, temperature=temp, reference=A.kl_coef > 0,
-                 total_steps=cfg.train.steps, tokenizer_path=cfg.model.tokenizer)
+    tr = Trainer(model_dir, cfg.train, device=device, temperature=temp, top_p=R.top_p, top_k=R.top_k,
+                 reference=A.kl_coef > 0, total_steps=cfg.train.steps, tokenizer_path=cfg.model.tokenizer)
     return LocalTrainer(tr, cfg.train.micro_batch_tokens, A.loss, loss_cfg)
 
 

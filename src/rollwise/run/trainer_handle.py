@@ -86,7 +86,8 @@ class TrainerWorker:
     """A `LocalTrainer` in its own process (made a Ray actor by `RayTrainer`)."""
 
     def __init__(self, init_dir: str, train_cfg: Any, device: str, temperature: float, reference: bool,
-                 total_steps: int, micro_batch_tokens: int, loss_name: str, loss_cfg: Any, threads: int | None) -> None:
+                 total_steps: int, micro_batch_tokens: int, loss_name: str, loss_cfg: Any, threads: int | None,
+                 top_p: float = 1.0, top_k: int = -1) -> None:
         import torch
         from transformers.utils import logging as hf_logging
 
@@ -95,8 +96,8 @@ class TrainerWorker:
         if threads:
             torch.set_num_threads(threads)
         hf_logging.disable_progress_bar()
-        tr = Trainer(init_dir, train_cfg, device=device, temperature=temperature, reference=reference,
-                     total_steps=total_steps)
+        tr = Trainer(init_dir, train_cfg, device=device, temperature=temperature, top_p=top_p, top_k=top_k,
+                     reference=reference, total_steps=total_steps)
         self.local = LocalTrainer(tr, micro_batch_tokens, loss_name, loss_cfg)
 
     def pid(self) -> int:

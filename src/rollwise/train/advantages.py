@@ -8,8 +8,9 @@ done once, in torch, in float64, so both paths give identical numbers.
 The mask exists because groups are ragged in practice: an errored rollout (sandbox crash, judge timeout) has no
 real reward and must neither pull the group baseline nor receive a gradient. Masked entries get advantage 0.
 
-Deliberately left out: per-token advantages (GAE, a value model) and reward shaping such as length penalties.
-Those belong to a critic or to the reward function, not here. Advantages are computed before the trainer; the
+Deliberately left out: per-token advantages (GAE, a value model) and reward shaping. The one shaping term the
+advantages see is DAPO's soft overlong penalty (`train/overlong.py`), kept apart from the task reward in
+`reward_parts` so accuracy and the store still report the task's own score. Advantages are computed before the trainer; the
 trainer only sees the numbers (ARCHITECTURE.md: the trainer is algorithm-blind).
 """
 
@@ -147,11 +148,16 @@ ADVANTAGES: dict[str, Callable[..., Any]] = {
 """name -> estimator `(rewards [G, K], mask [G, K] | None, **kwargs) -> advantages [G, K]`."""
 
 
+SHAPING_PARTS = ("overlong_penalty",)
+"""`Rollout.reward_parts` keys added to the reward the advantages see (not to `Rollout.reward`)."""
+
+
 def group_table(groups: Sequence[RolloutGroup]) -> tuple[np.ndarray, np.ndarray]:
     """Lay ragged groups out as a `[G, K_max]` float64 reward table and a bool validity mask.
 
     A rollout is valid when it has a reward and is not errored/aborted; filtered and truncated rollouts keep
-    their reward (truncation is a property of the sample, not a missing score).
+    their reward (truncation is a property of the sample, not a missing score). Shaping terms in
+    `reward_parts` (`SHAPING_PARTS`: DAPO's soft overlong penalty) are added to the reward here.
     """
     k_max = max((len(g.rollouts) for g in groups), default=0)
     rewards = np.zeros((len(groups), k_max), dtype=np.float64)  # [G, K_max]
@@ -159,7 +165,7 @@ def group_table(groups: Sequence[RolloutGroup]) -> tuple[np.ndarray, np.ndarray]
     for gi, g in enumerate(groups):
         for ki, ro in enumerate(g.rollouts):
             if ro.reward is not None and ro.status not in ("errored", "aborted"):
-                rewards[gi, ki] = float(ro.reward)
+                rewards[gi, ki] = float(ro.reward) + sum(ro.reward_parts.get(k, 0.0) for k in SHAPING_PARTS)
                 mask[gi, ki] = True
     return rewards, mask
 

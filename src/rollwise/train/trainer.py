@@ -6,11 +6,18 @@ The trainer is algorithm-blind: advantages arrive inside the batch and the loss 
 gradients accumulate, with the losses normalised by whole-mini-batch counts, so the update does not depend on how
 the sequences were packed.
 
-Log-probs are float32 `log_softmax(logits / temperature)`: the engine reports log-probs of the sampling
-distribution (logits / temperature), so the trainer must divide by the same temperature or every ratio is off.
+Log-probs are float32 log-probs of the rollouts' sampling distribution: `log_softmax(logits / temperature)`, and
+with `top_k > 0` / `top_p < 1` the same truncation the engine sampled under (top-k, then top-p on the renormalised
+top-k distribution, renormalised again). The engine records exactly that distribution's log-probs, so the
+trainer must use the same temperature and truncation or every ratio is off (biased, not just noisy).
 Each step reports the gap between the trainer's and the engine's log-probs on the same tokens
 (`logprob_diff_mean` / `logprob_diff_max`): a broken weight sync or position bug shows there at once.
 
+NOTE on truncation: the kept set is chosen without gradient and always includes the target token. At the
+behaviour policy the sampled token is in the set anyway (so the ratio is exactly 1 there); after an update, a
+token that fell out of the current policy's set keeps a finite log-prob (its mass joins the normaliser) instead
+of -inf, which would turn the KL and the gap metrics into inf/NaN. Entropies are of the untruncated
+logits / temperature.
 NOTE on dropout: RL compares the trainer's forward with the engine's, so every dropout is set to 0 at load.
 NOTE on attention: packed rows use an explicit block-diagonal causal mask for the 'sdpa' and 'eager' attention
 implementations; other implementations (flash-attention) get `attention_mask=None` plus restarting `position_ids`,
@@ -85,15 +92,37 @@ def load_causal_lm(path: str | Path, device: torch.device | str, attn_implementa
     return model.to(device)
 
 
-def _chunk_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float) -> torch.Tensor:
-    """float32 log_softmax(logits / T)[target] of one chunk. [n, V], [n] -> [n]"""
+def truncation_keep(x: torch.Tensor, top_p: float, top_k: int) -> torch.Tensor:
+    """Which tokens the sampler may draw from `x` = logits / T: the top-k, then the smallest prefix of the
+    renormalised top-k distribution whose mass reaches top_p. [n, V] float32 -> [n, V] bool (no gradient)."""
+    with torch.no_grad():
+        v = x.shape[-1]
+        sorted_x, order = x.sort(dim=-1, descending=True)
+        keep_sorted = torch.ones_like(sorted_x, dtype=torch.bool)
+        if 0 < top_k < v:
+            keep_sorted[:, top_k:] = False
+        if top_p < 1.0:
+            p = torch.softmax(sorted_x.masked_fill(~keep_sorted, float("-inf")), dim=-1)
+            keep_sorted &= (p.cumsum(dim=-1) - p) < top_p
+        return torch.zeros_like(keep_sorted).scatter_(-1, order, keep_sorted)
+
+
+def _chunk_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float, top_p: float = 1.0,
+                    top_k: int = -1) -> torch.Tensor:
+    """float32 log-prob of each target under logits / T, truncated to top-k / top-p and renormalised.
+    [n, V], [n] -> [n]"""
     x = logits.float() / temperature
-    return x.gather(-1, targets[:, None])[:, 0] - torch.logsumexp(x, dim=-1)
+    picked = x.gather(-1, targets[:, None])[:, 0]
+    if top_p >= 1.0 and top_k <= 0:
+        return picked - torch.logsumexp(x, dim=-1)
+    keep = truncation_keep(x, top_p, top_k).scatter_(-1, targets[:, None], True)  # see NOTE on truncation
+    return picked - torch.logsumexp(x.masked_fill(~keep, float("-inf")), dim=-1)
 
 
 def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float, need_entropy: bool = False,
-                   chunk: int = 1024) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Per-target float32 log-probs (and entropies) of `logits / temperature`, `chunk` rows at a time.
+                   chunk: int = 1024, top_p: float = 1.0, top_k: int = -1) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Per-target float32 log-probs (and entropies) of `logits / temperature` (truncated to top_k / top_p when
+    set, as the engine sampled), `chunk` rows at a time.
 
     logits [N, V] (any float dtype), targets [N] -> ([N], [N] | None). With a large vocabulary the float32 copies of
     [N, V] dominate a step's memory (16k tokens x 152k vocab = 10 GB per copy), so each chunk's float32 work is
@@ -103,15 +132,17 @@ def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: flo
     from torch.utils.checkpoint import checkpoint
 
     n = logits.shape[0]
+    if top_p < 1.0 or 0 < top_k:
+        chunk = max(1, chunk // 4)  # truncation sorts each chunk: [n, V] values + int64 indices + masks
     grad = torch.is_grad_enabled() and logits.requires_grad
     parts = []
     ents = []
     for s in range(0, n, chunk):
         lg, tg = logits[s:s + chunk], targets[s:s + chunk]
         if grad and n > chunk:
-            parts.append(checkpoint(_chunk_logprobs, lg, tg, temperature, use_reentrant=False))
+            parts.append(checkpoint(_chunk_logprobs, lg, tg, temperature, top_p, top_k, use_reentrant=False))
         else:
-            parts.append(_chunk_logprobs(lg, tg, temperature))
+            parts.append(_chunk_logprobs(lg, tg, temperature, top_p, top_k))
         if need_entropy:
             with torch.no_grad():
                 x = lg.float() / temperature
@@ -157,18 +188,28 @@ class Trainer:
         *,
         device: str | torch.device = "cpu",
         temperature: float = 1.0,
+        top_p: float = 1.0,
+        top_k: int = -1,
         reference: bool = False,
         total_steps: int | None = None,
         attn_implementation: str | None = None,
         tokenizer_path: str | Path | None = None,
     ) -> None:
         """model_path: an HF checkpoint dir. device: 'cpu', 'cuda', 'cuda:N' or 'auto'. temperature: the sampling temperature of the rollouts (> 0).
+        top_p, top_k: the rollouts' sampling truncation (rollout.top_p / rollout.top_k; 1.0 and -1 = off); pass them
+        whenever the rollouts were sampled with them (not for greedy rollouts, whose log-probs are untruncated).
         reference: keep a frozen copy of the initial policy for the KL penalty (with LoRA: the adapter-free base).
         total_steps: RL steps the LR schedule spans (default cfg.steps)."""
         self.cfg = cfg or TrainConfig()
         if temperature <= 0:
             raise TrainerError(f"trainer temperature must be > 0 (the rollouts' sampling temperature), got {temperature}")
         self.temperature = float(temperature)
+        if not 0 < top_p <= 1:
+            raise TrainerError(f"trainer top_p must be in (0, 1] (the rollouts' top_p), got {top_p}")
+        if top_k < -1:
+            raise TrainerError(f"trainer top_k must be -1 or 0 (off) or a positive count, got {top_k}")
+        self.top_p = float(top_p)
+        self.top_k = int(top_k)
         self.device = resolve_device(device)
         self.model_path = Path(model_path)
         self.logprob_chunk = 1024  # rows of [N, V] logits turned into float32 log-probs at a time
@@ -269,7 +310,8 @@ class Trainer:
             out = model(input_ids=ids, position_ids=pos, attention_mask=self._attention_mask(model, mb),
                         use_cache=False, logits_to_keep=pred)
         logits = out.logits[0]  # [N, V] in the forward's dtype: only the positions that predict targets
-        return token_logprobs(logits, mb.target_ids.to(self.device), self.temperature, need_entropy, self.logprob_chunk)
+        return token_logprobs(logits, mb.target_ids.to(self.device), self.temperature, need_entropy, self.logprob_chunk,
+                              self.top_p, self.top_k)
 
     @staticmethod
     def _scatter(values: torch.Tensor, mb: PackedMicroBatch, width: int) -> torch.Tensor:
@@ -285,7 +327,7 @@ class Trainer:
         """Per-token log-probs of every completion token under the current policy (or the reference).
 
         -> [B, T] float32 on the trainer's device, 0 on padding (and `[B, T]` entropies when `with_entropy`).
-        Same temperature as the engine; runs on the packed micro-batches of `batch`.
+        Same temperature and top-p/top-k truncation as the engine; runs on the packed micro-batches of `batch`.
         """
         ctx = self._reference() if reference else contextlib.nullcontext(self.model)
         b, t = batch.num_sequences, batch.max_completion_len
