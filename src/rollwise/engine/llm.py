@@ -9,11 +9,14 @@ from typing import Any, Iterable, Mapping, Sequence as Seq
 import torch
 
 from rollwise.engine.core import EngineConfig, EngineCore
+from rollwise.models.convert import resolve_model
 from rollwise.types import CompletionOutput, RequestOutput, SamplingParams
 
 
 class LLM:
     """Offline generation engine.
+
+    `model`: an HF checkpoint directory, a .gguf file, "smollm2-135m" or a hub id (`models.convert.resolve_model`).
 
     >>> llm = LLM("ckpt_dir", device="cpu", dtype="float32")
     >>> outs = llm.generate(["1+1="], SamplingParams(n=8, temperature=1.0, max_tokens=16, seed=0))
@@ -21,9 +24,10 @@ class LLM:
 
     def __init__(self, model: str | Path, device: str = "cpu", dtype: str = "float32", tokenizer: Any = None,
                  **engine_kwargs: Any) -> None:
-        self.engine = EngineCore.from_pretrained(model, device=device, dtype=dtype,
+        model_dir = resolve_model(model)  # the checkpoint directory (converted and cached for a .gguf or a known name)
+        self.engine = EngineCore.from_pretrained(model_dir, device=device, dtype=dtype,
                                                  config=EngineConfig(**engine_kwargs), tokenizer=tokenizer)
-        self.model_dir = str(model)
+        self.model_dir = str(model_dir)
         self._ids = itertools.count()
 
     @property
