@@ -162,6 +162,11 @@ def test_chat_prompts_match_transformers(smollm2_dir):
     # Template off: the raw text, which this tokenizer encodes without a BOS.
     assert PromptFormat(chat_template=False).encode(tok, "2+2") == tok.encode("2+2")
     assert render_fallback(msgs).endswith("assistant: ")
+    # serve's chat endpoint renders through the same builder.
+    from rollwise.serve.chat import render_chat
+
+    assert tok.encode(render_chat(tok, msgs), add_special_tokens=False) == PromptFormat().encode(tok, msgs)
+    assert render_chat(_char_tok(), [{"role": "user", "content": "1+1"}]) == "user: 1+1\nassistant: "
 
 
 def test_greedy_parity_with_transformers_through_the_chat_template(smollm2_dir):
