@@ -1,6 +1,6 @@
 """rollwise.envs: environments (typed tasks + scoring), the multi-turn runner, and the registry.
 
-`get_env("arithmetic" | "countdown" | "gsm8k" | "humaneval" | "mbpp" | "tool_calc" | "mod:attr" | "file.py:attr", **kw)`.
+`get_env("arithmetic" | "countdown" | "dataset" | "gsm8k" | "humaneval" | "mbpp" | "tool_calc" | "mod:attr" | "file.py:attr", **kw)`.
 """
 
 from rollwise.envs.base import Environment, EpisodeState, MultiTurnEnvironment, Task

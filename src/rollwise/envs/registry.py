@@ -21,6 +21,7 @@ from rollwise.types import Score
 BUILTIN_ENVS: dict[str, str] = {
     "arithmetic": "rollwise.envs.arithmetic:ArithmeticEnv",
     "countdown": "rollwise.envs.countdown:CountdownEnv",
+    "dataset": "rollwise.envs.dataset:DatasetEnv",
     "gsm8k": "rollwise.envs.gsm8k:GSM8KEnv",
     "humaneval": "rollwise.envs.humaneval:HumanEvalEnv",
     "mbpp": "rollwise.envs.mbpp:MBPPEnv",
