@@ -162,6 +162,10 @@ def test_chat_prompts_match_transformers(smollm2_dir):
     # Template off: the raw text, which this tokenizer encodes without a BOS.
     assert PromptFormat(chat_template=False).encode(tok, "2+2") == tok.encode("2+2")
     assert render_fallback(msgs).endswith("assistant: ")
+    strict = AutoTokenizer.from_pretrained(str(smollm2_dir))
+    strict.chat_template = "{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not supported') }}{% endif %}x"
+    with pytest.raises(ValueError, match=r"chat template failed on \['system', 'user'\] messages: .*System role not supported"):
+        PromptFormat(system_prompt="S").encode(strict, "hi")
     # serve's chat endpoint renders through the same builder.
     from rollwise.serve.chat import render_chat
 
@@ -188,3 +192,44 @@ def test_greedy_parity_with_transformers_through_the_chat_template(smollm2_dir):
             g = ref.generate(torch.tensor([ids]), max_new_tokens=16, do_sample=False)[0, len(ids):].tolist()
         assert out.outputs[0].token_ids == g, (tok.decode(out.outputs[0].token_ids), tok.decode(g))
     assert any(len(o.outputs[0].token_ids) >= 4 for o in outs)
+
+
+def test_every_model_spec_reaches_the_same_directory(smollm2_dir):
+    from rollwise.models.convert import known_model_file
+    from rollwise.train.trainer import load_causal_lm
+
+    assert resolve_model(known_model_file("smollm2-135m")) == Path(smollm2_dir)  # the .gguf itself: same cache entry
+    model = load_causal_lm("smollm2-135m", "cpu")  # the trainer's loader takes the name too
+    assert model.config.num_hidden_layers == 30 and model.dtype.is_floating_point
+
+
+def test_real_model_step_from_a_dataset_with_a_trl_reward(smollm2_dir, tmp_path):
+    """The building blocks of one RL step on the real model: dataset env + TRL reward file + chat prompts +
+    engine + batch scoring (the loop wires exactly these calls)."""
+    from rollwise import LLM, SamplingParams
+    from rollwise.envs.build import make_env
+    from rollwise.rewards.base import is_correct
+    from rollwise.rewards.concurrent import score_many
+
+    rows = [{"prompt": f"What is {a} + {b}?", "answer": a + b} for a, b in [(2, 3), (10, 5), (7, 1), (4, 4), (6, 2)]]
+    data = tmp_path / "add.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    reward = tmp_path / "reward.py"
+    reward.write_text("import re\n"
+                      "def correct_sum(completions, answer, completion_ids, **kw):\n"
+                      "    assert all(isinstance(i, list) and i for i in completion_ids)\n"
+                      "    return [1.0 if (n := re.findall(r'-?\\d+', c)) and int(n[-1]) == a else 0.0\n"
+                      "            for c, a in zip(completions, answer)]\n")
+    env = make_env("dataset", {"path": str(data), "test_size": 1}, reward=f"{reward}:correct_sum")
+    train = env.load("train")
+    llm = LLM(smollm2_dir, max_model_len=256)
+    fmt = PromptFormat(system_prompt="Answer with the number only.")
+    prompts = [fmt.encode(llm.tokenizer, t.prompt) for t in train[:2]]
+    sp = SamplingParams(n=2, temperature=1.0, max_tokens=12, seed=0,
+                        stop_token_ids=stop_token_ids(llm.tokenizer, llm.model_dir))
+    outs = llm.generate(prompts, sp)
+    items = [(t, o.text, o.token_ids) for t, r in zip(train, outs) for o in r.outputs]
+    scores = score_many(env, items)
+    assert len(scores) == 4 and all(s.error is None and s.value in (0.0, 1.0) for s in scores)
+    assert all(r.prompt_token_ids == p for r, p in zip(outs, prompts))  # the exact ids the trainer will see
+    assert sum(is_correct(s) for s in scores) == sum(s.value for s in scores)

@@ -247,3 +247,11 @@ def test_reward_file_matches_the_docs_example(tmp_path):
     '''))
     r = load_reward(f"{f}:correct_sum")
     assert [s.value for s in r.score_batch(tasks(2), ["the sum is 1", "it is 7"])] == [1.0, 0.0]
+
+
+def test_with_reward_accepts_a_trl_function(rfile):
+    from rollwise.envs import get_env, with_reward
+
+    env = with_reward(get_env("arithmetic", digits=1), f"{rfile}:trl_accuracy")
+    t = env.load("test", n=1)[0]
+    assert env.score(t, str(t.answer)).value == 1.0 and env.score(t, "x").value == 0.0

@@ -100,5 +100,11 @@ class WithReward:
 
 
 def with_reward(env: Any, reward: Callable[[Task, str], Any] | str) -> WithReward:
-    """`env` with its score replaced by `reward` (a callable or a "module:attr" spec)."""
-    return WithReward(env, load_reward_fn(reward) if isinstance(reward, str) else reward)
+    """`env` with its score replaced by `reward` (a callable or a "module:attr" spec). A TRL-style batch function
+    is wrapped so it is called per sample here; `envs.build.make_env` batches it instead."""
+    from rollwise.rewards.user import load_reward, reward_kind
+
+    fn = load_reward_fn(reward) if isinstance(reward, str) else reward
+    if reward_kind(fn) == "batch":
+        fn = load_reward(fn)
+    return WithReward(env, fn)

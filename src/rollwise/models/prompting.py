@@ -90,7 +90,13 @@ class PromptFormat:
     def render(self, tokenizer: Any, prompt: Prompt) -> tuple[str, bool]:
         """(prompt text, whether the tokenizer should add its default special tokens when encoding it)."""
         if self.uses_template(tokenizer):
-            text = tokenizer.apply_chat_template(self.messages(prompt), tokenize=False, add_generation_prompt=True)
+            msgs = self.messages(prompt)
+            try:
+                text = tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+            except Exception as e:  # noqa: BLE001 - e.g. a template that refuses a system message: one line
+                first = (str(e).strip().splitlines() or [""])[0]
+                raise ValueError(f"the tokenizer's chat template failed on {[m['role'] for m in msgs]} messages: "
+                                 f"{type(e).__name__}: {first}") from None
             return text, False
         if isinstance(prompt, str):
             if self.system_prompt:
