@@ -153,7 +153,7 @@ def cached_conversion(src: str | Path) -> Path:
         return dest
     try:
         return convert_gguf(src, dest)
-    except OSError:
+    except (OSError, ModelResolveError):
         # Another process may have renamed its own conversion into place first: use that one.
         if (dest / "config.json").is_file():
             return dest
