@@ -73,6 +73,26 @@ def test_failed_conversion_leaves_nothing_behind(tmp_path):
         convert_gguf(bad, out)
 
 
+def test_cache_is_keyed_by_content_and_survives_a_lost_race(tmp_path, monkeypatch):
+    monkeypatch.setenv("ROLLWISE_CACHE", str(tmp_path / "cache"))
+    a, b = tmp_path / "a" / "m.gguf", tmp_path / "b" / "m.gguf"
+    for f in (a, b):
+        f.parent.mkdir()
+        f.write_bytes(b"GGUF same bytes")
+    calls = []
+
+    def other_process_wins(src, out):
+        calls.append(src)
+        out.mkdir(parents=True)
+        (out / "config.json").write_text("{}")  # someone else's finished conversion appeared first
+        raise OSError(39, "Directory not empty")
+
+    monkeypatch.setattr(conv, "convert_gguf", other_process_wins)
+    first = conv.cached_conversion(a)
+    assert first.parent == tmp_path / "cache" / "models" and (first / "config.json").is_file()
+    assert conv.cached_conversion(b) == first and len(calls) == 1  # same content: converted once
+
+
 def test_convert_cli_errors_are_one_line(tmp_path, capsys):
     from rollwise.cli.main import main
 
