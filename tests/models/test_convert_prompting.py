@@ -166,6 +166,20 @@ def test_converted_directory_is_complete(smollm2_dir):
     assert resolve_model("smollm2-135m") == d
 
 
+def test_generation_config_adds_the_end_of_turn_token(smollm2_dir, tmp_path):
+    """A GGUF whose eos is <|endoftext|> (many base-model conversions): <|im_end|> still ends generation."""
+    from types import SimpleNamespace
+
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(smollm2_dir))
+    tok.eos_token = "<|endoftext|>"
+    model = SimpleNamespace(generation_config=SimpleNamespace(eos_token_id=0), config=SimpleNamespace(eos_token_id=0))
+    assert conv._write_generation_config(tmp_path, model, tok) == [0, 2]
+    assert json.loads((tmp_path / "generation_config.json").read_text())["eos_token_id"] == [0, 2]
+    assert stop_token_ids(tok, tmp_path) == [0, 2]
+
+
 def test_chat_prompts_match_transformers(smollm2_dir):
     from transformers import AutoTokenizer
 
