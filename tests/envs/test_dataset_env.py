@@ -98,6 +98,8 @@ def test_no_held_out_split_says_how_to_get_one(tmp_path):
     ('{"question": ""}\n', {}, r"row 1: the prompt is empty"),
     ('{"question": 7}\n', {}, r"row 1: the prompt must be text or a list of chat messages, got int"),
     ('{"question": [{"role": "user"}]}\n', {}, r"row 1: prompt message 0 must be an object"),
+    ('{"question": [{"role": "user", "content": "1+1"}, {"role": "assistant", "content": "2"}]}\n', {},
+     r"row 1: the prompt's last message is the assistant's"),
     ('{"question": "a", "gold": 1}\n{"question": "b"}\n', {"answer_key": "gold"}, r"row 2: no 'gold' column"),
     ('[1, 2]\n', {}, r"row 1: expected an object"),
 ])

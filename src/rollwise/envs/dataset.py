@@ -171,6 +171,9 @@ class DatasetEnv:
             for i, m in enumerate(prompt):
                 if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
                     raise DatasetError(f"{where}: prompt message {i} must be an object with string 'role' and 'content'")
+            if prompt[-1]["role"] == "assistant":
+                raise DatasetError(f"{where}: the prompt's last message is the assistant's; a prompt ends before the "
+                                   "reply the policy is to write (drop the answer from the prompt column)")
             prompt = [{"role": m["role"], "content": m["content"]} for m in prompt]
         else:
             raise DatasetError(f"{where}: the prompt must be text or a list of chat messages, got {type(prompt).__name__}")
