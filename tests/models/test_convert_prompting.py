@@ -111,13 +111,18 @@ def _char_tok():
     return build_char_tokenizer("0123456789+-*= \nabcdefghijklmnopqrstuvwxyz:")
 
 
-def test_char_tokenizer_prompts_keep_their_ids():
-    """The embedded default's prompts: no template, and add_special_tokens=True adds nothing (no BOS)."""
+def test_char_tokenizer_prompts_keep_their_ids(tmp_path):
+    """The embedded default's prompts: no template, and add_special_tokens=True adds nothing (no BOS), for the
+    tokenizer object and for the one loaded back from the checkpoint directory."""
+    from transformers import AutoTokenizer
+
     tok = _char_tok()
+    tok.save_pretrained(tmp_path)
     fmt = PromptFormat()
-    assert not fmt.uses_template(tok)
-    for text in ("23+45=", "7*8-1="):
-        assert fmt.encode(tok, text) == tok.encode(text, add_special_tokens=False)
+    for t in (tok, AutoTokenizer.from_pretrained(str(tmp_path))):
+        assert not fmt.uses_template(t)
+        for text in ("23+45=", "7*8-1="):
+            assert fmt.encode(t, text) == tok.encode(text, add_special_tokens=False) == [tok.convert_tokens_to_ids(c) for c in text]
     with pytest.raises(ValueError, match="tokenizer has no chat template"):
         PromptFormat(chat_template=True).encode(tok, "1+1=")
     with pytest.raises(ValueError, match="no chat template to put it in"):
