@@ -218,7 +218,7 @@ def test_greedy_parity_with_transformers_through_the_chat_template(smollm2_dir):
 
     from rollwise import LLM, SamplingParams
 
-    llm = LLM("smollm2-135m", device="cpu", dtype="float32", max_model_len=256)
+    llm = LLM("smollm2-135m", device="cpu", dtype="float32", max_model_len=256, kv_cache_gb=0.1)
     assert Path(llm.model_dir) == Path(smollm2_dir)
     tok = AutoTokenizer.from_pretrained(str(smollm2_dir))
     fmt = PromptFormat()
@@ -261,7 +261,7 @@ def test_real_model_step_from_a_dataset_with_a_trl_reward(smollm2_dir, tmp_path)
                       "            for c, a in zip(completions, answer)]\n")
     env = make_env("dataset", {"path": str(data), "test_size": 1}, reward=f"{reward}:correct_sum")
     train = env.load("train")
-    llm = LLM(smollm2_dir, max_model_len=256)
+    llm = LLM(smollm2_dir, max_model_len=256, kv_cache_gb=0.1)
     fmt = PromptFormat(system_prompt="Answer with the number only.")
     prompts = [fmt.encode(llm.tokenizer, t.prompt) for t in train[:2]]
     sp = SamplingParams(n=2, temperature=1.0, max_tokens=12, seed=0,
