@@ -192,8 +192,9 @@ def _from_hub(spec: str) -> Path:
     except Exception as e:  # noqa: BLE001 - any failure here means "not reachable / not there": one line
         first = (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
         raise ModelResolveError(
-            f"model {spec!r} is not a local directory or .gguf file, and the model hub is not reachable to fetch it "
-            f"({type(e).__name__}: {first}); pass a checkpoint directory, a .gguf file or one of: {', '.join(KNOWN_MODELS)}"
+            f"model {spec!r} is not a local directory or .gguf file, and fetching it from the model hub failed (hub not "
+            f"reachable, or no such repository: {type(e).__name__}: {first}); pass a checkpoint directory, a .gguf file "
+            f"or one of: {', '.join(KNOWN_MODELS)}"
         ) from None
 
 
