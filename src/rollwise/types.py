@@ -19,10 +19,14 @@ ROLLOUT_STATUSES: tuple[str, ...] = ("kept", "filtered", "errored", "truncated",
 
 @dataclass
 class Task:
-    """One problem (lives here, below envs and rewards, which both use it): what the policy sees (`prompt`), what scoring needs (`answer`, `metadata`)."""
+    """One problem (lives here, below envs and rewards, which both use it): what the policy sees (`prompt`), what scoring needs (`answer`, `metadata`).
+
+    `prompt` is text (under a chat template it becomes the user message) or a list of chat messages
+    `[{"role": ..., "content": ...}, ...]`; `rollwise.models.prompting.PromptFormat` turns either into token ids.
+    """
 
     id: str
-    prompt: str
+    prompt: str | list[dict[str, Any]]
     answer: Any
     metadata: dict[str, Any] = field(default_factory=dict)
 

@@ -19,6 +19,7 @@ COMMANDS: dict[str, str] = {
     "report": "rollwise.cli.report",
     "serve": "rollwise.cli.serve",
     "rollouts": "rollwise.cli.rollouts",
+    "convert": "rollwise.cli.convert",
 }
 
 

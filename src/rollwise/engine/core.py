@@ -23,6 +23,7 @@ from rollwise.engine.sampler import LOGPROBS_MODES
 from rollwise.engine.scheduler import Scheduler, SchedulerConfig
 from rollwise.engine.sequence import Sequence, SeqStatus
 from rollwise.models.decoder import DecoderLM
+from rollwise.models.convert import resolve_model
 from rollwise.models.loader import WeightMapper, load_model
 from rollwise.types import CompletionOutput, RequestOutput, SamplingParams
 
@@ -97,6 +98,7 @@ class EngineCore:
         if dev.type == "cuda" and not torch.cuda.is_available():
             raise ValueError("device 'cuda' requested but CUDA is not available")
         max_len = config.max_model_len or 4096
+        model_dir = resolve_model(model_dir)  # a checkpoint dir, a .gguf file, a known name or a hub id
         model, hf_config = load_model(model_dir, resolve_dtype(dtype), dev, max_len)
         if tokenizer is None:
             tokenizer = load_tokenizer(model_dir)

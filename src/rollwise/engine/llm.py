@@ -22,11 +22,14 @@ from typing import Any, Iterable, Iterator, Mapping, Sequence as Seq
 import torch
 
 from rollwise.engine.core import EngineConfig, EngineCore
+from rollwise.models.convert import resolve_model
 from rollwise.types import CompletionOutput, RequestOutput, SamplingParams
 
 
 class LLM:
     """Offline generation engine.
+
+    `model`: an HF checkpoint directory, a .gguf file, "smollm2-135m" or a hub id (`models.convert.resolve_model`).
 
     >>> llm = LLM("ckpt_dir", device="cpu", dtype="float32")
     >>> outs = llm.generate(["1+1="], SamplingParams(n=8, temperature=1.0, max_tokens=16, seed=0))
@@ -44,9 +47,10 @@ class LLM:
         except ValidationError as e:
             err = e.errors(include_url=False)[0]
             raise ValueError(f"LLM: bad engine argument {'.'.join(map(str, err['loc']))!r}: {err['msg']}") from None
-        self.engine = EngineCore.from_pretrained(model, device=device, dtype=dtype, config=cfg, tokenizer=tokenizer,
+        model_dir = resolve_model(model)  # the checkpoint directory (converted and cached for a .gguf or a known name)
+        self.engine = EngineCore.from_pretrained(model_dir, device=device, dtype=dtype, config=cfg, tokenizer=tokenizer,
                                                  seed=seed)
-        self.model_dir = str(model)
+        self.model_dir = str(model_dir)
         self._ids = itertools.count()
         # NOTE invariants: the engine is touched only under `_cv`; `_done` holds finished outputs of requests some
         # generate call is waiting for (`_wanted`), until that call takes them.

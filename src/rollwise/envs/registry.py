@@ -8,19 +8,17 @@ as is. Reward functions load the same way (`load_reward_fn`) and `with_reward` p
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
-import sys
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable
 
 from rollwise.envs.base import Environment, Task
+from rollwise.rewards.user import load_object  # noqa: F401 - re-exported: envs and rewards load user code alike
 from rollwise.types import Score
 
 BUILTIN_ENVS: dict[str, str] = {
     "arithmetic": "rollwise.envs.arithmetic:ArithmeticEnv",
     "countdown": "rollwise.envs.countdown:CountdownEnv",
+    "dataset": "rollwise.envs.dataset:DatasetEnv",
     "gsm8k": "rollwise.envs.gsm8k:GSM8KEnv",
     "humaneval": "rollwise.envs.humaneval:HumanEvalEnv",
     "mbpp": "rollwise.envs.mbpp:MBPPEnv",
@@ -40,37 +38,6 @@ def register_env(name: str, factory: Callable[..., Any], overwrite: bool = False
 
 def list_envs() -> list[str]:
     return sorted(set(BUILTIN_ENVS) | set(_REGISTRY))
-
-
-def load_object(spec: str) -> Any:
-    """Resolve "package.module:attr" or "path/to/file.py:attr" (attr may be dotted)."""
-    if not isinstance(spec, str) or ":" not in spec:
-        raise ValueError(f"expected 'module:attr' or 'file.py:attr', got {spec!r}")
-    mod_part, _, attr = spec.rpartition(":")
-    if not mod_part or not attr:
-        raise ValueError(f"expected 'module:attr' or 'file.py:attr', got {spec!r}")
-    if mod_part.endswith(".py") or "/" in mod_part:
-        path = Path(mod_part)
-        if not path.is_file():
-            raise FileNotFoundError(f"{spec!r}: file {mod_part!r} not found")
-        mod_name = f"rollwise_user_{abs(hash(str(path.resolve())))}"
-        module_spec = importlib.util.spec_from_file_location(mod_name, path)
-        if module_spec is None or module_spec.loader is None:
-            raise ValueError(f"{spec!r}: cannot import {mod_part!r} as Python")
-        module = importlib.util.module_from_spec(module_spec)
-        sys.modules[mod_name] = module
-        module_spec.loader.exec_module(module)
-    else:
-        try:
-            module = importlib.import_module(mod_part)
-        except ModuleNotFoundError as e:
-            raise ValueError(f"{spec!r}: cannot import module {mod_part!r} ({e})") from None
-    obj: Any = module
-    for part in attr.split("."):
-        if not hasattr(obj, part):
-            raise ValueError(f"{spec!r}: {mod_part!r} has no attribute {attr!r}")
-        obj = getattr(obj, part)
-    return obj
 
 
 def _check_env(env: Any, name: str) -> Environment:
@@ -133,5 +100,11 @@ class WithReward:
 
 
 def with_reward(env: Any, reward: Callable[[Task, str], Any] | str) -> WithReward:
-    """`env` with its score replaced by `reward` (a callable or a "module:attr" spec)."""
-    return WithReward(env, load_reward_fn(reward) if isinstance(reward, str) else reward)
+    """`env` with its score replaced by `reward` (a callable or a "module:attr" spec). A TRL-style batch function
+    is wrapped so it is called per sample here; `envs.build.make_env` batches it instead."""
+    from rollwise.rewards.user import load_reward, reward_kind
+
+    fn = load_reward_fn(reward) if isinstance(reward, str) else reward
+    if reward_kind(fn) == "batch":
+        fn = load_reward(fn)
+    return WithReward(env, fn)

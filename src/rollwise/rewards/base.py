@@ -42,3 +42,12 @@ def call_reward(fn: Any, task: Task, completion: str) -> Score:
         return as_score(scorer(task, completion), where=str(name))
     except Exception as e:  # noqa: BLE001 - turning failures into data is this function's job
         return Score(0.0, error=describe(e))
+
+
+def is_correct(score: Score, pass_threshold: float = 1.0) -> bool:
+    """Whether a sample counts as correct (pass rate, accuracy): not errored and `value >= pass_threshold`.
+
+    One rule for every reward: built-in verifiers give 1.0 for a right answer, so the default threshold 1.0
+    means "right"; a user reward with graded values sets `env.pass_threshold`.
+    """
+    return score.error is None and score.value >= pass_threshold - 1e-9

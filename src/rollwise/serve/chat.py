@@ -1,8 +1,9 @@
-"""Chat messages -> prompt text: the tokenizer's own chat template, or a small documented fallback.
+"""Chat messages -> prompt text, through the one prompt builder train, eval and generate use too.
 
-Why a fallback at all: the tiny char-level checkpoints rollwise builds carry no chat template, and
-transformers refuses to guess one. The fallback is plain and stable so that clients (and tests) can
-reproduce it exactly:
+`render_chat` is `rollwise.models.prompting.PromptFormat().render` on a message list: the tokenizer's own chat
+template with the generation prompt, or, for tokenizers without one (the tiny char-level checkpoints
+rollwise builds; transformers refuses to guess a template), a plain documented fallback that clients and
+tests can reproduce exactly:
 
     "{role}: {content}\n" for each message, then "assistant: "
 """
@@ -11,11 +12,14 @@ from __future__ import annotations
 
 from typing import Any
 
-FALLBACK_ASSISTANT_PREFIX = "assistant: "
+from rollwise.models.prompting import FALLBACK_ASSISTANT_PREFIX, PromptFormat
+
+__all__ = ["FALLBACK_ASSISTANT_PREFIX", "render_chat"]
+
+_CHAT = PromptFormat()  # "auto": the template when the tokenizer has one; a request's messages are used as given
 
 
 def render_chat(tokenizer: Any, messages: list[dict[str, str]]) -> str:
     """The prompt text for `messages`, ending where the assistant's reply begins."""
-    if getattr(tokenizer, "chat_template", None):
-        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    return "".join(f"{m['role']}: {m['content']}\n" for m in messages) + FALLBACK_ASSISTANT_PREFIX
+    text, _ = _CHAT.render(tokenizer, messages)
+    return text

@@ -77,7 +77,12 @@ def load_causal_lm(path: str | Path, device: torch.device | str, attn_implementa
     """Load an HF causal-LM checkpoint in float32 (master weights), dropout off. One-line error on a bad path."""
     from transformers import AutoModelForCausalLM
 
-    p = Path(path)
+    from rollwise.models.convert import ModelResolveError, resolve_model
+
+    try:
+        p = resolve_model(path)  # a checkpoint dir, a .gguf file, a known name or a hub id
+    except ModelResolveError as e:
+        raise TrainerError(str(e)) from None
     if not (p / "config.json").is_file():
         raise TrainerError(f"not an HF checkpoint directory (no config.json): {p}")
     kwargs: dict[str, Any] = {"dtype": torch.float32}
@@ -195,7 +200,7 @@ class Trainer:
         attn_implementation: str | None = None,
         tokenizer_path: str | Path | None = None,
     ) -> None:
-        """model_path: an HF checkpoint dir. device: 'cpu', 'cuda', 'cuda:N' or 'auto'. temperature: the sampling temperature of the rollouts (> 0).
+        """model_path: an HF checkpoint dir, a .gguf file, a known name ('smollm2-135m') or a hub id (`models.convert.resolve_model`). device: 'cpu', 'cuda', 'cuda:N' or 'auto'. temperature: the sampling temperature of the rollouts (> 0).
         top_p, top_k: the rollouts' sampling truncation (rollout.top_p / rollout.top_k; 1.0 and -1 = off); pass them
         whenever the rollouts were sampled with them (not for greedy rollouts, whose log-probs are untruncated).
         reference: keep a frozen copy of the initial policy for the KL penalty (with LoRA: the adapter-free base).
@@ -211,12 +216,17 @@ class Trainer:
         self.top_p = float(top_p)
         self.top_k = int(top_k)
         self.device = resolve_device(device)
-        self.model_path = Path(model_path)
+        from rollwise.models.convert import ModelResolveError, resolve_model
+
+        try:
+            self.model_path = resolve_model(model_path)
+        except ModelResolveError as e:
+            raise TrainerError(str(e)) from None
         self.logprob_chunk = 1024  # rows of [N, V] logits turned into float32 log-probs at a time
         self.step = 0  # optimiser steps taken
         self.rl_step = 0  # train_step calls completed
 
-        model = load_causal_lm(model_path, self.device, attn_implementation)
+        model = load_causal_lm(self.model_path, self.device, attn_implementation)
         self.lora = self.cfg.lora.enabled
         if self.lora:
             model = self._wrap_lora(model)
@@ -233,7 +243,7 @@ class Trainer:
                 p.requires_grad_(False)
         self.has_reference = reference
 
-        self.tokenizer = self._load_tokenizer(tokenizer_path or model_path)
+        self.tokenizer = self._load_tokenizer(tokenizer_path or self.model_path)
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(
             params, lr=self.cfg.lr, betas=tuple(self.cfg.betas), eps=self.cfg.adam_eps, weight_decay=self.cfg.weight_decay,

@@ -1,0 +1,71 @@
+"""One constructor from the `env` config section to a ready environment: `make_env`.
+
+`make_env(name, kwargs, reward=..., rewards=..., module=...)` imports the user's module first (so it can
+register environments), builds the environment by name (`registry.get_env`), and, when the config names a
+reward (`env.reward: "file.py:fn"` or `env.rewards: [{fn, weight}]`), puts it on the environment as
+`RewardedEnv`: same tasks, scored by the user's reward, with `score_batch` so that `rewards.concurrent.score_many`
+calls a TRL-style reward once per batch. Correctness for any reward is `rewards.base.is_correct(score,
+env.pass_threshold)`.
+
+Deliberately left out: user rewards on multi-turn environments (an episode is scored by the environment's
+own `score_episode`; refused with a clear message rather than silently scoring only the last turn).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from rollwise.envs.registry import get_env
+from rollwise.rewards.user import RewardSum, UserReward, import_user_module, make_reward
+from rollwise.types import Score, Task
+
+
+@dataclass
+class RewardedEnv:
+    """An environment's tasks scored by a user reward (`rewards.user`)."""
+
+    env: Any
+    reward: UserReward | RewardSum
+
+    @property
+    def name(self) -> str:
+        return self.env.name
+
+    def load(self, split: str = "train", n: int | None = None, seed: int = 0) -> list[Task]:
+        return self.env.load(split=split, n=n, seed=seed)
+
+    def score(self, task: Task, completion: str) -> Score:
+        return self.reward(task, completion)
+
+    def score_batch(self, tasks: Sequence[Task], completions: Sequence[str],
+                    completion_ids: Sequence[Sequence[int]] | None = None) -> list[Score]:
+        return self.reward.score_batch(tasks, completions, completion_ids)
+
+
+def make_env(name: str, kwargs: dict[str, Any] | None = None, *, reward: Any = None, rewards: Sequence[Any] | None = None,
+             module: str | None = None, reward_timeout_s: float | None = 30.0, reward_workers: int = 8) -> Any:
+    """The environment the `env` config section describes (see the module docstring).
+
+    name/kwargs: `env.name` / `env.kwargs`; reward/rewards: `env.reward` / `env.rewards`; module: `env.module`
+    ("pkg.mod", "path/to/file.py", or "file.py:attr"); reward_timeout_s: the most seconds one reward call may
+    take (a TRL-style batch call counts as one call); reward_workers: concurrent per-sample reward calls.
+    """
+    if module:
+        if ":" in module:
+            from rollwise.rewards.user import load_object
+
+            load_object(module)
+        else:
+            import_user_module(module)
+    env = get_env(name, **(kwargs or {}))
+    scorer = make_reward(reward, rewards, timeout_s=reward_timeout_s, max_workers=reward_workers)
+    if scorer is None:
+        if name == "dataset":
+            raise ValueError("env.name=dataset has no reward of its own: set env.reward (\"file.py:fn\" or "
+                             "\"module:fn\") or env.rewards")
+        return env
+    if hasattr(env, "score_episode"):
+        raise ValueError(f"environment {name!r} is multi-turn and scores its own episodes; env.reward / env.rewards "
+                         "apply to single-turn environments")
+    return RewardedEnv(env, scorer)

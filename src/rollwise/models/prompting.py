@@ -1,0 +1,173 @@
+"""Prompts as the model expects them: one implementation for train, eval, generate and serve.
+
+A task's prompt is a string or a list of chat messages (`{"role": ..., "content": ...}`). `PromptFormat`
+turns it into the token ids the engine samples from and the trainer trains on:
+- chat template on (`True`, or `"auto"` when the tokenizer has one): a string becomes the user message,
+  preceded by `system_prompt` when set; a message list goes through the template as given (with
+  `system_prompt` put first only when the list has no system message). The template is rendered with the
+  generation prompt and the text is encoded without adding special tokens (the template writes its own),
+  exactly as `transformers`' `apply_chat_template(tokenize=True)` does.
+- chat template off (`False`, or `"auto"` without one): a string is encoded with the special tokens the
+  tokenizer adds by default (`add_special_tokens=True`, e.g. a BOS), as `transformers` and vLLM do for a raw
+  prompt. A message list is rendered with a small documented fallback, `"{role}: {content}\\n"` per message
+  then `"assistant: "` (what `rollwise serve` has always used for template-less models).
+
+`stop_token_ids(tokenizer, model_dir)` is where generation ends: the generation config's eos ids plus the
+template's end-of-turn token (e.g. `<|im_end|>`), which many converted or fine-tuned checkpoints leave out of
+their eos ids.
+
+Deliberately left out: multi-turn continuation (appending an environment turn to an ongoing episode is the
+multi-turn runner's job), tools/function schemas in the template, and string stop sequences.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, Union
+
+Messages = list[dict[str, Any]]
+Prompt = Union[str, Messages]
+FALLBACK_ASSISTANT_PREFIX = "assistant: "
+_PROBE = "\x1fROLLWISE_PROBE\x1f"
+
+
+def has_chat_template(tokenizer: Any) -> bool:
+    return bool(getattr(tokenizer, "chat_template", None))
+
+
+def check_messages(messages: Any, where: str = "prompt") -> Messages:
+    """The list itself when it is a non-empty list of {role: str, content: str} dicts; else a one-line ValueError."""
+    if not isinstance(messages, list) or not messages:
+        raise ValueError(f"{where}: chat messages must be a non-empty list of {{'role', 'content'}} objects")
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
+            raise ValueError(f"{where}: message {i} must be an object with string 'role' and 'content', got {str(m)[:80]}")
+    return messages
+
+
+def render_fallback(messages: Messages) -> str:
+    """The template-less rendering: "{role}: {content}\\n" per message, then "assistant: "."""
+    return "".join(f"{m['role']}: {m['content']}\n" for m in messages) + FALLBACK_ASSISTANT_PREFIX
+
+
+@dataclass(frozen=True)
+class PromptFormat:
+    """How task prompts become token ids (the `env.chat_template` and `env.system_prompt` keys)."""
+
+    chat_template: Literal["auto"] | bool = "auto"
+    """"auto": use the tokenizer's chat template when it has one; True: require it; False: raw text."""
+    system_prompt: str | None = None
+    """System message put before the user's (chat template only)."""
+
+    def __post_init__(self) -> None:
+        if self.chat_template not in ("auto", True, False):
+            raise ValueError(f"chat_template must be 'auto', true or false, got {self.chat_template!r}")
+        if self.system_prompt is not None and not isinstance(self.system_prompt, str):
+            raise ValueError(f"system_prompt must be a string, got {type(self.system_prompt).__name__}")
+        if self.chat_template is False and self.system_prompt:
+            raise ValueError("system_prompt needs the chat template, but chat_template is false")
+
+    def uses_template(self, tokenizer: Any) -> bool:
+        if self.chat_template == "auto":
+            return has_chat_template(tokenizer)
+        if self.chat_template and not has_chat_template(tokenizer):
+            raise ValueError("chat_template is true but the tokenizer has no chat template "
+                             "(set chat_template to 'auto' or false, or use a model whose tokenizer has one)")
+        return bool(self.chat_template)
+
+    def messages(self, prompt: Prompt) -> Messages:
+        """The chat messages of a prompt (a string becomes the user message; the system prompt goes first)."""
+        if isinstance(prompt, str):
+            msgs: Messages = [{"role": "user", "content": prompt}]
+        else:
+            msgs = list(check_messages(prompt))
+        if self.system_prompt and not any(m["role"] == "system" for m in msgs):
+            msgs = [{"role": "system", "content": self.system_prompt}, *msgs]
+        return msgs
+
+    def render(self, tokenizer: Any, prompt: Prompt) -> tuple[str, bool]:
+        """(prompt text, whether the tokenizer should add its default special tokens when encoding it)."""
+        if self.uses_template(tokenizer):
+            msgs = self.messages(prompt)
+            try:
+                text = tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+            except Exception as e:  # noqa: BLE001 - e.g. a template that refuses a system message: one line
+                first = (str(e).strip().splitlines() or [""])[0]
+                raise ValueError(f"the tokenizer's chat template failed on {[m['role'] for m in msgs]} messages: "
+                                 f"{type(e).__name__}: {first}") from None
+            return text, False
+        if isinstance(prompt, str):
+            if self.system_prompt:
+                raise ValueError("system_prompt is set but the tokenizer has no chat template to put it in")
+            return prompt, True
+        return render_fallback(self.messages(prompt)), False
+
+    def encode(self, tokenizer: Any, prompt: Prompt) -> list[int]:
+        """Token ids of `prompt` for generation (see the module docstring for the rules)."""
+        if tokenizer is None:
+            raise ValueError("text prompts need a tokenizer, and this model has none next to its weights")
+        text, add_special = self.render(tokenizer, prompt)
+        ids = list(tokenizer.encode(text, add_special_tokens=add_special))
+        if not ids:
+            raise ValueError(f"the prompt is empty after tokenization: {str(prompt)[:60]!r}")
+        return ids
+
+
+def encode(tokenizer: Any, prompt: Prompt, fmt: PromptFormat | None = None) -> list[int]:
+    """`PromptFormat.encode` with the default format ("auto", no system prompt) unless `fmt` is given."""
+    return (fmt or PromptFormat()).encode(tokenizer, prompt)
+
+
+def end_of_turn_id(tokenizer: Any) -> int | None:
+    """The special token the chat template writes right after an assistant message (e.g. `<|im_end|>`), if any."""
+    if not has_chat_template(tokenizer):
+        return None
+    try:
+        text = tokenizer.apply_chat_template([{"role": "user", "content": "hi"}, {"role": "assistant", "content": _PROBE}],
+                                             tokenize=False)
+    except Exception:  # noqa: BLE001 - a template that cannot render this probe simply has no detectable end token
+        return None
+    if _PROBE not in text:
+        return None
+    rest = text.split(_PROBE, 1)[1]
+    ids = tokenizer.encode(rest, add_special_tokens=False) if rest else []
+    if not ids:
+        return None
+    special = set(getattr(tokenizer, "all_special_ids", []) or [])
+    decoder = getattr(tokenizer, "added_tokens_decoder", {}) or {}
+    first = int(ids[0])
+    if first in special or (first in decoder and getattr(decoder[first], "special", False)):
+        return first
+    return None
+
+
+def _eos_from(path: Path) -> list[int]:
+    if not path.is_file():
+        return []
+    try:
+        e = json.loads(path.read_text()).get("eos_token_id")
+    except (json.JSONDecodeError, AttributeError):
+        return []
+    if isinstance(e, int):
+        return [e]
+    if isinstance(e, list):
+        return [int(x) for x in e if isinstance(x, int)]
+    return []
+
+
+def stop_token_ids(tokenizer: Any, model_dir: str | Path | None = None) -> list[int]:
+    """Token ids that end generation: the generation config's eos ids (config.json's when there is no
+    generation config), the tokenizer's eos, and the chat template's end-of-turn token; sorted, unique."""
+    ids: set[int] = set()
+    if model_dir is not None:
+        d = Path(model_dir)
+        ids.update(_eos_from(d / "generation_config.json") or _eos_from(d / "config.json"))
+    if tokenizer is not None:
+        if isinstance(getattr(tokenizer, "eos_token_id", None), int):
+            ids.add(tokenizer.eos_token_id)
+        eot = end_of_turn_id(tokenizer)
+        if eot is not None:
+            ids.add(eot)
+    return sorted(ids)
