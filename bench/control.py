@@ -250,7 +250,7 @@ def part_b(device: str, steps: int, B: int, K: int, lmin: int, lmax: int, alpha:
 
 def part_c(model_dir: Path, device: str, steps: int, target: float, every: int, tmp: Path) -> dict[str, Any]:
     from rollwise.config import load_config
-    from rollwise.control.base import plain_encoder
+    from rollwise.control.base import default_encoder
     from rollwise.run.evaluate import evaluate
     from rollwise.run.loop import train
     from rollwise.run.setup import make_env
@@ -283,7 +283,7 @@ def part_c(model_dir: Path, device: str, steps: int, target: float, every: int, 
             wall += m["step_s"]
             if m["step"] % every == 0:
                 llm = make_llm(out / "checkpoints" / f"step-{m['step']}", device)
-                ev = evaluate(llm, plain_encoder(llm.tokenizer), env, tasks, temperature=1.0, samples=4, max_tokens=16,
+                ev = evaluate(llm, default_encoder(llm.tokenizer), env, tasks, temperature=1.0, samples=4, max_tokens=16,
                               seed=cfg.train.seed + 7919)
                 curve.append((m["step"], wall, ev["accuracy"]))
                 if hit is None and ev["accuracy"] >= target:

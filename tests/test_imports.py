@@ -3,8 +3,8 @@
 Every `import rollwise...` counts, at module level or inside a function (a lazy import is still a dependency).
 Layers, bottom to top; a package may import only packages of lower layers (or itself):
 
-    types, config  <  models  <  engine, train, sandbox  <  rewards  <  envs  <  store  <  report, control
-                   <  run, serve  <  cli
+    types, config_yaml  <  config  <  models  <  engine, train, sandbox  <  rewards  <  envs  <  store
+                        <  report, control  <  run, serve  <  cli
 
 The root package `rollwise` is the public facade (it re-exports `LLM` and the types); only `cli` may use it.
 """
@@ -19,15 +19,16 @@ from pathlib import Path
 SRC = Path(__file__).resolve().parents[1] / "src" / "rollwise"
 
 LAYERS: dict[str, int] = {
-    "types": 0, "config": 0, "config_yaml": 0,
-    "models": 1,
-    "engine": 2, "train": 2, "sandbox": 2,
-    "rewards": 3,
-    "envs": 4,
-    "store": 5,
-    "report": 6, "control": 6,
-    "run": 7, "serve": 7,
-    "cli": 8,
+    "types": 0, "config_yaml": 0,
+    "config": 1,
+    "models": 2,
+    "engine": 3, "train": 3, "sandbox": 3,
+    "rewards": 4,
+    "envs": 5,
+    "store": 6,
+    "report": 7, "control": 7,
+    "run": 8, "serve": 8,
+    "cli": 9,
 }
 
 

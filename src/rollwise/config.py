@@ -190,6 +190,13 @@ class EnvConfig(_Section):
     with the tokenizer's default special tokens). See `rollwise.models.prompting`."""
     system_prompt: str | None = None
     """System message put before each task's prompt (needs the chat template)."""
+    max_turns: int = Field(4, ge=1)
+    """Multi-turn environments: most policy turns per episode (then the episode ends 'truncated')."""
+    max_episode_tokens: int | None = Field(None, ge=2)
+    """Multi-turn environments: most tokens per episode, prompt and environment replies included; None = the
+    engine's max_model_len, or 1024 when that is not set."""
+    turn_timeout_s: float = Field(30.0, gt=0)
+    """Multi-turn environments: the longest one `env.step` may take; past it the episode ends errored."""
 
     @model_validator(mode="after")
     def _rewards(self) -> "EnvConfig":
@@ -523,6 +530,7 @@ _APPLIES_WHEN: list[tuple[str, Any, str]] = [
      "algo.loss or algo.advantage is 'dr_grpo'"),
     ("algo.overlong_cache", lambda c: c.algo.overlong_penalty or (c.algo.overlong_penalty is None and c.algo.loss == "dapo"),
      "the soft overlong penalty is on (algo.overlong_penalty, or algo.loss 'dapo')"),
+    ("env.system_prompt", lambda c: c.env.chat_template is not False, "env.chat_template is not false"),
     ("train.lora.r", lambda c: c.train.lora.enabled, "train.lora.enabled is true"),
     ("train.lora.alpha", lambda c: c.train.lora.enabled, "train.lora.enabled is true"),
     ("train.lora.dropout", lambda c: c.train.lora.enabled, "train.lora.enabled is true"),

@@ -43,8 +43,9 @@ class ScriptedEngine:
 
     def generate(self, prompts, params):
         self.calls.append(([list(p) for p in prompts], params))
+        plist = params if isinstance(params, list) else [params] * len(prompts)
         outs = []
-        for i, p in enumerate(prompts):
+        for i, (p, params) in enumerate(zip(prompts, plist)):
             samples = []
             for j in range(params.n):
                 text = self.script(self.tok.decode(p), j)
@@ -121,9 +122,10 @@ def test_n_samples_share_the_first_call_and_get_distinct_seeds_later():
     first_prompts, first_params = engine.calls[0]
     assert len(first_prompts) == 2 and first_params.n == 3 and first_params.seed == 11
     later = engine.calls[1:]
-    assert all(p.n == 1 for _, p in later)
-    seeds_round2 = {p.seed for _, p in later[:3]}
-    assert len(seeds_round2) == 3  # one seed stream per sample index
+    assert len(later) == 2  # each later round is one batched call for every live episode
+    round2 = later[0][1]
+    assert isinstance(round2, list) and len(round2) == 6 and all(p.n == 1 for p in round2)
+    assert len({p.seed for p in round2[:3]}) == 3  # one seed stream per sample index
     assert [e.score.value for e in eps] == [0.0, 0.0, 0.0, 1.0, 1.0, 1.0]  # "1" is right for t1 only
     assert [e.texts[1][1] for e in eps[:3]] == ["<calc>0+1</calc>", "<calc>1+1</calc>", "<calc>2+1</calc>"]
     assert all(e.turns == 3 and e.finish_reason == "stop" for e in eps)
@@ -195,7 +197,8 @@ class CuttingEngine(ScriptedEngine):
 
     def generate(self, prompts, params):
         outs = super().generate(prompts, params)
-        for o in outs:
+        plist = params if isinstance(params, list) else [params] * len(prompts)
+        for o, params in zip(outs, plist):
             for c in o.outputs:
                 for stop in params.stop or []:
                     if stop in c.text:

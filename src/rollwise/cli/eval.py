@@ -28,13 +28,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     positive(args, "n", "samples", "max_tokens")
     env, tasks = env_and_tasks(args)
-    from rollwise.control.base import plain_encoder
+    from rollwise.control.base import default_encoder
     from rollwise.engine.llm import LLM
     from rollwise.run.evaluate import evaluate
     from rollwise.run.setup import resolve_device
 
     llm = LLM(args.model, device=resolve_device(args.device), dtype=args.dtype)
-    res = evaluate(llm, plain_encoder(llm.tokenizer), env, tasks, temperature=args.temperature, samples=args.samples,
+    res = evaluate(llm, default_encoder(llm.tokenizer), env, tasks, temperature=args.temperature, samples=args.samples,
                    max_tokens=args.max_tokens, seed=args.seed)
     if args.json:
         print(json.dumps(res))

@@ -20,7 +20,8 @@ Every sample becomes a `Rollout` through one function, `make_rollout`, which dec
 
 NOTE on the token ledger (checked every step by `Accounting.check`):
     generated_tokens = rollout_tokens + carried_out_tokens - carried_in_tokens
-where rollout_tokens counts every completion token of the step's rollouts (any status, aborted included),
+where rollout_tokens counts every policy-generated completion token of the step's rollouts (any status, aborted
+included; a multi-turn episode's environment tokens, loss mask 0, are not generated),
 and carried_* count the tokens of samples held over between steps (partial rollouts). The rollout counts add
 up too: kept + filtered + errored + truncated + aborted = rollouts.
 
@@ -219,6 +220,22 @@ class Driver:
             self._peak = 0  # the next wave of submissions sets its own capacity
         return req, list(out.outputs)
 
+    def counting_engine(self) -> Any:
+        """The engine's batch `generate`, with the time and tokens booked here (multi-turn episodes call it)."""
+        drv = self
+
+        class _Counting:
+            tokenizer = getattr(drv.engine, "tokenizer", None)
+
+            def generate(self, prompts: Any, params: Any) -> list[RequestOutput]:
+                t0 = time.perf_counter()
+                outs = drv.engine.generate(prompts, params)
+                drv.gen_s += time.perf_counter() - t0
+                drv.generated_tokens += sum(len(o.token_ids) for r in outs for o in r.outputs)
+                return outs
+
+        return _Counting()
+
     def run(self, reqs: Sequence[SampleRequest]) -> list[list[CompletionOutput]]:
         """Generate every request to completion; outputs in the order of `reqs`."""
         if not reqs:
@@ -276,6 +293,8 @@ class PendingGroup:
     """Per sample: seconds from its request's submission to its finish (the rollout's timings['generate_s'])."""
     score_s: list[float | None] = field(default_factory=list)
     """Per sample: wall time of the scoring call that scored it (timings['score_s'])."""
+    loss_masks: dict[int, list[int]] = field(default_factory=dict)
+    """Multi-turn episodes: sample -> loss mask (0 for environment tokens); single-turn samples are all policy."""
 
     @property
     def size(self) -> int:
@@ -300,6 +319,8 @@ class StepContext:
     acc: Accounting
     prior: Callable[[str], tuple[float, float]]
     """Beta(a, b) belief about a prompt's pass rate (the posterior when enabled, else the config prior)."""
+    episodes: Any = None
+    """`control.episodes.EpisodeRunner` for a multi-turn environment: samples are whole episodes."""
     _next_group: int = 0
 
     @property
@@ -349,7 +370,7 @@ class StepContext:
         if not todo:
             return
         t0 = time.perf_counter()
-        scores = self.score_fn([(g.task, g.outputs[j].text) for g, j in todo])
+        scores = self.score_fn([(g.task, g.outputs[j].text, list(g.outputs[j].token_ids)) for g, j in todo])
         took = time.perf_counter() - t0
         self.acc.score_s += took
         if len(scores) != len(todo):
@@ -362,21 +383,42 @@ class StepContext:
         """Generate and score the given sample indices of each group (default: all of them) in one batch."""
         idx = indices if indices is not None else [range(g.size) for g in groups]
         reqs = [(g, r) for g, js in zip(groups, idx) for r in self.requests(g, js)]
+        if self.episodes is not None:
+            self._run_episodes(reqs)
+            return
         for (g, r), outs in zip(reqs, self.driver.run([r for _, r in reqs])):
             self.place(g, r, outs)
         self.score([(g, j) for g, js in zip(groups, idx) for j in js])
 
+    def _run_episodes(self, reqs: list[tuple[PendingGroup, SampleRequest]]) -> None:
+        """Multi-turn: each requested sample is an episode; all of them go through the engine together, round by
+        round, and come back scored by the environment."""
+        t0 = time.perf_counter()
+        eps = self.episodes.run(self.driver.counting_engine(), [g.task for g, _ in reqs], [r.params for _, r in reqs])
+        took = time.perf_counter() - t0
+        k = 0
+        for g, r in reqs:
+            for i in range(r.count):
+                ep, j = eps[k], r.start + i
+                k += 1
+                g.outputs[j] = CompletionOutput(j, list(ep.token_ids), list(ep.logprobs), ep.finish_reason,  # type: ignore[arg-type]
+                                                "".join(t for role, t in ep.texts if role != "prompt"),
+                                                list(ep.weight_versions))
+                g.loss_masks[j] = list(ep.loss_mask)
+                g.scores[j] = ep.score
+                g.gen_s[j] = took
 
-def plain_encoder(tokenizer: Any) -> Callable[[Task], list[int]]:
-    """`encode(task)`: the task's prompt text through the tokenizer as it stands (no template, no special tokens:
-    the built-in character model's convention)."""
+
+def default_encoder(tokenizer: Any) -> Callable[[Task], list[int]]:
+    """`encode(task)`: the task's prompt as `models.prompting.PromptFormat()` builds it (the chat template when the
+    tokenizer has one; otherwise the text with the tokenizer's default special tokens). The loop passes its own
+    encoder, built from `env.chat_template` / `env.system_prompt`."""
+    from rollwise.models.prompting import PromptFormat
+
+    fmt = PromptFormat()
+
     def encode(task: Task) -> list[int]:
-        if tokenizer is None:
-            raise ValueError("the model has no tokenizer: text tasks need one next to the weights (model.tokenizer)")
-        ids = list(tokenizer.encode(task.prompt, add_special_tokens=False))
-        if not ids:
-            raise ValueError(f"task {task.id!r} has an empty prompt after tokenization")
-        return ids
+        return fmt.encode(tokenizer, task.prompt)
 
     return encode
 
@@ -392,7 +434,7 @@ def build_group(g: PendingGroup, step: int, max_tokens: int) -> RolloutGroup:
         rollouts.append(make_rollout(g.task, g.group_id, j, g.prompt_token_ids, token_ids=o.token_ids,
                                      logprobs=o.logprobs, weight_versions=o.weight_versions,
                                      finish_reason=o.finish_reason, text=o.text, score=sc, step=step, seed=g.seed,
-                                     max_tokens=max_tokens, timings=t))
+                                     max_tokens=max_tokens, timings=t, loss_mask=g.loss_masks.get(j)))
     return RolloutGroup(g.task.id, g.group_id, rollouts)
 
 
@@ -445,17 +487,19 @@ class RolloutController:
                  prior: tuple[float, float] = (0.5, 0.5), max_skip_factor: int = 4, score_workers: int = 8,
                  score_timeout_s: float | None = 30.0, params_fn: ParamsFn | None = None,
                  encode: Callable[[Task], list[int]] | None = None,
-                 scorer: Callable[[list[tuple[Task, str]]], list[Score]] | None = None) -> None:
+                 scorer: Callable[[list[tuple[Task, str]]], list[Score]] | None = None, episodes: Any = None) -> None:
         """encode: a task's prompt token ids (default: the tokenizer's plain encoding of `task.prompt`);
         scorer: `scorer(items) -> scores` in input order (default: `score_many` over `env` in this process; the
-        Ray backend passes its scoring actors)."""
+        Ray backend passes its scoring actors); episodes: a `control.episodes.EpisodeRunner` when the environment is
+        multi-turn (samples are then whole episodes, scored by the environment)."""
         if max_skip_factor < 1:
             raise ValueError(f"max_skip_factor must be >= 1, got {max_skip_factor}")
         self.policy = policy
         self.env = env
         self.tokenizer = tokenizer
-        self.encode = encode if encode is not None else self._encode
+        self.encode = encode if encode is not None else default_encoder(tokenizer)
         self.scorer = scorer
+        self.episodes = episodes
         self.selector = selector
         self.prior = prior
         self.max_skip_factor = max_skip_factor
@@ -464,9 +508,6 @@ class RolloutController:
         self.params_fn = params_fn
         self._driver: Driver | None = None
         self._version: int | None = None
-
-    def _encode(self, task: Task) -> list[int]:
-        return plain_encoder(self.tokenizer)(task)
 
     def _score(self, items: list[tuple[Task, str]]) -> list[Score]:
         if self.scorer is not None:
@@ -512,7 +553,7 @@ class RolloutController:
         sel = self.selector
         ctx = StepContext(drv, self._selecting(source, acc, params.n), params, step, batch_groups, self.encode,
                           self._score, self.params_fn, acc,
-                          prior=(sel.belief if sel is not None else (lambda _tid: self.prior)))
+                          prior=(sel.belief if sel is not None else (lambda _tid: self.prior)), episodes=self.episodes)
         groups = self.policy.run(ctx)
         acc.gen_s, acc.idle_s, acc.generated_tokens = drv.gen_s, drv.idle_s, drv.generated_tokens
         acc.groups = len(groups)
@@ -522,9 +563,9 @@ class RolloutController:
                 if r.status not in acc.rollouts:
                     raise RuntimeError(f"rollout {r.group_id}/{r.sample_index} has unknown status {r.status!r}")
                 acc.rollouts[r.status] += 1
-                acc.rollout_tokens += len(r.completion_token_ids)
+                acc.rollout_tokens += sum(r.loss_mask)  # policy tokens (a multi-turn episode's env tokens aside)
                 if r.status == "aborted":
-                    acc.aborted_tokens += len(r.completion_token_ids)
+                    acc.aborted_tokens += sum(r.loss_mask)
         acc.check()  # carried_in/out_tokens were set by the policy (partial rollouts), 0 otherwise
         if sel is not None:
             sel.observe(groups)

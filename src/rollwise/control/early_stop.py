@@ -35,6 +35,9 @@ class EarlyStopPolicy:
 
     def run(self, ctx: StepContext) -> list[RolloutGroup]:
         drv = ctx.driver
+        if ctx.episodes is not None:
+            raise ValueError("control.policy=early_stop works on single-turn environments only: episodes of a multi-turn "
+                             "environment are not aborted or carried mid-way")
         if not drv.stepwise:
             raise ValueError("control.policy=early_stop needs a step-level engine (the in-process engine)")
         groups = [ctx.new_group(t, ctx.group_size) for t in ctx.take(ctx.batch_groups)]

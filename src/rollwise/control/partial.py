@@ -37,6 +37,9 @@ class PartialRolloutPolicy:
 
     def run(self, ctx: StepContext) -> list[RolloutGroup]:
         drv = ctx.driver
+        if ctx.episodes is not None:
+            raise ValueError("control.policy=partial works on single-turn environments only: episodes of a multi-turn "
+                             "environment are not aborted or carried mid-way")
         if not drv.stepwise:
             raise ValueError("control.policy=partial needs a step-level engine (the in-process engine)")
         ctx.acc.carried_in_tokens = _tokens(self.carry)

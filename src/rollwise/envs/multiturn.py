@@ -11,13 +11,19 @@ Episodes end when the environment says so ("stop"), at `max_turns` policy turns 
 the engine aborts ("abort"). The environment's episode score is attached; a scorer that raises gives an
 errored Score.
 
-Deliberately left out: streaming / async rounds (the controller owns scheduling) and chat templates
-(prompts are the task's text; wrap the tokenizer to add one).
+Callers hand in the prompts' token ids (built with the chat template where the model has one) and a
+`format_reply(reply_text, last_policy_ids)` that wraps an environment reply as the next chat turn; the rollout
+controller does both (`control.episodes`). `env.step` runs with a per-turn timeout, and an environment's
+optional `teardown(state)` is called once per episode after scoring.
+
+Deliberately left out: streaming / async rounds (the controller owns scheduling).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import threading
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -95,15 +101,23 @@ def run_episodes(
     tokenizer: Any,
     env: MultiTurnEnvironment,
     tasks: list[Task],
-    sampling_params: SamplingParams,
+    sampling_params: SamplingParams | Sequence[SamplingParams],
     max_turns: int = 4,
     max_total_tokens: int = 1024,
+    *,
+    prompts: Sequence[list[int]] | None = None,
+    format_reply: Callable[[str, list[int]], list[int]] | None = None,
+    turn_timeout_s: float | None = None,
 ) -> list[Episode]:
-    """Run `sampling_params.n` episodes per task; returns them task-major (task 0's samples first).
+    """Run `params.n` episodes per task (one SamplingParams for all tasks, or one per task); returns them
+    task-major (task 0's samples first).
 
-    `engine.generate(list[list[int]], SamplingParams) -> list[RequestOutput]`; `tokenizer.encode(text)`
-    and `tokenizer.decode(ids)`. If the environment has a `stop` attribute, its strings are added to the
-    sampling params' stop strings so a policy turn ends at a tool call's closing tag.
+    `engine.generate(list[list[int]], SamplingParams | list) -> list[RequestOutput]`; `tokenizer.encode(text)`
+    and `tokenizer.decode(ids)`. prompts: each task's prompt token ids (default: `tokenizer.encode(task.prompt)`);
+    format_reply: token ids to append for an environment reply, given the policy turn's ids (default: the reply
+    alone); turn_timeout_s: the longest one `env.step` may take before the episode ends errored. If the
+    environment has a `stop` attribute, its strings are added to the sampling params' stop strings so a policy
+    turn ends at a tool call's closing tag.
     """
     if max_turns < 1:
         raise ValueError(f"run_episodes: max_turns must be >= 1, got {max_turns}")
@@ -111,67 +125,108 @@ def run_episodes(
         raise ValueError(f"run_episodes: max_total_tokens must be >= 2, got {max_total_tokens}")
     if not tasks:
         return []
-    stops = list(sampling_params.stop or []) + [s for s in getattr(env, "stop", ()) if s not in (sampling_params.stop or [])]
+    plist = list(sampling_params) if isinstance(sampling_params, (list, tuple)) else [sampling_params] * len(tasks)
+    if len(plist) != len(tasks):
+        raise ValueError(f"run_episodes: {len(plist)} sampling params for {len(tasks)} tasks")
+    if prompts is not None and len(prompts) != len(tasks):
+        raise ValueError(f"run_episodes: {len(prompts)} prompts for {len(tasks)} tasks")
+    env_stops = list(getattr(env, "stop", ()))
+    fmt = format_reply or (lambda text, _ids: encode_reply(tokenizer, text))
     episodes: list[Episode] = []
-    for task in tasks:
-        prompt_ids = _encode_prompt(tokenizer, task.prompt)
+    params_of: dict[int, SamplingParams] = {}  # id(episode) -> its task's params (with the env's stops)
+    first: list[SamplingParams] = []
+    starts: list[int] = []
+    for i, task in enumerate(tasks):
+        prompt_ids = list(prompts[i]) if prompts is not None else _encode_prompt(tokenizer, task.prompt)
         if len(prompt_ids) >= max_total_tokens:
             raise ValueError(f"task {task.id}: prompt has {len(prompt_ids)} tokens, max_total_tokens is {max_total_tokens}")
-        for j in range(sampling_params.n):
+        sp = plist[i]
+        stops = list(sp.stop or []) + [x for x in env_stops if x not in (sp.stop or [])]
+        sp = dataclasses.replace(sp, stop=stops or None)
+        first.append(dataclasses.replace(sp, max_tokens=min(sp.max_tokens, max_total_tokens - len(prompt_ids))))
+        starts.append(len(episodes))
+        for j in range(sp.n):
             ep = Episode(task=task, sample_index=j, prompt_token_ids=prompt_ids, state=env.reset(task))
-            ep.texts.append(("prompt", task.prompt))
+            ep.texts.append(("prompt", task.prompt if isinstance(task.prompt, str) else str(task.prompt)))
             episodes.append(ep)
+            params_of[id(ep)] = sp
+
+    def advance(ep: Episode, sample: Any) -> bool:
+        return _advance(ep, sample, env, tokenizer, max_turns, max_total_tokens, params_of[id(ep)].logprobs, fmt,
+                        turn_timeout_s)
 
     # Round 1: each task's prompt once with n samples (one shared prefill, the engine's own seeding).
-    first = [dataclasses.replace(sampling_params, stop=stops or None,
-                                 max_tokens=min(sampling_params.max_tokens, max_total_tokens - len(episodes[i * sampling_params.n].prompt_token_ids)))
-             for i in range(len(tasks))]
-    outputs = _generate(engine, [episodes[i * sampling_params.n].prompt_token_ids for i in range(len(tasks))], first)
+    outputs = _generate(engine, [episodes[s].prompt_token_ids for s in starts], first)
     live: list[Episode] = []
     for i, out in enumerate(outputs):
-        if len(out.outputs) != sampling_params.n:
-            raise ValueError(f"engine returned {len(out.outputs)} samples for task {tasks[i].id}, expected n={sampling_params.n}")
+        if len(out.outputs) != first[i].n:
+            raise ValueError(f"engine returned {len(out.outputs)} samples for task {tasks[i].id}, expected n={first[i].n}")
         for j, sample in enumerate(out.outputs):
-            ep = episodes[i * sampling_params.n + j]
-            if _advance(ep, sample, env, tokenizer, max_turns, max_total_tokens, sampling_params.logprobs):
+            ep = episodes[starts[i] + j]
+            if advance(ep, sample):
                 live.append(ep)
-    # Later rounds: one sample per episode. NOTE: with a seed, each sample index gets its own seed stream
-    # (episodes with identical histories must not be forced into identical continuations), which costs one
-    # engine call per distinct sample index; without a seed every live episode goes in one call.
+    # Later rounds: one sample per episode. NOTE: with a seed, each episode gets its own seed stream per turn
+    # (episodes with identical histories must not be forced into identical continuations).
     while live:
         params = []
         for ep in live:
-            seed = None if sampling_params.seed is None else sampling_params.seed + 1_000_003 * ep.turns + ep.sample_index
-            params.append(dataclasses.replace(sampling_params, n=1, stop=stops or None, seed=seed,
-                                              max_tokens=min(sampling_params.max_tokens, max_total_tokens - ep.total_tokens)))
+            sp = params_of[id(ep)]
+            seed = None if sp.seed is None else sp.seed + 1_000_003 * ep.turns + ep.sample_index
+            params.append(dataclasses.replace(sp, n=1, seed=seed, max_tokens=min(sp.max_tokens, max_total_tokens - ep.total_tokens)))
         outputs = _generate(engine, [ep.prompt_token_ids + ep.token_ids for ep in live], params)
-        live = [ep for ep, out in zip(live, outputs)
-                if _advance(ep, out.outputs[0], env, tokenizer, max_turns, max_total_tokens, sampling_params.logprobs)]
+        live = [ep for ep, out in zip(live, outputs) if advance(ep, out.outputs[0])]
     for ep in episodes:
         ep.score = _score_episode(env, ep)
+        _teardown(env, ep)
     return episodes
 
 
+def _teardown(env: Any, ep: Episode) -> None:
+    """The environment's per-episode cleanup hook; a failure there is recorded on the score, never raised."""
+    hook = getattr(env, "teardown", None)
+    if not callable(hook) or ep.state is None:
+        return
+    try:
+        hook(ep.state)
+    except Exception as e:  # noqa: BLE001 - the episode is scored already; keep the reason visible
+        from rollwise.rewards.base import describe
+
+        if ep.score is not None:
+            ep.score.info["teardown_error"] = describe(e)
+
+
+def _step_with_timeout(env: Any, state: EpisodeState, text: str, timeout_s: float | None) -> str | None:
+    """env.step, bounded: past `timeout_s` the episode ends (the stuck call is left to finish in a daemon thread)."""
+    if timeout_s is None:
+        return env.step(state, text)
+    box: dict[str, Any] = {}
+
+    def call() -> None:
+        try:
+            box["reply"] = env.step(state, text)
+        except BaseException as e:  # noqa: BLE001 - re-raised in the caller
+            box["error"] = e
+
+    th = threading.Thread(target=call, name="rollwise-env-step", daemon=True)
+    th.start()
+    th.join(timeout_s)
+    if th.is_alive():
+        raise TimeoutError(f"env.step took longer than {timeout_s:g}s")
+    if "error" in box:
+        raise box["error"]
+    return box.get("reply")
+
+
 def _generate(engine: Any, prompts: list[list[int]], params: list[SamplingParams]) -> list[Any]:
-    """One engine call when all params agree (the usual case), else one call per distinct params."""
+    """One engine call for the whole round: one params when all agree, else one per prompt (the engine protocol
+    takes either), so every live episode decodes in the same batch."""
     if all(p == params[0] for p in params):
         return list(engine.generate(prompts, params[0]))
-    outs: list[Any] = [None] * len(prompts)
-    groups: dict[int, list[int]] = {}
-    keys: list[SamplingParams] = []
-    for i, p in enumerate(params):
-        k = next((ki for ki, kp in enumerate(keys) if kp == p), None)
-        if k is None:
-            keys.append(p)
-            k = len(keys) - 1
-        groups.setdefault(k, []).append(i)
-    for k, idx in groups.items():
-        for i, o in zip(idx, engine.generate([prompts[i] for i in idx], keys[k])):
-            outs[i] = o
-    return outs
+    return list(engine.generate(prompts, params))
 
 
-def _advance(ep: Episode, out: Any, env: Any, tokenizer: Any, max_turns: int, max_total_tokens: int, want_logprobs: bool) -> bool:
+def _advance(ep: Episode, out: Any, env: Any, tokenizer: Any, max_turns: int, max_total_tokens: int, want_logprobs: bool,
+             format_reply: Callable[[str, list[int]], list[int]], turn_timeout_s: float | None = None) -> bool:
     """Append one policy turn and the environment's reply; True while the episode goes on."""
     ids = list(out.token_ids)
     lps = list(out.logprobs or [])
@@ -194,7 +249,7 @@ def _advance(ep: Episode, out: Any, env: Any, tokenizer: Any, max_turns: int, ma
         ep.finish_reason = "length"
         return False
     try:
-        reply = env.step(ep.state, text)
+        reply = _step_with_timeout(env, ep.state, text, turn_timeout_s)  # type: ignore[arg-type]
     except Exception as e:  # noqa: BLE001 - the episode ends; scoring records the reason
         from rollwise.rewards.base import describe
 
@@ -207,7 +262,7 @@ def _advance(ep: Episode, out: Any, env: Any, tokenizer: Any, max_turns: int, ma
         # follow EOS in a trained sequence. The environment still saw the turn (it may hold the answer).
         ep.finish_reason = "stop"
         return False
-    reply_ids = encode_reply(tokenizer, reply)
+    reply_ids = list(format_reply(reply, ids))
     room = max_total_tokens - ep.total_tokens
     cut = reply_ids[:room]
     ep.token_ids += cut

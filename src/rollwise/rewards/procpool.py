@@ -116,9 +116,8 @@ class _Worker:
 
 def _src_dir() -> str:
     """The directory that holds the `rollwise` package this process imported (so the worker imports the same)."""
-    import rollwise
-
-    return os.path.dirname(os.path.dirname(os.path.abspath(rollwise.__file__)))
+    # rollwise/rewards/procpool.py -> the directory holding the rollwise package
+    return os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 class WorkerPool:

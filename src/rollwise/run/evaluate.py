@@ -9,22 +9,17 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, Sequence
 
+from rollwise.rewards.base import is_correct
 from rollwise.rewards.concurrent import score_many
 from rollwise.types import SamplingParams, Score, Task
 
 ACCURACY_METHOD = (
     "accuracy = correct samples / all samples on held-out problems; 'accuracy' samples at the training "
     "temperature (4 samples per problem), 'accuracy_greedy' takes one greedy completion; a "
-    "sample is correct when the verifier's 'correct' part (or, without one, its reward) is >= 1; errored or "
-    "timed-out scoring counts as incorrect and stays in the denominator; truncated samples are scored as they stand."
+    "sample is correct when its reward is >= env.pass_threshold (default 1.0: a verifier's right answer); errored "
+    "or timed-out scoring counts as incorrect and stays in the denominator; truncated samples are scored as they "
+    "stand. reward_mean / reward_mean_greedy average the rewards of the samples that have one."
 )
-
-
-def is_correct(score: Score) -> bool:
-    if score.error is not None:
-        return False
-    v = score.parts.get("correct", score.value)
-    return v >= 1.0 - 1e-9
 
 
 def per_prompt_params(sp: SamplingParams, n: int) -> list[SamplingParams]:
@@ -37,16 +32,27 @@ def per_prompt_params(sp: SamplingParams, n: int) -> list[SamplingParams]:
 
 def evaluate(engine: Any, encode: Callable[[Task], list[int]], env: Any, tasks: Sequence[Task], *, temperature: float,
              samples: int, max_tokens: int, seed: int, score_workers: int = 8,
-             scorer: Callable[[list[tuple[Task, str]]], list[Score]] | None = None) -> dict[str, float]:
-    """Held-out accuracy sampled at `temperature` (and greedy), as ACCURACY_METHOD describes."""
-    prompts = [encode(t) for t in tasks]
+             scorer: Callable[[list[Any]], list[Score]] | None = None, stop_token_ids: list[int] | None = None,
+             pass_threshold: float = 1.0, episodes: Any = None) -> dict[str, float]:
+    """Held-out accuracy (pass rate) and mean reward, sampled at `temperature` and greedy, as ACCURACY_METHOD
+    describes. `episodes`: a multi-turn runner (`control.base.EpisodeRunner`) for multi-turn environments."""
     res: dict[str, float] = {"n": float(len(tasks))}
-    modes = [("accuracy", SamplingParams(n=samples, temperature=temperature, max_tokens=max_tokens, seed=seed)),
-             ("accuracy_greedy", SamplingParams(n=1, temperature=0.0, max_tokens=max_tokens, seed=seed))]
-    for key, sp in modes:
-        outs = engine.generate(prompts, per_prompt_params(sp, len(prompts)))
-        items = [(t, o.text) for t, r in zip(tasks, outs) for o in r.outputs]
-        scores = scorer(items) if scorer is not None else score_many(env, items, max_workers=score_workers)
-        res[key] = sum(is_correct(s) for s in scores) / max(len(scores), 1)
-        res[key.replace("accuracy", "errored")] = float(sum(s.error is not None for s in scores))
+    modes = [("", SamplingParams(n=samples, temperature=temperature, max_tokens=max_tokens, seed=seed,
+                                 stop_token_ids=stop_token_ids or None)),
+             ("_greedy", SamplingParams(n=1, temperature=0.0, max_tokens=max_tokens, seed=seed,
+                                        stop_token_ids=stop_token_ids or None))]
+    for suffix, sp in modes:
+        plist = per_prompt_params(sp, len(tasks))
+        if episodes is not None:
+            eps = episodes.run(engine, list(tasks), plist)
+            scores = [ep.score for ep in eps]
+        else:
+            outs = engine.generate([encode(t) for t in tasks], plist)
+            items = [(t, o.text, list(o.token_ids)) for t, r in zip(tasks, outs) for o in r.outputs]
+            scores = scorer(items) if scorer is not None else score_many(env, items, max_workers=score_workers)
+        n = max(len(scores), 1)
+        valued = [s.value for s in scores if s.error is None]
+        res["accuracy" + suffix] = sum(is_correct(s, pass_threshold) for s in scores) / n
+        res["reward_mean" + suffix] = sum(valued) / len(valued) if valued else 0.0
+        res["errored" + suffix] = float(sum(s.error is not None for s in scores))
     return res

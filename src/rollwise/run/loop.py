@@ -78,7 +78,8 @@ def _run_steps(run: Any, log: Log, stop_after: int | None) -> dict[str, Any] | N
     metrics = MetricsLogger(run.run_dir, total_steps=cfg.train.steps, tensorboard=cfg.run.tensorboard,
                             resume_from_step=start_step)
     eval_kw = dict(temperature=R.temperature, samples=EVAL_SAMPLES, max_tokens=R.max_tokens, seed=run.seed + 7919,
-                   scorer=run.scorer)
+                   scorer=run.scorer, stop_token_ids=run.stop_token_ids, pass_threshold=cfg.env.pass_threshold,
+                   episodes=run.episodes)
 
     def held_out(eng: Any) -> dict[str, float]:
         return evaluate(eng, run.encode, run.env, run.eval_tasks, **eval_kw)
@@ -94,7 +95,8 @@ def _run_steps(run: Any, log: Log, stop_after: int | None) -> dict[str, Any] | N
 
     def params(step: int) -> SamplingParams:
         return SamplingParams(n=R.samples_per_prompt, temperature=R.temperature, top_p=R.top_p, top_k=R.top_k,
-                              max_tokens=R.max_tokens, seed=run.seed * 1_000_003 + step)
+                              max_tokens=R.max_tokens, seed=run.seed * 1_000_003 + step,
+                              stop_token_ids=run.stop_token_ids or None)
 
     overlong = overlong_options(A)  # DAPO's overlong filtering / soft punishment (on for algo.loss: dapo)
     source = make_source(run.controller, engine, run.train_tasks, order, params, R.prompts_per_step, staleness=K,
@@ -137,7 +139,8 @@ def _run_steps(run: Any, log: Log, stop_after: int | None) -> dict[str, Any] | N
             rec = step_metrics(own, len(groups), zero_var, books, train_m, gen_wait_s=t_got - t_step,
                                producer_wait_s=batch.wait_s, sync_s=sync_s, step_s=time.perf_counter() - t_step,
                                weight_version=trainer.version, staleness_bound=source.staleness_bound,
-                               engine=engine, useful=_useful_tokens(trainable, is_replayed))
+                               engine=engine, useful=_useful_tokens(trainable, is_replayed),
+                               pass_threshold=cfg.env.pass_threshold)
             metrics.log(step, {**rec, **extra})
             if (cfg.run.checkpoint_every and step % cfg.run.checkpoint_every == 0) or step == cfg.train.steps:
                 wall = prev_wall + time.perf_counter() - run.t_start
@@ -185,11 +188,12 @@ def _useful_tokens(trainable: Sequence[Rollout], is_replayed: Callable[[Rollout]
 
 def step_metrics(rollouts: Sequence[Rollout], num_groups: int, zero_var: int, books: Any, train_m: dict[str, float],
                  *, gen_wait_s: float, producer_wait_s: float, sync_s: float, step_s: float, weight_version: int,
-                 staleness_bound: int, engine: Any, useful: int) -> dict[str, Any]:
+                 staleness_bound: int, engine: Any, useful: int, pass_threshold: float = 1.0) -> dict[str, Any]:
     """One step's metrics.jsonl record; a value that does not exist this step is left out (never NaN or 0).
 
-    reward_mean is over rollouts that have a reward (errored and aborted ones have none); accuracy is over
-    finished rollouts (not aborted), errored ones counting as incorrect; score_errors counts errored rollouts."""
+    reward_mean is over rollouts that have a reward (errored and aborted ones have none); accuracy (pass rate:
+    reward >= env.pass_threshold) is over finished rollouts (not aborted), errored ones counting as incorrect;
+    score_errors counts errored rollouts."""
     import numpy as np
 
     counts = {s: sum(r.status == s for r in rollouts) for s in ROLLOUT_STATUSES}
@@ -199,7 +203,7 @@ def step_metrics(rollouts: Sequence[Rollout], num_groups: int, zero_var: int, bo
     gen_tokens = books.generated_tokens
     rec: dict[str, Any] = {
         "reward_mean": float(np.mean(rewards)) if rewards else None,
-        "accuracy": float(np.mean([r.status != "errored" and r.reward_parts.get("correct", r.reward or 0.0) >= 1 - 1e-9
+        "accuracy": float(np.mean([r.reward is not None and r.reward >= pass_threshold - 1e-9
                                    for r in finished])) if finished else None,
         "zero_var_frac": zero_var / num_groups if num_groups else None,
         "resp_len_mean": float(np.mean(lens)) if lens else None, "resp_len_max": int(max(lens)) if lens else None,

@@ -36,20 +36,34 @@ def resolve_device(device: str) -> str:
     return device
 
 
+SCORE_TIMEOUT_S = 30.0
+"""The longest one reward call may take (a TRL-style batch call counts as one) before it scores errored."""
+SCORE_WORKERS = 8
+"""Concurrent per-sample reward calls."""
+
+
 def make_env(env_cfg: Any) -> Any:
-    """The environment an `env` config section names (after importing `env.module`, if any)."""
-    from rollwise.envs import get_env
-    from rollwise.envs.registry import load_object
+    """The environment an `env` config section names, with the user's reward(s) when it names them."""
+    from rollwise.envs.build import make_env as build
 
-    if env_cfg.module:
-        spec = env_cfg.module
-        if ":" in spec:
-            load_object(spec)
-        else:
-            import importlib
+    return build(env_cfg.name, env_cfg.kwargs, reward=env_cfg.reward, rewards=env_cfg.rewards, module=env_cfg.module,
+                 reward_timeout_s=SCORE_TIMEOUT_S, reward_workers=SCORE_WORKERS)
 
-            importlib.import_module(spec)
-    return get_env(env_cfg.name, **env_cfg.kwargs)
+
+def prompt_encoder(env_cfg: Any, tokenizer: Any) -> Callable[[Task], list[int]]:
+    """`encode(task)`: the task's prompt as the model expects it (`env.chat_template`, `env.system_prompt`); the
+    same in train, eval and generate."""
+    from rollwise.models.prompting import PromptFormat
+
+    fmt = PromptFormat(env_cfg.chat_template, env_cfg.system_prompt)
+
+    def encode(task: Task) -> list[int]:
+        try:
+            return fmt.encode(tokenizer, task.prompt)
+        except ValueError as e:
+            raise ValueError(f"task {task.id!r}: {e}") from None
+
+    return encode
 
 
 def engine_kwargs(engine_cfg: Any, seed: int) -> dict[str, Any]:
@@ -115,10 +129,9 @@ def make_scorer(cfg: RunConfig, env: Any) -> tuple[Callable[[list[tuple[Task, st
 def prepare_model(cfg: RunConfig, env: Any, train_tasks: list, run_dir: Path, log: Log) -> tuple[Path, dict[str, Any]]:
     """The initial policy checkpoint directory (the built-in model is built and warmed up into RUN_DIR)."""
     if cfg.model.path != "builtin:tiny":
-        p = Path(cfg.model.path)
-        if not (p / "config.json").is_file():
-            raise ValueError(f"model.path {str(p)!r} is not an HF checkpoint directory (no config.json)")
-        return p, {}
+        from rollwise.models.convert import resolve_model
+
+        return Path(resolve_model(cfg.model.path)), {}  # a directory, a .gguf, 'smollm2-135m' or a hub id
     from rollwise.run.warmup import prepare_builtin_model
 
     charset = getattr(env, "charset", None)
@@ -132,6 +145,18 @@ def prepare_model(cfg: RunConfig, env: Any, train_tasks: list, run_dir: Path, lo
     sig = f"{cfg.env.name}:{json.dumps(cfg.env.kwargs, sort_keys=True)}:{cfg.env.train_size}"
     info = prepare_builtin_model(dest, charset, train_tasks, cfg.model.builtin, cfg.warmup, sig, cfg.train.seed, log)
     return dest, info
+
+
+def make_episode_runner(cfg: RunConfig, env: Any, tokenizer: Any, encode: Callable[[Task], list[int]]) -> Any:
+    """Episodes of a multi-turn environment: replies as chat turns when the prompts use the chat template."""
+    from rollwise.control.episodes import EpisodeRunner, chat_reply_formatter
+    from rollwise.models.prompting import PromptFormat
+
+    E = cfg.env
+    templated = tokenizer is not None and PromptFormat(E.chat_template, E.system_prompt).uses_template(tokenizer)
+    budget = E.max_episode_tokens or cfg.engine.max_model_len or 1024
+    return EpisodeRunner(env, tokenizer, encode, chat_reply_formatter(tokenizer, templated), max_turns=E.max_turns,
+                         max_total_tokens=budget, turn_timeout_s=E.turn_timeout_s)
 
 
 @dataclass
@@ -152,7 +177,11 @@ class RunParts:
     engine: Any
     tokenizer: Any
     encode: Callable[[Task], list[int]]
+    stop_token_ids: list[int]
+    """Generation ends at these (the generation config's eos ids and the chat template's end-of-turn token)."""
     scorer: Callable[[list[tuple[Task, str]]], list[Score]] | None
+    episodes: Any
+    """`control.episodes.EpisodeRunner` when the environment is multi-turn, else None."""
     trainer: Any
     controller: Any
     t_start: float
@@ -170,8 +199,8 @@ def build_run(cfg: RunConfig, log: Log) -> RunParts:
     import torch
 
     from rollwise.control import make_controller
-    from rollwise.control.base import plain_encoder
     from rollwise.engine.core import load_tokenizer
+    from rollwise.models.prompting import stop_token_ids
     from rollwise.train.checkpoint import find_latest_checkpoint, load_checkpoint
 
     t_start = time.perf_counter()
@@ -185,6 +214,12 @@ def build_run(cfg: RunConfig, log: Log) -> RunParts:
     torch.manual_seed(seed)
     device = resolve_device(cfg.model.device)
     env = make_env(cfg.env)
+    from rollwise.control.episodes import is_multi_turn
+
+    multi_turn = is_multi_turn(env)
+    if multi_turn and cfg.control.policy in ("early_stop", "partial"):
+        raise ValueError(f"control.policy '{cfg.control.policy}' works on single-turn environments only; env "
+                         f"{cfg.env.name!r} is multi-turn (its episodes are not aborted or carried mid-way)")
     train_tasks = env.load("train", n=cfg.env.train_size, seed=seed)
     eval_tasks = env.load("test", n=cfg.run.eval_size or cfg.env.eval_size, seed=seed)
     if not train_tasks:
@@ -205,8 +240,11 @@ def build_run(cfg: RunConfig, log: Log) -> RunParts:
     if tokenizer is None and cfg.model.tokenizer:
         raise ValueError(f"model.tokenizer {str(tok_dir)!r} holds no tokenizer files")
     parts = RunParts(cfg, run_dir, seed, device, env, train_tasks, eval_tasks, ckpt, init_dir, warm_info,
-                     engine=None, tokenizer=tokenizer, encode=plain_encoder(tokenizer), scorer=None, trainer=None,
+                     engine=None, tokenizer=tokenizer, encode=prompt_encoder(cfg.env, tokenizer),
+                     stop_token_ids=stop_token_ids(tokenizer, init_dir), scorer=None, episodes=None, trainer=None,
                      controller=None, t_start=t_start)
+    if multi_turn:
+        parts.episodes = make_episode_runner(cfg, env, tokenizer, parts.encode)
     try:
         parts.engine = make_engine(cfg, init_dir, device, tokenizer, seed)
         for name in ("shutdown", "close"):
@@ -219,7 +257,7 @@ def build_run(cfg: RunConfig, log: Log) -> RunParts:
         parts.trainer = make_trainer(cfg, init_dir, device)
         parts.closers.append(parts.trainer.shutdown)
         parts.controller = make_controller(cfg.control, env, tokenizer, seed=seed, encode=parts.encode,
-                                           scorer=parts.scorer)
+                                           scorer=parts.scorer, episodes=parts.episodes)
     except BaseException:
         parts.close()
         raise
