@@ -405,6 +405,8 @@ class StepContext:
                                                 "".join(t for role, t in ep.texts if role != "prompt"),
                                                 list(ep.weight_versions))
                 g.loss_masks[j] = list(ep.loss_mask)
+                if ep.score is not None:
+                    ep.score.info["turns"] = ep.turns  # lands in the rollout's env_info
                 g.scores[j] = ep.score
                 g.gen_s[j] = took
 
