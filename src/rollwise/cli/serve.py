@@ -56,10 +56,16 @@ def run(args: argparse.Namespace) -> int:
 
     from rollwise.cli.main import UserError
 
-    if not os.path.isdir(args.model):
-        raise UserError(f"--model {args.model}: not a directory")
     if not 0 <= args.port < 65536:
         raise UserError(f"--port must be in [0, 65535], got {args.port}")
+    from rollwise.models.convert import ModelResolveError, resolve_model
+
+    try:  # an HF directory, a .gguf file, 'smollm2-135m' or a hub id: the server reloads from the resolved directory
+        model_dir = str(resolve_model(args.model))
+    except ModelResolveError as e:
+        raise UserError(f"--model {args.model}: {e}") from None
+    if not os.path.isdir(model_dir):
+        raise UserError(f"--model {args.model}: not a directory")
     logging.basicConfig(level=getattr(logging, str(args.log_level).upper(), logging.WARNING),
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     for flag, v in (("--header-timeout", args.header_timeout), ("--body-timeout", args.body_timeout),
@@ -79,9 +85,9 @@ def run(args: argparse.Namespace) -> int:
     key = args.admin_key or os.environ.get("ROLLWISE_ADMIN_KEY") or None
     cfg = EngineConfig(max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
                        max_model_len=args.max_model_len, kv_cache_gb=args.kv_cache_gb, block_size=args.block_size)
-    engine = EngineCore.from_pretrained(args.model, device=args.device, dtype=args.dtype, config=cfg, seed=args.seed)
+    engine = EngineCore.from_pretrained(model_dir, device=args.device, dtype=args.dtype, config=cfg, seed=args.seed)
     try:
-        server = OpenAIServer(engine, args.model, ServeConfig(host=args.host, port=args.port,
+        server = OpenAIServer(engine, model_dir, ServeConfig(host=args.host, port=args.port,
                                                               served_model_name=args.served_model_name,
                                                               admin_key=key, limits=limits))
     except OSError as e:

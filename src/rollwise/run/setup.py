@@ -131,7 +131,10 @@ def prepare_model(cfg: RunConfig, env: Any, train_tasks: list, run_dir: Path, lo
     if cfg.model.path != "builtin:tiny":
         from rollwise.models.convert import resolve_model
 
-        return Path(resolve_model(cfg.model.path)), {}  # a directory, a .gguf, 'smollm2-135m' or a hub id
+        p = Path(resolve_model(cfg.model.path))  # a directory, a .gguf, 'smollm2-135m' or a hub id
+        if not (p / "config.json").is_file():
+            raise ValueError(f"model.path {cfg.model.path!r} is not an HF checkpoint directory (no config.json)")
+        return p, {}
     from rollwise.run.warmup import prepare_builtin_model
 
     charset = getattr(env, "charset", None)
@@ -231,6 +234,11 @@ def build_run(cfg: RunConfig, log: Log) -> RunParts:
             log(f"resume: no complete checkpoint in {run_dir}; starting from scratch")
         else:
             ckpt = load_checkpoint(latest)
+            from rollwise.store.writer import RolloutStore
+
+            # Before any model is loaded: a corrupt or truncated shard of the steps being kept stops the resume
+            # with one line naming it, instead of surfacing after more training and checkpoints.
+            RolloutStore(run_dir).verify(steps=range(1, ckpt.step + 1))
     resolved = cfg.model_copy(deep=True)
     resolved.run.resume = False  # how this invocation started is not part of the run's config
     (run_dir / "config.yaml").write_text(dump_config(resolved))
