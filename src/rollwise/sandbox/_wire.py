@@ -1,0 +1,130 @@
+"""The data codec between a jailed candidate and the trusted test process (stdlib only; also copied into jails).
+
+Only plain data crosses: None, bool, int, float, complex, str, bytes, and lists, tuples, dicts, sets and
+frozensets of those, matched by *exact* type (an int subclass with its own `__eq__` is not an int here).
+One value is one JSON document: JSON's own null/true/false/numbers/strings/arrays stand for None, bool,
+int, float, str and list; every other type is a one-key object naming it (`{"t": [...]}` a tuple, `{"d":
+[[k, v], ...]}` a dict, `{"b": "<base64>"}` bytes, `{"s": [...]}` a set, `{"f": [...]}` a frozenset, `{"c":
+[re, im]}` a complex). The decoder builds only builtin values, bounds depth and size, and runs none of the
+sender's code (never pickle): whatever the untrusted side writes, the trusted side gets plain data or a
+`WireError`.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+
+MAX_DEPTH = 100
+"""Deepest nesting of containers either side accepts (recursion bombs in returned data fail here)."""
+MAX_MESSAGE_BYTES = 16 << 20
+"""Largest encoded message either side accepts."""
+
+
+class WireError(ValueError):
+    """A value that is not plain data, or a message that does not decode to plain data."""
+
+
+def encode(value: object) -> object:
+    """A JSON-serializable tree for `value`; `WireError` naming the first non-plain type met."""
+    return _enc(value, 0)
+
+
+def _enc(v: object, depth: int) -> object:
+    if depth > MAX_DEPTH:
+        raise WireError(f"data nested deeper than {MAX_DEPTH} levels")
+    t = type(v)
+    if v is None or t is bool or t is int or t is float or t is str:
+        return v
+    if t is list:
+        return [_enc(x, depth + 1) for x in v]  # type: ignore[union-attr]
+    if t is tuple:
+        return {"t": [_enc(x, depth + 1) for x in v]}  # type: ignore[union-attr]
+    if t is dict:
+        return {"d": [[_enc(k, depth + 1), _enc(x, depth + 1)] for k, x in v.items()]}  # type: ignore[union-attr]
+    if t is bytes:
+        return {"b": base64.b64encode(v).decode("ascii")}  # type: ignore[arg-type]
+    if t is set or t is frozenset:
+        return {"s" if t is set else "f": [_enc(x, depth + 1) for x in v]}  # type: ignore[union-attr]
+    if t is complex:
+        return {"c": [v.real, v.imag]}  # type: ignore[union-attr]
+    raise WireError(f"a value of type {_type_name(t)} is not plain data")
+
+
+def _type_name(t: type) -> str:
+    try:
+        name = type.__dict__["__name__"].__get__(t)  # not t.__name__: a metaclass could fake it
+    except Exception:  # noqa: BLE001
+        name = "?"
+    return str(name)[:100]
+
+
+def dumps(value: object) -> str:
+    """One line of JSON (no raw newlines: JSON escapes them)."""
+    try:
+        return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=True)
+    except (ValueError, RecursionError) as e:  # e.g. an int too long to print
+        raise WireError(f"cannot encode: {e}") from None
+
+
+def loads(line: bytes | str) -> object:
+    """The JSON tree of one message (size-checked); `WireError` when it is not valid JSON."""
+    if len(line) > MAX_MESSAGE_BYTES:
+        raise WireError(f"message over {MAX_MESSAGE_BYTES} bytes")
+    try:
+        return json.loads(line)
+    except (ValueError, RecursionError) as e:
+        raise WireError(f"malformed message: {str(e)[:200]}") from None
+
+
+def decode(tree: object) -> object:
+    """The plain value a tree from `encode` stands for. Raises `WireError` on anything else."""
+    return _dec(tree, 0)
+
+
+_TAGS = {"t", "d", "b", "s", "f", "c"}
+
+
+def _dec(v: object, depth: int) -> object:
+    if depth > MAX_DEPTH:
+        raise WireError(f"data nested deeper than {MAX_DEPTH} levels")
+    t = type(v)
+    if v is None or t is bool or t is int or t is float or t is str:
+        return v
+    if t is list:
+        return [_dec(x, depth + 1) for x in v]  # type: ignore[union-attr]
+    if t is dict and len(v) == 1:  # type: ignore[arg-type]
+        (tag, body), = v.items()  # type: ignore[union-attr]
+        if tag in _TAGS:
+            try:
+                return _dec_tagged(tag, body, depth)
+            except WireError:
+                raise
+            except (TypeError, ValueError) as e:  # unhashable key, bad base64, wrong shape
+                raise WireError(f"bad {tag!r} value: {str(e)[:200]}") from None
+    raise WireError(f"not an encoded value: {str(v)[:80]}")
+
+
+def _dec_tagged(tag: str, body: object, depth: int) -> object:
+    if tag == "b":
+        if type(body) is not str:
+            raise WireError("bytes must be base64 text")
+        return base64.b64decode(body, validate=True)
+    if type(body) is not list:
+        raise WireError(f"{tag!r} must hold a list")
+    if tag == "t":
+        return tuple(_dec(x, depth + 1) for x in body)
+    if tag == "s":
+        return {_dec(x, depth + 1) for x in body}
+    if tag == "f":
+        return frozenset(_dec(x, depth + 1) for x in body)
+    if tag == "c":
+        if len(body) != 2 or not all(type(x) in (int, float) for x in body):
+            raise WireError("complex must be [re, im]")
+        return complex(body[0], body[1])
+    out = {}
+    for pair in body:  # tag == "d"
+        if type(pair) is not list or len(pair) != 2:
+            raise WireError("dict items must be [key, value] pairs")
+        out[_dec(pair[0], depth + 1)] = _dec(pair[1], depth + 1)
+    return out
