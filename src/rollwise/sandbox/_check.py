@@ -31,8 +31,11 @@ import select
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _wire import MAX_DEPTH, MAX_MESSAGE_BYTES, WireError, decode, dumps, encode, loads  # noqa: E402
+try:  # imported by the scorer (free_names), or run as a script with only the stdlib
+    from rollwise.sandbox._wire import MAX_DEPTH, MAX_MESSAGE_BYTES, WireError, decode, dumps, encode, loads
+except ImportError:
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from _wire import MAX_DEPTH, MAX_MESSAGE_BYTES, WireError, decode, dumps, encode, loads  # type: ignore[no-redef]
 
 
 # -- type-strict comparison --------------------------------------------------------------------------------

@@ -2,6 +2,8 @@
 
 Only plain data crosses: None, bool, int, float, complex, str, bytes, and lists, tuples, dicts, sets and
 frozensets of those, matched by *exact* type (an int subclass with its own `__eq__` is not an int here).
+The one conversion: `collections.Counter`, `OrderedDict` and `defaultdict` are sent as the plain dict of
+their items (read with `dict.items`, so no method of theirs runs) and arrive as a dict.
 One value is one JSON document: JSON's own null/true/false/numbers/strings/arrays stand for None, bool,
 int, float, str and list; every other type is a one-key object naming it (`{"t": [...]}` a tuple, `{"d":
 [[k, v], ...]}` a dict, `{"b": "<base64>"}` bytes, `{"s": [...]}` a set, `{"f": [...]}` a frozenset, `{"c":
@@ -13,12 +15,15 @@ sender's code (never pickle): whatever the untrusted side writes, the trusted si
 from __future__ import annotations
 
 import base64
+import collections
 import json
 
 MAX_DEPTH = 100
 """Deepest nesting of containers either side accepts (recursion bombs in returned data fail here)."""
 MAX_MESSAGE_BYTES = 16 << 20
 """Largest encoded message either side accepts."""
+_DICT_LIKE = (collections.Counter, collections.OrderedDict, collections.defaultdict)
+"""The standard library's dict subclasses, sent as plain dicts (captured before any candidate code runs)."""
 
 
 class WireError(ValueError):
@@ -40,8 +45,8 @@ def _enc(v: object, depth: int) -> object:
         return [_enc(x, depth + 1) for x in v]  # type: ignore[union-attr]
     if t is tuple:
         return {"t": [_enc(x, depth + 1) for x in v]}  # type: ignore[union-attr]
-    if t is dict:
-        return {"d": [[_enc(k, depth + 1), _enc(x, depth + 1)] for k, x in v.items()]}  # type: ignore[union-attr]
+    if t is dict or t in _DICT_LIKE:  # dict.items, not v.items: a subclass's own methods are never called
+        return {"d": [[_enc(k, depth + 1), _enc(x, depth + 1)] for k, x in dict.items(v)]}  # type: ignore[arg-type]
     if t is bytes:
         return {"b": base64.b64encode(v).decode("ascii")}  # type: ignore[arg-type]
     if t is set or t is frozenset:
