@@ -92,8 +92,8 @@ DENIED_SYSCALLS = (
     "init_module", "finit_module", "delete_module", "kexec_load", "kexec_file_load", "reboot",
     "settimeofday", "clock_settime", "clock_adjtime", "adjtimex", "sethostname", "setdomainname",
     "acct", "syslog", "iopl", "ioperm", "personality", "vhangup", "nfsservctl",
-    # memory outside RLIMIT_AS: an anonymous file in page cache is not address space
-    "memfd_create",
+    # memory outside RLIMIT_AS: an anonymous file in page cache, SysV segments that outlive detaching
+    "memfd_create", "shmget",
 )
 """System calls that fail with EPERM in the program (and everything it starts)."""
 
@@ -249,11 +249,16 @@ def _build_root(cfg: dict) -> None:
         with open(os.path.join(src_dir, name), "rb") as fin, open(dst, "wb") as fout:
             fout.write(fin.read())
         os.chown(dst, uid, uid)
-    # SysV shared memory outlives detaching and is not address space: cap it in this IPC namespace.
+    # SysV shared memory outlives detaching and is not address space: cap it in this IPC namespace (seccomp
+    # also denies shmget). In a user namespace whose uid 0 is unmapped these files are read-only to us.
     pages = max(1, SHM_BYTES // os.sysconf("SC_PAGE_SIZE"))
     for name, value in (("shmmax", SHM_BYTES), ("shmall", pages), ("shmmni", 16)):
-        with open(f"{root}/proc/sys/kernel/{name}", "w") as fh:  # this namespace's own values
-            fh.write(str(value))
+        try:
+            with open(f"{root}/proc/sys/kernel/{name}", "w") as fh:  # this namespace's own values
+                fh.write(str(value))
+        except PermissionError:
+            if not cfg["userns"]:
+                raise
     try:
         _libc.sethostname(b"sandbox", 7)
     except Exception:  # noqa: BLE001 - cosmetic only
