@@ -132,3 +132,20 @@ def test_mbpp_reference_solutions_pass_sample(shared_data):
     with ThreadPoolExecutor(4) as ex:
         results = dict(ex.map(one, chosen))
     assert results == {r["task_id"]: "passed" for r in chosen}
+
+
+def test_unisolated_scoring_is_explicit_loud_and_still_trusted(monkeypatch, capsys):
+    """isolation='off' must be asked for; the verdict still comes from the trusted checker."""
+    from rollwise.rewards import code
+    from rollwise.sandbox import jail
+
+    monkeypatch.setattr(jail, "_warned", set())
+    monkeypatch.setattr(code, "_sandboxes", {})
+    with pytest.warns(RuntimeWarning, match="UNAVAILABLE"):
+        tests = CodeTests(isolation="off", limits=SandboxLimits(wall_s=4.0))
+    assert "ROLLWISE SANDBOX WARNING" in capsys.readouterr().err
+    info = tests.isolation_info()
+    assert info["mode"] == "off" and not info["isolated"] and "less than the full sandbox" in info["warning"]
+    assert tests(TASK, "    return a + b\n").info["result"] == "passed"
+    hack = "    class E:\n        def __eq__(s, o): return True\n    return E()\n"
+    assert "not plain data" in tests(TASK, hack).info["result"]

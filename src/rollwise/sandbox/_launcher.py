@@ -32,10 +32,8 @@ per real uid) bounds each sandbox on its own and concurrent sandboxes cannot sig
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import json
 import os
-import platform
 import resource
 import select
 import signal
@@ -105,13 +103,32 @@ class _ArgCmp(ctypes.Structure):
     _fields_ = [("arg", ctypes.c_uint), ("op", ctypes.c_int), ("datum_a", ctypes.c_uint64), ("datum_b", ctypes.c_uint64)]
 
 
+_SECCOMP_LIB: list = []
+
+
 def _seccomp_lib():
-    """libseccomp, or None when it is not installed (see .ci/setup.d/30-sandbox.sh)."""
-    name = ctypes.util.find_library("seccomp") or "libseccomp.so.2"
-    try:
-        lib = ctypes.CDLL(name, use_errno=True)
-    except OSError:
-        return None
+    """libseccomp, or None when it is not installed (see .ci/setup.d/30-sandbox.sh). Loaded once."""
+    if _SECCOMP_LIB:
+        return _SECCOMP_LIB[0]
+    lib = None
+    # NOTE: the soname first; find_library runs `ldconfig -p` (tens of milliseconds) and is the fallback.
+    for name in ("libseccomp.so.2", None):
+        try:
+            if name is None:
+                from ctypes import util  # imports subprocess, shutil...: only when the soname is not found
+
+                name = util.find_library("seccomp") or "libseccomp.so"
+            lib = ctypes.CDLL(name, use_errno=True)
+            break
+        except OSError:
+            continue
+    if lib is not None:
+        _init_seccomp_lib(lib)
+    _SECCOMP_LIB.append(lib)
+    return lib
+
+
+def _init_seccomp_lib(lib) -> None:
     lib.seccomp_init.restype = ctypes.c_void_p
     lib.seccomp_init.argtypes = [ctypes.c_uint32]
     lib.seccomp_syscall_resolve_name.restype = ctypes.c_int
@@ -120,7 +137,6 @@ def _seccomp_lib():
     lib.seccomp_rule_add_array.argtypes = [ctypes.c_void_p, ctypes.c_uint32, ctypes.c_int, ctypes.c_uint, ctypes.POINTER(_ArgCmp)]
     lib.seccomp_load.argtypes = [ctypes.c_void_p]
     lib.seccomp_release.argtypes = [ctypes.c_void_p]
-    return lib
 
 
 def seccomp_available() -> bool:
@@ -173,7 +189,7 @@ def _keyctl_nr() -> int:
         nr = lib.seccomp_syscall_resolve_name(b"keyctl")
         if nr >= 0:
             return nr
-    return {"x86_64": 250, "aarch64": 219}.get(platform.machine(), -1)
+    return {"x86_64": 250, "aarch64": 219}.get(os.uname().machine, -1)
 
 
 # -- the jail ---------------------------------------------------------------------------------------------
