@@ -88,6 +88,8 @@ def test_candidate_exceptions_keep_their_builtin_type():
     # a BaseException that is not an Exception never lets a test go on, even one that catches everything
     catch_all = "def check(candidate):\n    try:\n        candidate(0)\n    except BaseException:\n        pass\n"
     assert f1("    raise KeyboardInterrupt('stop')\n", test=catch_all) == "failed: stop"
+    # StopIteration would silently end an iteration over the candidate's answers in the test
+    assert f1("    raise StopIteration\n", test="def check(candidate):\n    assert all(map(candidate, [1, 0]))\n").startswith("failed: StopIteration")
 
 
 def test_isolation_is_reported_as_data():

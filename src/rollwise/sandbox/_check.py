@@ -237,6 +237,8 @@ def _exception_from(raised: object, chan: Channel) -> BaseException:
     for n in names:
         cls = getattr(builtins, n, None)
         if isinstance(cls, type) and issubclass(cls, BaseException):
+            if cls in (StopIteration, StopAsyncIteration):  # would end `map(candidate, xs)` early, silently
+                return CandidateError(f"{n}: {message}")
             if issubclass(cls, Exception):
                 try:
                     return cls(message)
