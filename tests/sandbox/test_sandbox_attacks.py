@@ -142,6 +142,20 @@ for _fd in range(0, 256):
         except OSError: pass
 def {fn}(*a, **k): return None
 """,
+    "verdict_via_main_global_then_exit": """
+import __main__, os
+for _name in ('_fd', '_result_fd', 'RESULT_FD'):
+    try: os.write(int(getattr(__main__, _name)), b'passed')
+    except Exception: pass
+os._exit(0)
+""",
+    "verdict_by_fd_scan_then_exit": """
+import os
+for _fd in range(3, 256):
+    try: os.write(_fd, b'passed')
+    except OSError: pass
+os._exit(0)
+""",
     "forge_protocol_answers": """
 import os
 _lines = b'{{"id": 0, "ready": ["{fn}"]}}\\n' + b''.join(b'{{"id": %d, "ok": true}}\\n' % i for i in range(1, 64))
