@@ -151,3 +151,24 @@ def test_unisolated_scoring_is_explicit_loud_and_still_trusted(monkeypatch, caps
     assert tests(TASK, "    return a + b\n").info["result"] == "passed"
     hack = "    class E:\n        def __eq__(s, o): return True\n    return E()\n"
     assert "not plain data" in tests(TASK, hack).info["result"]
+
+
+def test_checker_workers_are_reused_only_after_a_clean_answer():
+    """A worker that answered in time serves the next test; one that hung or died is replaced."""
+    from rollwise.sandbox import calls
+    from rollwise.sandbox.calls import CallTest
+
+    def idle_pids():
+        return {c.proc.pid for lst in calls._pool._idle.values() for c in lst}
+
+    lim = SandboxLimits(wall_s=2.0)
+    assert he("    return a + b\n", limits=lim) == "passed"
+    before = idle_pids()
+    assert before and he("    return a + b\n", limits=lim) == "passed" and idle_pids() == before
+    # trusted test code that never ends: the scorer's deadline kills the worker
+    hung = run_tests("def f(): return 1\n", CallTest(test="while True: pass\n"), limits=lim)
+    assert hung == "timed out"
+    died = run_tests("def f(): return 1\n", CallTest(test="import os\nos._exit(3)\n"), limits=lim)
+    assert died == "failed: the test process ended without a verdict"
+    assert he("    return a + b\n", limits=lim) == "passed"
+    assert len(idle_pids()) <= len(before) + 1

@@ -1,9 +1,10 @@
 """The trusted test process: runs a task's own test code against a proxy of the jailed candidate (stdlib only).
 
-Started by `calls.py` as `python -I -S -B _check.py` with the configuration as JSON on stdin and two fds
-wired to the jail's call server. It runs the trusted setup code (HumanEval's prompt, MBPP's imports),
-binds each name the test calls to a `Candidate` proxy, runs the test code, and writes one JSON verdict
-(`passed` / `failed: ...` / `timed out`) on a private copy of its stdout.
+Started by `calls.py` as a worker (`python -I -S -B _check.py SOCKFD LIMITS`), reused across tests: each
+job comes over a unix socket with two fds wired to one jail's call server. It runs the trusted setup code
+(HumanEval's prompt, MBPP's imports) in a fresh namespace, binds each name the test calls to a
+`Candidate` proxy, runs the test code, and answers one JSON verdict (`passed` / `failed: ...` / `timed
+out`) on the socket; its stdout goes to stderr, so the test's prints never reach a verdict.
 
 A proxy call sends the arguments as plain data, waits (per-call and total deadlines) for one answer, and
 decodes it itself (`_wire.py`): the test only ever sees builtin values, never an object of the
@@ -305,14 +306,9 @@ def _verdict(cfg: dict, chan: Channel) -> dict:
     return {"result": result}
 
 
-def main() -> None:
-    cfg = json.load(sys.stdin)
-    out = os.dup(1)
-    os.dup2(2, 1)  # the test's own prints go to stderr, never into the verdict
-    for name, value in cfg.get("rlimits", {}).items():
-        resource.setrlimit(getattr(resource, name), (value, value))
-    sys.setrecursionlimit(max(sys.getrecursionlimit(), 3000))
-    chan = Channel(cfg["rfd"], cfg["wfd"], float(cfg["per_call_s"]), time.monotonic() + float(cfg["total_s"]))
+def run_job(cfg: dict, rfd: int, wfd: int) -> dict:
+    """One test against one jailed candidate (fds wired to its call server): the verdict as a dict."""
+    chan = Channel(rfd, wfd, float(cfg["per_call_s"]), time.monotonic() + float(cfg["total_s"]))
     try:
         verdict = _verdict(cfg, chan)
     except Fault as f:
@@ -320,8 +316,54 @@ def main() -> None:
     except HarnessError as e:
         verdict = {"error": str(e)}
     verdict["calls"] = chan.calls
-    os.write(out, (json.dumps(verdict) + "\n").encode())
+    return verdict
+
+
+def _recv_exact(sock, n: int, first: bytes = b"") -> bytes:
+    buf = bytearray(first)
+    while len(buf) < n:
+        chunk = sock.recv(n - len(buf))
+        if not chunk:
+            raise EOFError
+        buf += chunk
+    return bytes(buf)
+
+
+def serve(sock_fd: int) -> None:
+    """Worker loop: jobs arrive on a unix socket as (8-byte length + JSON, with the two fds attached).
+
+    A fresh namespace per job; the process is reused while it answers in time (the scorer kills it
+    otherwise), which saves an interpreter start per test.
+    """
+    import socket
+
+    os.dup2(2, 1)  # the test's own prints go to stderr, never into a verdict
+    sys.setrecursionlimit(max(sys.getrecursionlimit(), 3000))
+    sock = socket.socket(fileno=sock_fd)
+    while True:
+        try:
+            head, fds, _, _ = socket.recv_fds(sock, 8, 2)
+            if not head:
+                break
+            body = _recv_exact(sock, int.from_bytes(_recv_exact(sock, 8, head), "big"))
+        except (EOFError, OSError):
+            break
+        if len(fds) != 2:
+            break
+        try:
+            verdict = run_job(json.loads(body), fds[0], fds[1])
+        finally:
+            for fd in fds:
+                os.close(fd)
+        sock.sendall((json.dumps(verdict) + "\n").encode())
     os._exit(0)
+
+
+def main() -> None:
+    cfg = json.loads(sys.argv[2])
+    for name, value in cfg.get("rlimits", {}).items():
+        resource.setrlimit(getattr(resource, name), (value, value))
+    serve(int(sys.argv[1]))
 
 
 if __name__ == "__main__":

@@ -1,11 +1,12 @@
 """Test a jailed candidate from a trusted process: the verdict never comes from the untrusted code.
 
     scorer ──start──> jail: server.py runs candidate.py, answers calls with plain data (`_serve.py`)
-       └───Popen───> checker: the task's test code, with the candidate's functions as proxies (`_check.py`)
-                     checker <──pipes──> jail (the scorer hands the jail's stdin/stdout to the checker)
+       └──socket───> checker: the task's test code, with the candidate's functions as proxies (`_check.py`)
+                     checker <──pipes──> jail (the scorer passes the jail's stdin/stdout over the socket)
 
 The candidate runs alone in the jail; the dataset's test code runs in a separate, unjailed but rlimited
-process that never executes a line of the candidate's. Each call goes over a pipe as data (`_wire.py`,
+process that never executes a line of the candidate's (a pooled worker, reused only after a clean answer
+in time, killed otherwise; a fresh namespace per test). Each call goes over a pipe as data (`_wire.py`,
 JSON with type tags, never pickle) and comes back as builtin values; comparisons in the test code are
 type-strict (`_check.py` says the rule). The verdict is the checker's, read by the scorer from the
 checker's private stdout; the jail's exit code and output are never read as a verdict, and jail failures
@@ -21,23 +22,26 @@ passing a non-data argument is a harness error (the sample is errored, not faile
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import selectors
 import signal
+import socket
 import subprocess
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from rollwise.sandbox.jail import Sandbox, SandboxLimits, SandboxUnavailable, _feed, cpu_exhausted
+from rollwise.sandbox.jail import Sandbox, SandboxLimits, SandboxUnavailable, cpu_exhausted
 
 _HERE = Path(__file__).parent
 _CHECK = str(_HERE / "_check.py")
 _SERVER_SOURCE: str | None = None
 CHECKER_GRACE_S = 1.0
 """Seconds past the total limit before the scorer kills a checker that has not answered."""
+# NOTE: _check.py's RLIMIT_CPU is not set: a reused worker's CPU time adds up; the scorer's wall deadline bounds each test.
 
 
 class HarnessError(RuntimeError):
@@ -75,6 +79,81 @@ def server_source() -> str:
     return _SERVER_SOURCE
 
 
+class _Checker:
+    """One trusted worker process (`_check.py serve`) and the scorer's end of its socket."""
+
+    def __init__(self, python: str, as_bytes: int):
+        parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        limits = json.dumps({"rlimits": {"RLIMIT_AS": as_bytes, "RLIMIT_CORE": 0}})
+        try:
+            self.proc = subprocess.Popen(
+                [python, "-I", "-S", "-B", _CHECK, str(child.fileno()), limits], stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, pass_fds=(child.fileno(),),
+                start_new_session=True, cwd="/", env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
+            )
+        except BaseException:
+            parent.close()
+            raise
+        finally:
+            child.close()
+        self.sock = parent
+        self.jobs = 0
+
+    def send(self, cfg: dict, fds: tuple[int, int]) -> None:
+        body = json.dumps(cfg).encode()
+        head = len(body).to_bytes(8, "big")
+        socket.send_fds(self.sock, [head], list(fds))  # the worker gets its own copies of both fds
+        self.sock.sendall(body)
+        self.jobs += 1
+
+    def kill(self) -> None:
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        self.proc.wait()
+        self.sock.close()
+
+
+class _CheckerPool:
+    """Idle trusted workers, by address-space limit; a worker is reused only after a clean, timely answer."""
+
+    MAX_JOBS = 500
+    """Jobs per worker before it is replaced (bounds whatever state tests leave behind)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._idle: dict[tuple[str, int], list[_Checker]] = {}
+
+    def acquire(self, python: str, as_bytes: int) -> _Checker:
+        with self._lock:
+            idle = self._idle.get((python, as_bytes), [])
+            while idle:
+                c = idle.pop()
+                if c.proc.poll() is None:
+                    return c
+                c.sock.close()
+        return _Checker(python, as_bytes)
+
+    def release(self, c: _Checker, python: str, as_bytes: int) -> None:
+        if c.jobs >= self.MAX_JOBS or c.proc.poll() is not None:
+            c.kill()
+            return
+        with self._lock:
+            self._idle.setdefault((python, as_bytes), []).append(c)
+
+    def close(self) -> None:
+        with self._lock:
+            workers = [c for lst in self._idle.values() for c in lst]
+            self._idle.clear()
+        for c in workers:
+            c.kill()
+
+
+_pool = _CheckerPool()
+atexit.register(_pool.close)
+
+
 def run_call_test(
     candidate: str,
     spec: CallTest,
@@ -89,31 +168,28 @@ def run_call_test(
     t0 = time.monotonic()
     total = limits.wall_s
     per_call = min(call_timeout_s or total, total)
+    as_bytes = max(2048, 2 * limits.memory_mb) << 20
     files = {"server.py": server_source(), "candidate.py": candidate}
+    cfg = {"setup": list(spec.setup), "test": spec.test, "proxies": None if spec.proxies is None else list(spec.proxies),
+           "per_call_s": per_call, "total_s": total}
     with sandbox.start([sandbox.python, "-I", "-B", "server.py"], limits=limits, files=files) as jail:
         assert jail.proc.stdin is not None and jail.proc.stdout is not None and jail.proc.stderr is not None
-        to_jail, from_jail = jail.proc.stdin.fileno(), jail.proc.stdout.fileno()
-        cfg = {
-            "rfd": from_jail, "wfd": to_jail, "setup": list(spec.setup), "test": spec.test,
-            "proxies": None if spec.proxies is None else list(spec.proxies), "per_call_s": per_call, "total_s": total,
-            "rlimits": {"RLIMIT_CPU": int(total) + 2, "RLIMIT_AS": max(2048, 2 * limits.memory_mb) << 20, "RLIMIT_CORE": 0},
-        }
-        checker = subprocess.Popen(
-            [sandbox.launcher_python, "-I", "-S", "-B", _CHECK], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE, pass_fds=(to_jail, from_jail), start_new_session=True, cwd="/",
-            env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
-        )
-        # The checker now holds the only other ends: when either side dies, the other sees EOF.
-        jail.proc.stdin.close()
-        jail.proc.stdout.close()
-        threading.Thread(target=_feed, args=(checker.stdin, json.dumps(cfg).encode()), daemon=True).start()
+        checker = _pool.acquire(sandbox.launcher_python, as_bytes)
+        healthy = False
         try:
-            out, timed_out, output_limited = _collect(jail, checker, t0 + total + CHECKER_GRACE_S, limits)
+            checker.send(cfg, (jail.proc.stdout.fileno(), jail.proc.stdin.fileno()))
+            # The checker now holds the only other ends: when either side dies, the other sees EOF.
+            jail.proc.stdin.close()
+            jail.proc.stdout.close()
+            out, timed_out, output_limited = _collect(jail, checker.sock, t0 + total + CHECKER_GRACE_S, limits)
+            healthy = out.endswith(b"\n") and not timed_out
+        except OSError:
+            out, timed_out, output_limited = b"", False, False
         finally:
-            _kill(checker)
-            checker.wait()
-            for f in (checker.stdout, checker.stderr):
-                f.close()  # type: ignore[union-attr]
+            if healthy:
+                _pool.release(checker, sandbox.launcher_python, as_bytes)
+            else:
+                checker.kill()
             jail.kill()
             code = jail.proc.wait()
         err = jail.jail_error()
@@ -138,47 +214,42 @@ def run_call_test(
         if verdict.get("fault") and cpu_exhausted(jail_code, False, t0, limits):
             result = "timed out"
     else:  # the trusted process died (e.g. data that blew its memory): no verdict is not a pass
-        result = f"failed: the test process ended without a verdict (exit code {checker.returncode})"
+        result = "failed: the test process ended without a verdict"
     return CallVerdict(result, calls, wall, jail.isolated)
 
 
-def _collect(jail, checker: subprocess.Popen, deadline: float, limits: SandboxLimits) -> tuple[bytes, bool, bool]:
-    """Read the checker's verdict and both processes' stderr (capped) until the checker ends or the deadline."""
+def _collect(jail, sock: socket.socket, deadline: float, limits: SandboxLimits) -> tuple[bytes, bool, bool]:
+    """Read the checker's verdict line and the jail's stderr (capped) until the verdict, or the deadline."""
     sel = selectors.DefaultSelector()
-    sel.register(checker.stdout, selectors.EVENT_READ, "verdict")  # type: ignore[arg-type]
-    sel.register(checker.stderr, selectors.EVENT_READ, "checker_err")  # type: ignore[arg-type]
+    sel.register(sock, selectors.EVENT_READ, "verdict")
     sel.register(jail.proc.stderr, selectors.EVENT_READ, "jail_err")
-    caps = {"verdict": 1 << 20, "checker_err": 1 << 16, "jail_err": limits.output_bytes}
-    sizes = dict.fromkeys(caps, 0)
+    err_bytes = 0
     verdict = bytearray()
     timed_out = output_limited = False
-    open_checker = 2
     try:
-        while open_checker:
+        while not verdict.endswith(b"\n"):
             left = deadline - time.monotonic()
             if left <= 0:
                 timed_out = True
                 break
-            for key, _ in sel.select(timeout=min(left, 0.5)):
+            events = sel.select(timeout=min(left, 0.5))
+            for key, _ in events:
+                if key.data == "verdict":
+                    chunk = sock.recv(65536)
+                    if not chunk:
+                        return bytes(verdict), timed_out, output_limited  # the worker died
+                    verdict += chunk
+                    if len(verdict) > 1 << 20:
+                        return b"", timed_out, output_limited
+                    continue
                 chunk = os.read(key.fileobj.fileno(), 65536)  # type: ignore[union-attr]
                 if not chunk:
                     sel.unregister(key.fileobj)
-                    if key.data != "jail_err":
-                        open_checker -= 1
                     continue
-                sizes[key.data] += len(chunk)
-                if key.data == "verdict" and sizes["verdict"] <= caps["verdict"]:
-                    verdict += chunk
-                if key.data == "jail_err" and sizes["jail_err"] > caps["jail_err"] and not output_limited:
+                err_bytes += len(chunk)
+                if err_bytes > limits.output_bytes and not output_limited:
                     output_limited = True
-                    jail.kill()  # the checker then sees EOF and finishes at once
+                    jail.kill()  # the checker then sees EOF and answers at once
     finally:
         sel.close()
     return bytes(verdict), timed_out, output_limited
-
-
-def _kill(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
