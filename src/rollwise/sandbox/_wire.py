@@ -6,7 +6,7 @@ The one conversion: `collections.Counter`, `OrderedDict` and `defaultdict` are s
 their items (read with `dict.items`, so no method of theirs runs) and arrive as a dict.
 One value is one JSON document: JSON's own null/true/false/numbers/strings/arrays stand for None, bool,
 int, float, str and list; every other type is a one-key object naming it (`{"t": [...]}` a tuple, `{"d":
-[[k, v], ...]}` a dict, `{"b": "<base64>"}` bytes, `{"s": [...]}` a set, `{"f": [...]}` a frozenset, `{"c":
+[[k, v], ...]}` a dict, `{"b": "<hex>"}` bytes, `{"s": [...]}` a set, `{"f": [...]}` a frozenset, `{"c":
 [re, im]}` a complex). The decoder builds only builtin values, bounds depth and size, and runs none of the
 sender's code (never pickle): whatever the untrusted side writes, the trusted side gets plain data or a
 `WireError`.
@@ -14,16 +14,23 @@ sender's code (never pickle): whatever the untrusted side writes, the trusted si
 
 from __future__ import annotations
 
-import base64
-import collections
 import json
+import sys
 
 MAX_DEPTH = 100
 """Deepest nesting of containers either side accepts (recursion bombs in returned data fail here)."""
 MAX_MESSAGE_BYTES = 16 << 20
 """Largest encoded message either side accepts."""
-_DICT_LIKE = (collections.Counter, collections.OrderedDict, collections.defaultdict)
-"""The standard library's dict subclasses, sent as plain dicts (captured before any candidate code runs)."""
+
+
+def _dict_like(t: type) -> bool:
+    """Is `t` one of `collections`' dict subclasses? (Not imported here: it costs the jail a few ms a start.)
+
+    NOTE: whatever `collections` the candidate may have swapped in, a type passing this test is only ever
+    read with `dict.items`, so no method of its runs and the result is a plain dict either way.
+    """
+    mod = sys.modules.get("collections")
+    return mod is not None and t in (getattr(mod, "Counter", None), getattr(mod, "OrderedDict", None), getattr(mod, "defaultdict", None))
 
 
 class WireError(ValueError):
@@ -45,10 +52,10 @@ def _enc(v: object, depth: int) -> object:
         return [_enc(x, depth + 1) for x in v]  # type: ignore[union-attr]
     if t is tuple:
         return {"t": [_enc(x, depth + 1) for x in v]}  # type: ignore[union-attr]
-    if t is dict or t in _DICT_LIKE:  # dict.items, not v.items: a subclass's own methods are never called
+    if t is dict or (issubclass(t, dict) and _dict_like(t)):  # dict.items, not v.items: a subclass's own methods are never called
         return {"d": [[_enc(k, depth + 1), _enc(x, depth + 1)] for k, x in dict.items(v)]}  # type: ignore[arg-type]
     if t is bytes:
-        return {"b": base64.b64encode(v).decode("ascii")}  # type: ignore[arg-type]
+        return {"b": v.hex()}  # type: ignore[union-attr]
     if t is set or t is frozenset:
         return {"s" if t is set else "f": [_enc(x, depth + 1) for x in v]}  # type: ignore[union-attr]
     if t is complex:
@@ -105,7 +112,7 @@ def _dec(v: object, depth: int) -> object:
                 return _dec_tagged(tag, body, depth)
             except WireError:
                 raise
-            except (TypeError, ValueError) as e:  # unhashable key, bad base64, wrong shape
+            except (TypeError, ValueError) as e:  # unhashable key, bad hex, wrong shape
                 raise WireError(f"bad {tag!r} value: {str(e)[:200]}") from None
     raise WireError(f"not an encoded value: {str(v)[:80]}")
 
@@ -113,8 +120,8 @@ def _dec(v: object, depth: int) -> object:
 def _dec_tagged(tag: str, body: object, depth: int) -> object:
     if tag == "b":
         if type(body) is not str:
-            raise WireError("bytes must be base64 text")
-        return base64.b64decode(body, validate=True)
+            raise WireError("bytes must be hex text")
+        return bytes.fromhex(body)
     if type(body) is not list:
         raise WireError(f"{tag!r} must hold a list")
     if tag == "t":
