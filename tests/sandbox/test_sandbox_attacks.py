@@ -247,15 +247,15 @@ def test_candidate_cannot_find_the_test_or_the_expected_answers(tasks):
     secret = f"EXPECTED-{uuid.uuid4().hex}"
     p = 'def f():\n    """The secret."""\n'
     test = f"def check(candidate):\n    assert candidate() == {secret!r}\n"
-    spy = textwrap.dedent(f"""
+    spy = textwrap.dedent("""
         import os
         def f():
             found, listing = [], sorted(os.listdir('/work'))
             paths = ['/work/' + n for n in listing] + ['/tmp']
             for pid in os.listdir('/proc'):
                 if pid.isdigit():
-                    paths += [f'/proc/{{pid}}/cmdline', f'/proc/{{pid}}/environ']
-            paths += [f'/proc/self/fd/{{fd}}' for fd in os.listdir('/proc/self/fd')]
+                    paths += [f'/proc/{pid}/cmdline', f'/proc/{pid}/environ']
+            paths += [f'/proc/self/fd/{fd}' for fd in os.listdir('/proc/self/fd')]
             for path in paths:
                 try:
                     data = open(path, 'rb').read(1 << 20) if not os.path.isdir(path) else b''

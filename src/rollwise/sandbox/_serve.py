@@ -12,7 +12,6 @@
 # NOTE: nothing here is trusted. The candidate can rewrite this loop, write to the channel itself or
 # answer anything: the trusted side only ever gets plain data, decodes it itself, and decides.
 import os as _os
-import sys as _sys
 
 _rfd = _os.dup(0)
 _wfd = _os.dup(1)
