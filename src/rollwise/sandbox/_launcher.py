@@ -376,6 +376,7 @@ def main() -> None:
     if cfg.get("script_fd") is not None:
         os.close(cfg["script_fd"])
     _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    _seccomp_lib()  # load libseccomp once here; init and the program inherit it with the fork
     if os.getppid() != cfg["parent_pid"]:  # the scorer died before PDEATHSIG was armed
         os._exit(137)
     flags = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS
