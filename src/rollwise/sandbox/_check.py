@@ -33,10 +33,10 @@ import sys
 import time
 
 try:  # imported by the scorer (free_names), or run as a script with only the stdlib
-    from rollwise.sandbox._wire import MAX_DEPTH, MAX_MESSAGE_BYTES, WireError, decode, dumps, encode, loads
+    from rollwise.sandbox._wire import MAX_DEPTH, MAX_MESSAGE_BYTES, WireError, decode, loads, pack_request
 except ImportError:
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from _wire import MAX_DEPTH, MAX_MESSAGE_BYTES, WireError, decode, dumps, encode, loads  # type: ignore[no-redef]
+    from _wire import MAX_DEPTH, MAX_MESSAGE_BYTES, WireError, decode, loads, pack_request  # type: ignore[no-redef]
 
 
 # -- type-strict comparison --------------------------------------------------------------------------------
@@ -167,8 +167,7 @@ class Channel:
             self.fault = Fault(message, timeout)
         return self.fault
 
-    def _send(self, msg: dict) -> None:
-        data = (dumps(msg) + "\n").encode("utf-8", "surrogatepass")
+    def _send(self, data: bytes) -> None:
         view = memoryview(data)
         while view:
             left = self.deadline - time.monotonic()
@@ -209,12 +208,12 @@ class Channel:
         if self.fault is not None:
             raise self.fault
         try:
-            payload = {"args": encode(list(args)), "kwargs": encode(dict(kwargs))}
+            request = pack_request(self.next_id + 1, name, tuple(args), dict(kwargs))
         except (WireError, RecursionError) as e:
             raise HarnessError(f"the test passed an argument that is not plain data to {name}: {e}") from None
         self.next_id += 1
         self.calls += 1
-        self._send({"id": self.next_id, "fn": name, **payload})
+        self._send(request)
         msg = self.receive(self.next_id, f"call {self.calls} to {name}")
         if "ok" in msg:
             try:
