@@ -126,11 +126,16 @@ def test_unprivileged_user_gets_a_user_namespace_jail():
             raise SystemExit(0)
         sb = Sandbox(isolation="required")
         lim = SandboxLimits(wall_s=3, nproc=16)
-        print(sb.run_python("print(open('/proc/self/status').read().split('CapEff:')[1].split()[0])", limits=lim).stdout.strip())
+        st = "s = open('/proc/self/status').read()\\nprint(*[s.split(k + ':')[1].split()[0] for k in ('CapEff', 'CapBnd', 'Seccomp')])"
+        print(sb.run_python(st, limits=lim).stdout.strip())
         print(sb.run_python("open({str(src / 'rollwise' / '__init__.py')!r})", limits=lim).exit_code)
         print(sb.run_python("import socket; socket.create_connection(('127.0.0.1', 22), timeout=1)", limits=lim).stderr.strip().splitlines()[-1])
         bomb = sb.run_python("import os\\nwhile True: os.fork()", limits=lim)
         print(bomb.exit_code, bomb.timed_out)
+        from rollwise.rewards.code import humaneval_test, run_tests
+        nl = chr(10)
+        spec = humaneval_test("def f(a):" + nl + "    pass" + nl, "def check(c):" + nl + "    assert c(1) == 1" + nl, "f")
+        print(run_tests("def f(a):" + nl + "    return a" + nl, spec, sb, lim), run_tests("def f(a):" + nl + "    return True" + nl, spec, sb, lim))
     """))
     try:
         out = subprocess.run(["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups", "/usr/bin/python3", str(script)],
@@ -141,10 +146,11 @@ def test_unprivileged_user_gets_a_user_namespace_jail():
         pytest.skip(f"unprivileged user namespaces unavailable here: {out.stdout.strip()}")
     lines = out.stdout.strip().splitlines()
     assert out.returncode == 0, out.stderr
-    assert lines[0] == "0000000000000000"  # no capabilities
+    assert lines[0] == "0000000000000000 0000000000000000 2"  # no capabilities, empty bounding set, seccomp filter
     assert lines[1] == "1"  # project files unreadable
     assert "Network is unreachable" in lines[2]
     assert lines[3].split()[0] != "0"  # the fork bomb failed or was killed, and returned
+    assert lines[4] == "passed failed:"  # code rewards work there too (True is not 1; the line is stripped)
 
 
 def test_unread_large_stdin_does_not_block_and_unicode_survives(sandbox):
