@@ -6,11 +6,11 @@
 
 The candidate runs alone in the jail; the dataset's test code runs in a separate, unjailed but rlimited
 process that never executes a line of the candidate's (a pooled worker, reused only after a clean answer
-in time, killed otherwise; a fresh namespace per test). Each call goes over a pipe as data (`_wire.py`,
-JSON with type tags, never pickle) and comes back as builtin values; comparisons in the test code are
-type-strict (`_check.py` says the rule). The verdict is the checker's, read by the scorer from the
-checker's private stdout; the jail's exit code and output are never read as a verdict, and jail failures
-come from the jail's status pipe (`Jail.jail_error`).
+in time, killed otherwise; a fresh namespace per test). Each call goes over a pipe as data (`_wire.py`:
+answers are type-tagged JSON the trusted side rebuilds itself, never pickle) and comes back as builtin
+values; comparisons in the test code are type-strict (`_check.py` says the rule). The verdict is the
+checker's, read by the scorer from the checker's socket; the jail's exit code and output are never read
+as a verdict, and jail failures come from the jail's status pipe (`Jail.jail_error`).
 
 Vocabulary is HumanEval's: `passed`, `failed: <reason>`, `timed out` (total wall limit, per-call limit,
 or the jail's CPU limit).
