@@ -172,3 +172,19 @@ def test_checker_workers_are_reused_only_after_a_clean_answer():
     assert died == "failed: the test process ended without a verdict"
     assert he("    return a + b\n", limits=lim) == "passed"
     assert len(idle_pids()) <= len(before) + 1
+
+
+def test_code_rewards_refuse_without_the_full_jail_in_one_line(monkeypatch):
+    """Default isolation is 'required': no silent unisolated fallback for code rewards (issue 12)."""
+    from rollwise.envs.humaneval import HumanEvalEnv
+    from rollwise.envs.mbpp import MBPPEnv
+    from rollwise.rewards import code
+    from rollwise.sandbox import SandboxUnavailable, jail
+
+    monkeypatch.delenv("ROLLWISE_SANDBOX", raising=False)
+    monkeypatch.setattr(code, "_sandboxes", {})
+    monkeypatch.setattr(jail, "_status", jail._Capabilities(True, False, "simulated: libseccomp is not installed"))
+    for make in (CodeTests, HumanEvalEnv, MBPPEnv):
+        with pytest.raises(SandboxUnavailable) as err:
+            make()
+        assert "\n" not in str(err.value) and "required but unavailable: simulated" in str(err.value)
