@@ -22,6 +22,7 @@ from __future__ import annotations
 import ast
 import builtins
 import threading
+import warnings
 from dataclasses import dataclass, field
 
 from rollwise.sandbox import Sandbox, SandboxLimits
@@ -68,7 +69,9 @@ def mbpp_test(test_imports: list[str], test_list: list[str], reference: str = ""
     names: set[str] = set()
     imports: list[str] = []
     try:
-        tree = ast.parse(reference) if reference else None
+        with warnings.catch_warnings():  # e.g. invalid escape sequences in the dataset's code: not ours to report
+            warnings.simplefilter("ignore")
+            tree = ast.parse(reference) if reference else None
     except SyntaxError:
         tree = None
     for node in tree.body if tree is not None else []:
@@ -81,7 +84,9 @@ def mbpp_test(test_imports: list[str], test_list: list[str], reference: str = ""
     setup_names = set()
     for node in ast.parse(setup).body:
         setup_names.update((a.asname or a.name).split(".")[0] for a in node.names)  # type: ignore[attr-defined]
-    free = free_names(test)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        free = free_names(test)
     proxies = [n for n in free if n in names or (n not in setup_names and not hasattr(builtins, n))]
     return CallTest(test=test, setup=(setup,), proxies=tuple(proxies))
 
