@@ -14,7 +14,8 @@ the verdict is failed (or timed out) whatever the test code does next, even if i
 Comparisons in the test code are type-strict: every `==`, `!=`, `in` and `not in` of the test (not of the
 setup code) is rewritten to call `strict_eq`, under which bool is never equal to a number (True != 1),
 list != tuple, and int == float only when numerically equal (HumanEval writes `== 6.00` for an int-valued
-area and `== 3` for a float median alike; we keep what the test's author wrote). Comparisons involving
+area, and five MBPP references return a float where the assert writes an int: we keep what the test's
+author wrote). Comparisons involving
 any non-plain value (only the test's own objects can be such) keep Python's meaning.
 
 Left out: the test code is trusted and runs unjailed (with rlimits): it is the dataset's, not the model's.
