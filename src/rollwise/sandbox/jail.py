@@ -179,7 +179,10 @@ def _probe() -> _Capabilities:
     if not sys.platform.startswith("linux"):
         return _Capabilities(False, False, f"namespaces need Linux, this is {sys.platform}")
     has_seccomp = _launcher.seccomp_available()
+    reason = first_reason = ""
     for seccomp in ([True, False] if has_seccomp else [False]):
+        if reason and not first_reason:
+            first_reason = reason
         try:
             sb = Sandbox(isolation="required", _skip_check=True)
             sb.seccomp = seccomp
@@ -198,7 +201,7 @@ def _probe() -> _Capabilities:
         if seccomp:
             return _Capabilities(True, True, how + ", seccomp")
         if has_seccomp:
-            return _Capabilities(True, False, f"{how}; NO seccomp: loading the filter failed")
+            return _Capabilities(True, False, f"{how}; NO seccomp: loading the filter failed ({first_reason})")
         return _Capabilities(True, False, f"{how}; NO seccomp: libseccomp is not installed ({SETUP_HINT})")
     return _Capabilities(False, False, reason)
 
