@@ -134,6 +134,18 @@ def _tr(frame, event, arg):
 sys.settrace(_tr); threading.settrace(_tr)
 def {fn}(*a, **k): return None
 """,
+    "settrace_replaces_check": """
+import sys
+def _tr(frame, event, arg):
+    g = frame.f_globals
+    if event == 'line' and callable(g.get('check')) and getattr(g['check'], '__name__', '') == 'check':
+        g['check'] = lambda *a, **k: None
+        g['check'].__name__ = 'noop'
+    return _tr
+sys._getframe().f_trace = _tr
+sys.settrace(_tr)
+def {fn}(*a, **k): return None
+""",
     "write_passed_to_every_fd": """
 import os
 for _fd in range(0, 256):
