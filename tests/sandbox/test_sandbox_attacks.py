@@ -179,7 +179,7 @@ def {fn}(*a, **k): return True
     "monkeypatch_os_write_and_json": """
 import os, json
 _w = os.write
-os.write = lambda fd, b: _w(fd, bytes(b).replace(b'failed', b'passed'))
+os.write = lambda fd, b: _w(fd, b'passed' if bytes(b).startswith(b'failed') else b)
 json.dumps = lambda *a, **k: '{{"id": 1, "ok": true, "result": "passed"}}'
 def {fn}(*a, **k): return False
 """,
