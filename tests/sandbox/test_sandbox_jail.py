@@ -13,10 +13,11 @@ def test_runs_code_and_reports_exit_status(sandbox):
     assert not res.ok
 
 
-def test_files_are_visible_and_side_channel_is_read(sandbox):
-    code = "import os\nos.write(int(os.environ['ROLLWISE_RESULT_FD']), open('data.txt').read().upper().encode())"
+def test_files_are_visible_and_only_stdio_is_open(sandbox):
+    code = "import os\nprint(open('data.txt').read().upper(), sorted(int(f) for f in os.listdir('/proc/self/fd')))"
     res = sandbox.run_python(code, files={"data.txt": "verdict"})
-    assert res.ok and res.side_channel == "VERDICT"
+    # 0-2, and the fd os.listdir itself holds open: no status pipe, no launcher script, no config pipe
+    assert res.ok and res.stdout.split(" ", 1) == ["VERDICT", "[0, 1, 2, 3]\n"]
 
 
 def test_bad_file_names_are_refused(sandbox):
@@ -35,25 +36,59 @@ def test_isolation_mode_is_validated():
         Sandbox(isolation="maybe")  # type: ignore[arg-type]
 
 
-def test_unavailable_isolation_warns_loudly_or_refuses(monkeypatch, capsys):
-    monkeypatch.setattr(jail, "_status", (False, "simulated: no namespaces"))
-    monkeypatch.setattr(jail, "_warned", False)
-    with pytest.raises(SandboxUnavailable, match="simulated"):
-        Sandbox(isolation="required")
+def _simulate(monkeypatch, namespaces: bool, seccomp: bool) -> None:
+    monkeypatch.setattr(jail, "_status", jail._Capabilities(namespaces, seccomp, "simulated: no namespaces" if not namespaces else "simulated: no seccomp"))
+    monkeypatch.setattr(jail, "_warned", set())
+    monkeypatch.setattr(jail, "_in_use", {})
+    monkeypatch.delenv("ROLLWISE_SANDBOX", raising=False)
+
+
+def test_isolation_is_required_by_default(monkeypatch):
+    _simulate(monkeypatch, False, False)
+    with pytest.raises(SandboxUnavailable, match="required but unavailable: simulated"):
+        Sandbox()
+    _simulate(monkeypatch, True, False)  # namespaces but no seccomp filter: still refused
+    with pytest.raises(SandboxUnavailable, match="no seccomp"):
+        Sandbox()
+
+
+def test_unisolated_takes_an_explicit_setting_and_warns_loudly(monkeypatch, capsys):
+    _simulate(monkeypatch, False, False)
     with pytest.warns(RuntimeWarning, match="UNAVAILABLE"):
         sb = Sandbox(isolation="auto")
     assert "ROLLWISE SANDBOX WARNING" in capsys.readouterr().err
     assert not sb.isolated
+    assert jail.isolation_in_use() == [sb.describe()] and "less than the full sandbox" in sb.describe()["warning"]
     res = sb.run_python("print(6 * 7)", limits=SandboxLimits(wall_s=5))
     assert res.stdout.strip() == "42" and res.isolated is False
     loop = sb.run_python("while True: pass", limits=SandboxLimits(wall_s=1))
     assert loop.timed_out  # the fallback still bounds time
+    monkeypatch.setenv("ROLLWISE_SANDBOX", "off")
+    with pytest.warns(RuntimeWarning, match="'off' was asked for"):
+        assert Sandbox().describe()["isolated"] is False
 
 
-def test_env_var_can_require_isolation(monkeypatch):
-    monkeypatch.setattr(jail, "_status", (False, "simulated"))
+def test_auto_without_seccomp_builds_the_jail_and_says_so(monkeypatch, capsys):
+    from rollwise.sandbox import isolation_status
+
+    if not isolation_status()[0]:
+        pytest.skip("sandbox isolation unavailable here")
+    _simulate(monkeypatch, True, False)
+    with pytest.warns(RuntimeWarning, match="WITHOUT a seccomp filter"):
+        sb = Sandbox(isolation="auto")
+    info = sb.describe()
+    assert info["isolated"] and not info["seccomp"] and info["warning"]
+    res = sb.run_python("print(open('/proc/self/status').read().split('Seccomp:')[1].split()[0])", limits=SandboxLimits(wall_s=5))
+    assert res.stdout.strip() == "0" and res.isolated
+
+
+def test_env_var_sets_the_mode(monkeypatch):
+    _simulate(monkeypatch, False, False)
     monkeypatch.setenv("ROLLWISE_SANDBOX", "required")
     with pytest.raises(SandboxUnavailable):
+        Sandbox()
+    monkeypatch.setenv("ROLLWISE_SANDBOX", "maybe")
+    with pytest.raises(ValueError, match="isolation"):
         Sandbox()
 
 
@@ -91,11 +126,16 @@ def test_unprivileged_user_gets_a_user_namespace_jail():
             raise SystemExit(0)
         sb = Sandbox(isolation="required")
         lim = SandboxLimits(wall_s=3, nproc=16)
-        print(sb.run_python("print(open('/proc/self/status').read().split('CapEff:')[1].split()[0])", limits=lim).stdout.strip())
+        st = "s = open('/proc/self/status').read()\\nprint(*[s.split(k + ':')[1].split()[0] for k in ('CapEff', 'CapBnd', 'Seccomp')])"
+        print(sb.run_python(st, limits=lim).stdout.strip())
         print(sb.run_python("open({str(src / 'rollwise' / '__init__.py')!r})", limits=lim).exit_code)
         print(sb.run_python("import socket; socket.create_connection(('127.0.0.1', 22), timeout=1)", limits=lim).stderr.strip().splitlines()[-1])
         bomb = sb.run_python("import os\\nwhile True: os.fork()", limits=lim)
         print(bomb.exit_code, bomb.timed_out)
+        from rollwise.rewards.code import humaneval_test, run_tests
+        nl = chr(10)
+        spec = humaneval_test("def f(a):" + nl + "    pass" + nl, "def check(c):" + nl + "    assert c(1) == 1" + nl, "f")
+        print(run_tests("def f(a):" + nl + "    return a" + nl, spec, sb, lim), run_tests("def f(a):" + nl + "    return True" + nl, spec, sb, lim))
     """))
     try:
         out = subprocess.run(["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups", "/usr/bin/python3", str(script)],
@@ -106,10 +146,11 @@ def test_unprivileged_user_gets_a_user_namespace_jail():
         pytest.skip(f"unprivileged user namespaces unavailable here: {out.stdout.strip()}")
     lines = out.stdout.strip().splitlines()
     assert out.returncode == 0, out.stderr
-    assert lines[0] == "0000000000000000"  # no capabilities
+    assert lines[0] == "0000000000000000 0000000000000000 2"  # no capabilities, empty bounding set, seccomp filter
     assert lines[1] == "1"  # project files unreadable
     assert "Network is unreachable" in lines[2]
     assert lines[3].split()[0] != "0"  # the fork bomb failed or was killed, and returned
+    assert lines[4] == "passed failed:"  # code rewards work there too (True is not 1; the line is stripped)
 
 
 def test_unread_large_stdin_does_not_block_and_unicode_survives(sandbox):

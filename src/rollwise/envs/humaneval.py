@@ -1,8 +1,10 @@
 """HumanEval-style code tasks: prompt (signature + docstring), entry point, tests; scored in the sandbox.
 
 Loads HumanEval.jsonl(.gz) records (`task_id`, `prompt`, `canonical_solution`, `test`, `entry_point`);
-`answer` is the canonical solution. Scoring runs the HumanEval check program (`rewards.code`), and the
-Score's info carries `result` exactly as HumanEval's evaluator writes it.
+`answer` is the canonical solution. Scoring (`rewards.code`) loads `prompt + completion` alone in the
+sandbox and runs the task's `check(candidate)` in a separate trusted process against a proxy of it; the
+Score's info carries `result` in HumanEval's evaluator's words. `isolation` (None: $ROLLWISE_SANDBOX, else
+'required') is the explicit switch to run without the full jail ('auto' / 'off', with a loud warning).
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 import gzip
 import json
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from rollwise.envs.base import Task
 from rollwise.envs.data import dataset_file
@@ -42,8 +44,13 @@ class HumanEvalEnv:
     """`path`: the problems file or the data root (default: shared/data/humaneval/HumanEval.jsonl.gz)."""
 
     path: str | None = None
-    tests: CodeTests = field(default_factory=CodeTests)
+    tests: CodeTests | None = None
     name: str = "humaneval"
+    isolation: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.tests is None:
+            self.tests = CodeTests(isolation=self.isolation)
 
     @staticmethod
     def task_from_problem(p: dict) -> Task:
@@ -62,4 +69,10 @@ class HumanEvalEnv:
         return tasks
 
     def score(self, task: Task, completion: str) -> Score:
+        assert self.tests is not None
         return self.tests(task, completion)
+
+    def isolation_info(self) -> dict:
+        """The sandbox isolation used for scoring (mode, isolated, seccomp, how, warning)."""
+        assert self.tests is not None
+        return self.tests.isolation_info()

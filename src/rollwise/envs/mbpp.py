@@ -1,8 +1,10 @@
 """MBPP (sanitized): write a Python function from one sentence; scored by the task's asserts in the sandbox.
 
 The prompt is the usual MBPP wording: the sentence plus the asserts the code must pass. A completion may
-wrap its code in a ```python fence; the fence is removed. The program run is the completion, the test
-imports, then the asserts; the result vocabulary is HumanEval's (`passed` / `failed: ...` / `timed out`).
+wrap its code in a ```python fence; the fence is removed. The completion (followed by the test imports,
+which MBPP's harness makes visible to it) is loaded alone in the sandbox; the asserts run in a separate
+trusted process and call its functions through proxies (`rewards.code`). The result vocabulary is
+HumanEval's (`passed` / `failed: ...` / `timed out`). `isolation` as for HumanEval (default 'required').
 """
 
 from __future__ import annotations
@@ -14,8 +16,8 @@ from dataclasses import dataclass, field
 
 from rollwise.envs.base import Task
 from rollwise.envs.data import dataset_file
-from rollwise.rewards.code import DEFAULT_CODE_LIMITS, run_tests
-from rollwise.sandbox import SandboxLimits
+from rollwise.rewards.code import DEFAULT_CALL_TIMEOUT_S, DEFAULT_CODE_LIMITS, code_sandbox, code_score, mbpp_test, run_tests
+from rollwise.sandbox import Sandbox, SandboxLimits
 from rollwise.types import Score
 
 _FENCE = re.compile(r"```(?:python|py)?\s*\n(.*?)```", re.DOTALL)
@@ -34,6 +36,17 @@ class MBPPEnv:
     path: str | None = None
     limits: SandboxLimits = field(default_factory=lambda: DEFAULT_CODE_LIMITS)
     name: str = "mbpp"
+    isolation: str | None = None
+    sandbox: Sandbox | None = None
+
+    def __post_init__(self) -> None:
+        if self.sandbox is None:  # checked now: a machine without the jail is reported at start-up
+            self.sandbox = code_sandbox(self.isolation)
+
+    def isolation_info(self) -> dict:
+        """The sandbox isolation used for scoring (mode, isolated, seccomp, how, warning)."""
+        assert self.sandbox is not None
+        return self.sandbox.describe()
 
     @staticmethod
     def task_from_record(rec: dict, index: int | str = 0) -> Task:
@@ -57,7 +70,7 @@ class MBPPEnv:
 
     def score(self, task: Task, completion: str) -> Score:
         md = task.metadata
-        program = "\n".join([strip_fence(completion), *md["test_imports"], *md["test_list"]]) + "\n"
-        result = run_tests(program, limits=self.limits)
-        ok = float(result == "passed")
-        return Score(ok, parts={"code_tests": ok}, info={"result": result, "passed": result == "passed"})
+        candidate = "\n".join([strip_fence(completion), *md["test_imports"]]) + "\n"
+        result = run_tests(candidate, mbpp_test(md["test_imports"], md["test_list"], str(task.answer or "")), self.sandbox, self.limits,
+                           DEFAULT_CALL_TIMEOUT_S)
+        return code_score(result)

@@ -7,13 +7,19 @@ Call format (documented for prompts and parsers alike):
 A turn with no call and no answer also ends the episode. Tasks are multi-step integer arithmetic problems
 ("What is 347 * 29 + 1234?") generated deterministically from the seed, with hashed train/test splits.
 The runner (`envs.multiturn`) stops each policy turn at a closing tag via `stop` below.
+
+The Python tool runs each call in a fresh jail (`rollwise.sandbox`, isolation `required` unless
+`isolation` says 'auto' / 'off', which warn loudly). Its output is only an observation: the reward is the
+`<answer>` checked here, in the trusted process, never anything the program prints or returns; a jail
+that cannot be built raises `SandboxUnavailable` (reported by the jail itself, not read from the output).
 """
 
 from __future__ import annotations
 
 import random
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from rollwise.envs.base import EpisodeState, Task, split_of
 from rollwise.envs.calc import CalcError, evaluate, format_number
@@ -35,6 +41,20 @@ class ToolCalcEnv:
     test_fraction: float = 0.1
     name: str = "tool_calc"
     stop: tuple[str, ...] = ("</calc>", "</python>", "</answer>")
+    isolation: str | None = None
+    _sandbox: Any = field(default=None, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.python_tool:  # check isolation now: a machine without the jail is reported at start-up
+            self.sandbox()
+
+    def sandbox(self) -> Any:
+        """The Python tool's sandbox (built on first use; its `describe()` says what isolation it has)."""
+        if self._sandbox is None:
+            from rollwise.sandbox import Sandbox
+
+            self._sandbox = Sandbox(isolation=self.isolation)  # type: ignore[arg-type]
+        return self._sandbox
 
     def load(self, split: str = "train", n: int | None = None, seed: int = 0) -> list[Task]:
         if split not in ("train", "test"):
@@ -90,9 +110,9 @@ class ToolCalcEnv:
             return f"<result>{format_number(value)}</result>\n"
         if not self.python_tool:
             return "<error>python tool is not enabled</error>\n"
-        from rollwise.sandbox import SandboxLimits, default_sandbox
+        from rollwise.sandbox import SandboxLimits
 
-        res = default_sandbox().run_python(body, limits=SandboxLimits(wall_s=5.0, output_bytes=16 << 10))
+        res = self.sandbox().run_python(body, limits=SandboxLimits(wall_s=5.0, output_bytes=16 << 10))
         if res.timed_out:
             return "<error>timed out</error>\n"
         out = (res.stdout if res.exit_code == 0 else (res.stderr.strip().splitlines() or ["error"])[-1])

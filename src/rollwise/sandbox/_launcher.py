@@ -6,21 +6,27 @@ Process tree (host view):
 
 - launcher: sets PDEATHSIG so it dies with the scorer, unshares the namespaces, forks init, relays its status.
 - init: pid 1 of the new PID namespace, root in a private mount namespace with no network. It mounts a
-  size-capped tmpfs as the new root, bind-mounts the system directories read-only (nosuid, nodev), mounts
-  a fresh /proc, chroots into it, then forks the program. When init exits (or is killed), the kernel SIGKILLs every process
-  left in the namespace: nothing the program started can outlive it.
-- program: inherits init's root; drops every group and to a per-sandbox uid, no_new_privs, rlimits, a
-  scrubbed environment, exec. Its only writable places are /work and /tmp, both inside the tmpfs.
+  size- and inode-capped tmpfs as the new root, bind-mounts the system directories read-only (nosuid,
+  nodev), mounts a fresh /proc, caps SysV shared memory in its IPC namespace, clears the capability
+  bounding set, chroots into the root, then forks the program. When init exits (or is killed), the kernel
+  SIGKILLs every process left in the namespace: nothing the program started can outlive it.
+- program: inherits init's root; joins a fresh anonymous session keyring, drops every group and to a
+  per-sandbox uid, no_new_privs, rlimits, a seccomp filter (libseccomp, see `_seccomp.py`), a scrubbed
+  environment, exec. Its only writable places are /work and /tmp, both inside the tmpfs.
 
 Run by root, the program gets a per-sandbox uid; run by anyone else, the launcher first creates a user
 namespace (where unprivileged user namespaces are allowed) and the program keeps the invoking user's uid,
 with no capabilities.
 
+How it is started, and why: `python -I -S -B /dev/fd/S C` where S is an fd open on this file and C an fd
+carrying the JSON configuration. So init's command line (`/proc/1/cmdline`, readable in the jail) holds no
+host path. The configuration names a *status fd*: every failure to build the jail is written there (one
+line starting `rollwise-sandbox:`); the program's process writes `exec` just before execve, and the fd is
+close-on-exec, so the host reads exactly `exec` then EOF when the jail was built and the program started.
+The program never holds that fd: its exit code and its output mean nothing about the jail.
+
 NOTE: the per-sandbox uid (root mode) is 100000 + launcher pid, unique among live sandboxes, so RLIMIT_NPROC (counted
 per real uid) bounds each sandbox on its own and concurrent sandboxes cannot signal each other.
-
-Exit status: the program's exit code, 128 + signal if it was killed, or 125 with a line on stderr starting
-with `rollwise-sandbox:` if the jail itself could not be built.
 """
 
 from __future__ import annotations
@@ -34,11 +40,13 @@ import signal
 import sys
 
 CLONE_NEWNS = 0x00020000
+CLONE_NEWCGROUP = 0x02000000
 CLONE_NEWUTS = 0x04000000
 CLONE_NEWIPC = 0x08000000
 CLONE_NEWUSER = 0x10000000
 CLONE_NEWPID = 0x20000000
 CLONE_NEWNET = 0x40000000
+CLONE_NEWTIME = 0x00000080
 
 MS_RDONLY = 1
 MS_NOSUID = 2
@@ -50,12 +58,142 @@ MS_REC = 16384
 MS_PRIVATE = 1 << 18
 
 PR_SET_PDEATHSIG = 1
+PR_CAPBSET_DROP = 24
 PR_SET_NO_NEW_PRIVS = 38
+PR_CAP_AMBIENT = 47
+PR_CAP_AMBIENT_CLEAR_ALL = 4
+KEYCTL_JOIN_SESSION_KEYRING = 1
 
-JAIL_FAILED = 125
 USERNS_UID = 1000
+SHM_BYTES = 1 << 20
+"""SysV shared memory the whole jail may hold (its IPC namespace's shmall/shmmax): 1 MiB."""
 
 _libc = ctypes.CDLL(None, use_errno=True)
+
+# -- seccomp (libseccomp through ctypes: the maintained library compiles the BPF, we only list rules) ------
+SCMP_ACT_ALLOW = 0x7FFF0000
+SCMP_CMP_MASKED_EQ = 7
+EPERM, ENOSYS = 1, 38
+
+DENIED_SYSCALLS = (
+    # keyrings: the kernel's keys are shared by uid / session, not by namespace
+    "add_key", "request_key", "keyctl",
+    # debugging and introspection of other processes
+    "ptrace", "process_vm_readv", "process_vm_writev", "kcmp", "pidfd_getfd",
+    # kernel attack surface an untrusted program never needs
+    "bpf", "perf_event_open", "userfaultfd", "io_uring_setup", "io_uring_enter", "io_uring_register",
+    "memfd_secret", "lookup_dcookie", "fanotify_init", "open_by_handle_at", "name_to_handle_at",
+    # file systems and namespaces
+    "mount", "umount2", "pivot_root", "chroot", "unshare", "setns", "fsopen", "fsconfig", "fsmount",
+    "fspick", "move_mount", "open_tree", "mount_setattr", "quotactl", "quotactl_fd", "swapon", "swapoff",
+    # kernel modules, kexec, reboot, clocks, host names, accounting, logs, ports
+    "init_module", "finit_module", "delete_module", "kexec_load", "kexec_file_load", "reboot",
+    "settimeofday", "clock_settime", "clock_adjtime", "adjtimex", "sethostname", "setdomainname",
+    "acct", "syslog", "iopl", "ioperm", "personality", "vhangup", "nfsservctl",
+    # memory outside RLIMIT_AS: an anonymous file in page cache, SysV segments that outlive detaching
+    "memfd_create", "shmget",
+)
+"""System calls that fail with EPERM in the program (and everything it starts)."""
+
+CLONE_NS_FLAGS = (CLONE_NEWNS, CLONE_NEWCGROUP, CLONE_NEWUTS, CLONE_NEWIPC, CLONE_NEWUSER, CLONE_NEWPID,
+                  CLONE_NEWNET, CLONE_NEWTIME)
+
+
+class _ArgCmp(ctypes.Structure):
+    _fields_ = [("arg", ctypes.c_uint), ("op", ctypes.c_int), ("datum_a", ctypes.c_uint64), ("datum_b", ctypes.c_uint64)]
+
+
+_SECCOMP_LIB: list = []
+
+
+def _seccomp_lib():
+    """libseccomp, or None when it is not installed (see .ci/setup.d/30-sandbox.sh). Loaded once."""
+    if _SECCOMP_LIB:
+        return _SECCOMP_LIB[0]
+    lib = None
+    # NOTE: the soname first; find_library runs `ldconfig -p` (tens of milliseconds) and is the fallback.
+    for name in ("libseccomp.so.2", None):
+        try:
+            if name is None:
+                from ctypes import util  # imports subprocess, shutil...: only when the soname is not found
+
+                name = util.find_library("seccomp") or "libseccomp.so"
+            lib = ctypes.CDLL(name, use_errno=True)
+            break
+        except OSError:
+            continue
+    if lib is not None:
+        _init_seccomp_lib(lib)
+    _SECCOMP_LIB.append(lib)
+    return lib
+
+
+def _init_seccomp_lib(lib) -> None:
+    lib.seccomp_init.restype = ctypes.c_void_p
+    lib.seccomp_init.argtypes = [ctypes.c_uint32]
+    lib.seccomp_syscall_resolve_name.restype = ctypes.c_int
+    lib.seccomp_syscall_resolve_name.argtypes = [ctypes.c_char_p]
+    lib.seccomp_rule_add_array.restype = ctypes.c_int
+    lib.seccomp_rule_add_array.argtypes = [ctypes.c_void_p, ctypes.c_uint32, ctypes.c_int, ctypes.c_uint, ctypes.POINTER(_ArgCmp)]
+    lib.seccomp_load.argtypes = [ctypes.c_void_p]
+    lib.seccomp_release.argtypes = [ctypes.c_void_p]
+
+
+def seccomp_available() -> bool:
+    return _seccomp_lib() is not None
+
+
+def _errno_action(err: int) -> int:
+    return 0x00050000 | (err & 0xFFFF)
+
+
+def install_seccomp() -> None:
+    """Load the deny-list filter into this process (needs no_new_privs first). Raises OSError on failure."""
+    lib = _seccomp_lib()
+    if lib is None:
+        raise OSError(ENOSYS, "libseccomp (libseccomp.so.2) is not installed")
+    ctx = lib.seccomp_init(SCMP_ACT_ALLOW)  # other architectures' calls (int 0x80, x32) are killed by default
+    if not ctx:
+        raise OSError(ENOSYS, "seccomp_init failed")
+    try:
+        for name in DENIED_SYSCALLS:
+            nr = lib.seccomp_syscall_resolve_name(name.encode())
+            if nr < 0:
+                continue  # not a system call on this architecture
+            rc = lib.seccomp_rule_add_array(ctx, _errno_action(EPERM), nr, 0, None)
+            if rc < 0:
+                raise OSError(-rc, f"seccomp rule for {name}: {os.strerror(-rc)}")
+        # clone with a namespace flag: one rule per flag (a rule matches when all of its comparisons do)
+        clone = lib.seccomp_syscall_resolve_name(b"clone")
+        for flag in CLONE_NS_FLAGS:
+            cmp = _ArgCmp(0, SCMP_CMP_MASKED_EQ, flag, flag)
+            rc = lib.seccomp_rule_add_array(ctx, _errno_action(EPERM), clone, 1, ctypes.byref(cmp))
+            if rc < 0:
+                raise OSError(-rc, f"seccomp rule for clone: {os.strerror(-rc)}")
+        # clone3 passes its flags in memory a filter cannot read: say it does not exist, libc falls back to clone
+        clone3 = lib.seccomp_syscall_resolve_name(b"clone3")
+        if clone3 >= 0:
+            rc = lib.seccomp_rule_add_array(ctx, _errno_action(ENOSYS), clone3, 0, None)
+            if rc < 0:
+                raise OSError(-rc, f"seccomp rule for clone3: {os.strerror(-rc)}")
+        rc = lib.seccomp_load(ctx)
+        if rc < 0:
+            raise OSError(-rc, f"seccomp_load: {os.strerror(-rc)}")
+    finally:
+        lib.seccomp_release(ctx)
+
+
+def _keyctl_nr() -> int:
+    lib = _seccomp_lib()
+    if lib is not None:
+        nr = lib.seccomp_syscall_resolve_name(b"keyctl")
+        if nr >= 0:
+            return nr
+    return {"x86_64": 250, "aarch64": 219}.get(os.uname().machine, -1)
+
+
+# -- the jail ---------------------------------------------------------------------------------------------
+_status_fd = -1
 
 
 def _check(ret: int, what: str) -> None:
@@ -69,13 +207,17 @@ def _mount(src: str | None, dst: str, fstype: str | None, flags: int, data: str 
     _check(_libc.mount(enc(src), enc(dst), enc(fstype), ctypes.c_ulong(flags), enc(data)), f"mount {dst}")
 
 
-def _prctl(option: int, arg: int) -> None:
-    _check(_libc.prctl(option, ctypes.c_ulong(arg), 0, 0, 0), f"prctl {option}")
+def _prctl(option: int, arg: int, arg2: int = 0) -> None:
+    _check(_libc.prctl(option, ctypes.c_ulong(arg), ctypes.c_ulong(arg2), 0, 0), f"prctl {option}")
 
 
 def _fail(msg: str) -> None:
-    os.write(2, f"rollwise-sandbox: {msg}\n".encode())
-    os._exit(JAIL_FAILED)
+    """Report a jail failure on the status fd (out of band: the program never holds it) and leave."""
+    try:
+        os.write(_status_fd, f"rollwise-sandbox: {msg}\n".encode())
+    except OSError:
+        os.write(2, f"rollwise-sandbox: {msg}\n".encode())
+    os._exit(1)
 
 
 def _exit_code(status: int) -> int:
@@ -94,7 +236,7 @@ def _build_root(cfg: dict) -> None:
     root = cfg["root"]
     uid = cfg["uid"]
     _mount(None, "/", None, MS_REC | MS_PRIVATE)
-    _mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, f"size={cfg['tmpfs_mb']}m,mode=755")
+    _mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, f"size={cfg['tmpfs_mb']}m,nr_inodes={cfg['tmpfs_inodes']},mode=755")
     for src in cfg["ro_paths"]:
         dst = root + src
         if os.path.islink(src) and os.path.dirname(src) == "/":  # merged-/usr symlinks like /lib -> usr/lib
@@ -123,10 +265,28 @@ def _build_root(cfg: dict) -> None:
         with open(os.path.join(src_dir, name), "rb") as fin, open(dst, "wb") as fout:
             fout.write(fin.read())
         os.chown(dst, uid, uid)
+    # SysV shared memory outlives detaching and is not address space: cap it in this IPC namespace (seccomp
+    # also denies shmget). In a user namespace whose uid 0 is unmapped these files are read-only to us.
+    pages = max(1, SHM_BYTES // os.sysconf("SC_PAGE_SIZE"))
+    for name, value in (("shmmax", SHM_BYTES), ("shmall", pages), ("shmmni", 16)):
+        try:
+            with open(f"{root}/proc/sys/kernel/{name}", "w") as fh:  # this namespace's own values
+                fh.write(str(value))
+        except PermissionError:
+            if not cfg["userns"]:
+                raise
     try:
         _libc.sethostname(b"sandbox", 7)
     except Exception:  # noqa: BLE001 - cosmetic only
         pass
+
+
+def _clear_capability_bounding_set() -> None:
+    with open("/proc/sys/kernel/cap_last_cap") as fh:
+        last = int(fh.read())
+    for cap in range(last + 1):
+        _prctl(PR_CAPBSET_DROP, cap)
+    _prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL)
 
 
 def _count_procs_of(uid: int) -> int:
@@ -142,9 +302,13 @@ def _count_procs_of(uid: int) -> int:
 
 
 def _exec_program(cfg: dict) -> None:
-    """Runs in the program's process: chroot, drop privileges, rlimits, exec. Never returns."""
+    """Runs in the program's process: fresh keyring, drop privileges, rlimits, seccomp, exec. Never returns."""
     uid = cfg["uid"]
     os.chdir("/work")  # init already chrooted; the program inherits its root
+    # A fresh anonymous session keyring: the host session's keys are out of reach even before seccomp.
+    nr = _keyctl_nr()
+    if nr < 0 or _libc.syscall(nr, KEYCTL_JOIN_SESSION_KEYRING, None) < 0:
+        raise OSError(ctypes.get_errno(), "cannot join a fresh session keyring")
     for name, value in cfg["rlimits"].items():
         resource.setrlimit(getattr(resource, name), (value, value))
     if not cfg["userns"]:  # in a user namespace we already are the only mapped, unprivileged uid
@@ -153,6 +317,14 @@ def _exec_program(cfg: dict) -> None:
         os.setresuid(uid, uid, uid)
     _prctl(PR_SET_NO_NEW_PRIVS, 1)
     os.umask(0o077)
+    if cfg["seccomp"]:
+        install_seccomp()
+    # "exec" then EOF (the fd is close-on-exec) means the jail is built and the program started; a failed
+    # execve returns, and `_fail` adds its reason after "exec".
+    for sig in (signal.SIGPIPE, signal.SIGXFSZ):  # Python ignores these; exec would pass that on
+        signal.signal(sig, signal.SIG_DFL)
+    os.write(_status_fd, b"exec\n")
+    os.set_inheritable(_status_fd, False)
     os.execve(cfg["argv"][0], cfg["argv"], cfg["env"])
 
 
@@ -163,6 +335,7 @@ def _init(cfg: dict) -> None:
         # NOTE: init enters the jail too, so even /proc/1/root (were it readable) leads only into the jail.
         os.chroot(cfg["root"])
         os.chdir("/")
+        _clear_capability_bounding_set()  # inherited by the program; its own capabilities go at setresuid
     except OSError as e:
         _fail(f"cannot build the sandbox root: {e}")
     pid = os.fork()
@@ -171,6 +344,7 @@ def _init(cfg: dict) -> None:
             _exec_program(cfg)
         except BaseException as e:  # noqa: BLE001 - report and leave
             _fail(f"cannot start the program: {e}")
+    os.close(_status_fd)
     status = 0
     while True:  # NOTE: as pid 1 we reap every orphan; we leave when the program itself ends.
         try:
@@ -183,9 +357,26 @@ def _init(cfg: dict) -> None:
     os._exit(_exit_code(status))
 
 
+def _read_config(fd: int) -> dict:
+    chunks = []
+    while True:
+        b = os.read(fd, 1 << 16)
+        if not b:
+            break
+        chunks.append(b)
+    os.close(fd)
+    return json.loads(b"".join(chunks))
+
+
 def main() -> None:
-    cfg = json.loads(sys.argv[1])
+    global _status_fd
+    cfg = _read_config(int(sys.argv[1]))
+    _status_fd = cfg["status_fd"]
+    os.set_inheritable(_status_fd, True)  # init and the program's setup need it; the program's exec closes it
+    if cfg.get("script_fd") is not None:
+        os.close(cfg["script_fd"])
     _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    _seccomp_lib()  # load libseccomp once here; init and the program inherit it with the fork
     if os.getppid() != cfg["parent_pid"]:  # the scorer died before PDEATHSIG was armed
         os._exit(137)
     flags = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS
@@ -219,11 +410,18 @@ def main() -> None:
         # If the launcher died between fork and prctl, its end of the pipe is closed: leave at once.
         if select.select([alive_r], [], [], 0)[0]:
             os._exit(137)
+        os.close(alive_r)
         _init(cfg)
     os.close(alive_r)
+    os.close(_status_fd)
     _, status = os.waitpid(pid, 0)
     os._exit(_exit_code(status))
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except BaseException as e:  # noqa: BLE001 - any launcher bug is a jail failure, reported out of band
+        if isinstance(e, SystemExit) and not e.code:
+            raise
+        _fail(f"launcher error: {type(e).__name__}: {e}")
