@@ -254,8 +254,14 @@ def _finish(run: Any, before: dict[str, float], after: dict[str, float], store: 
     card = build_rollout_card(store.counts_by_status(), config_hash=config_hash(cfg),
                               seeds={"train": run.seed, "eval": run.seed + 7919}, accuracy_method=ACCURACY_METHOD,
                               checkpoints={"init": run.init_dir, **({"final": ckpt_dir} if ckpt_dir else {})})
+    from rollwise.sandbox import isolation_in_use
+
+    sandboxes = isolation_in_use()  # how untrusted code was run for scoring (empty: none was)
+    for sb in sandboxes:
+        if sb.get("warning"):
+            log(f"WARNING: {sb['warning']}")
     summary = {
-        **card, "eval_before": before, "eval_after": after, "accuracy_gain": after["accuracy"] - before["accuracy"],
+        **card, "sandbox": sandboxes, "eval_before": before, "eval_after": after, "accuracy_gain": after["accuracy"] - before["accuracy"],
         "steps": cfg.train.steps, "wall_s": prev_wall + time.perf_counter() - run.t_start, "device": run.device,
         "warmup": run.warm_info, "run_dir": str(run.run_dir), "engine_backend": cfg.engine.backend,
         "async_staleness": cfg.control.async_staleness, "control_policy": cfg.control.policy,
