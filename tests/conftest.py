@@ -47,6 +47,12 @@ def make_tiny_checkpoint(path: Path, arch: str = "llama", vocab: int = 97, seed:
 
 
 @pytest.fixture(scope="session")
+def make_checkpoint():
+    """`make_tiny_checkpoint` for test modules (they never import conftest or each other)."""
+    return make_tiny_checkpoint
+
+
+@pytest.fixture(scope="session")
 def tiny_ckpts(tmp_path_factory) -> dict[str, Path]:
     base = tmp_path_factory.mktemp("ckpts")
     return {

@@ -51,13 +51,11 @@ class EchoEnv:
 
 
 @pytest.fixture(scope="module")
-def char_model(tmp_path_factory):
-    from conftest import make_tiny_checkpoint
-
+def char_model(tmp_path_factory, make_checkpoint):
     from rollwise.models.tokenizer import build_char_tokenizer
 
     tok = build_char_tokenizer(CHARS)
-    path = make_tiny_checkpoint(tmp_path_factory.mktemp("mt") / "m", "llama", vocab=len(tok))
+    path = make_checkpoint(tmp_path_factory.mktemp("mt") / "m", "llama", vocab=len(tok))
     tok.save_pretrained(path)
     return path
 

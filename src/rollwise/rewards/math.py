@@ -130,6 +130,11 @@ def math_verify_local(pred: str, gold: str) -> bool:
     return bool(verify(g, p, timeout_seconds=None))  # type: ignore[arg-type]
 
 
+def math_verify_warm() -> None:
+    """Import math-verify and build its parsers once (seconds on a busy machine), in a fresh worker."""
+    math_verify_local("x^2+1", "1+x^2")
+
+
 def _math_verify_equal(pred: str, gold: str, pool=None) -> bool:
     if len(pred) > MAX_SYMBOLIC_CHARS or len(gold) > MAX_SYMBOLIC_CHARS:
         return False  # no final answer is that long; sympy on it would only burn time

@@ -120,6 +120,10 @@ def _src_dir() -> str:
     return os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
+WARMUPS: tuple[str, ...] = ("rollwise.rewards.math:math_verify_warm",)
+"""Called once in each new worker before it reports ready (its start timeout covers them, no call deadline)."""
+
+
 class WorkerPool:
     """Up to `size` worker processes; `call(name, *args)` runs `FUNCTIONS[name]` in one with a deadline."""
 
@@ -234,6 +238,9 @@ def _serve(memory_mb: int) -> None:
     for name, target in FUNCTIONS.items():
         mod, _, attr = target.partition(":")
         fns[name] = getattr(importlib.import_module(mod), attr)
+    for target in WARMUPS:  # first-use costs (imports, grammar builds) are paid before "ready", not in a deadline
+        mod, _, attr = target.partition(":")
+        getattr(importlib.import_module(mod), attr)()
     if memory_mb > 0:
         lim = memory_mb << 20
         resource.setrlimit(resource.RLIMIT_AS, (lim, lim))
