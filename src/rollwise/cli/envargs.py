@@ -13,6 +13,7 @@ def add_env_args(p: argparse.ArgumentParser, *, split: str, n: int) -> None:
     p.add_argument("--split", default=split)
     p.add_argument("--n", type=int, default=n, help="tasks to load")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-turns", type=int, default=4, help="multi-turn environments: most policy turns per episode")
 
 
 def positive(args: argparse.Namespace, *names: str) -> None:
@@ -42,3 +43,20 @@ def env_and_tasks(args: argparse.Namespace) -> tuple[Any, list]:
     if not tasks:
         raise UserError(f"environment {args.env!r} has no tasks in split {args.split!r}")
     return env, tasks
+
+
+def prompting(env: Any, llm: Any, max_turns: int) -> tuple[Any, Any, list[int]]:
+    """(encode, episode runner or None, stop token ids) for `llm`: the same prompt building as training (the chat
+    template when the tokenizer has one), and episodes for a multi-turn environment."""
+    from rollwise.control.base import default_encoder
+    from rollwise.control.episodes import EpisodeRunner, chat_reply_formatter, is_multi_turn
+    from rollwise.models.prompting import PromptFormat, stop_token_ids
+
+    tok = llm.tokenizer
+    encode = default_encoder(tok)
+    runner = None
+    if is_multi_turn(env):
+        templated = tok is not None and PromptFormat().uses_template(tok)
+        runner = EpisodeRunner(env, tok, encode, chat_reply_formatter(tok, templated), max_turns=max_turns,
+                               max_total_tokens=llm.engine.max_model_len)
+    return encode, runner, stop_token_ids(tok, llm.model_dir)

@@ -26,16 +26,17 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    positive(args, "n", "samples", "max_tokens")
+    positive(args, "n", "samples", "max_tokens", "max_turns")
     env, tasks = env_and_tasks(args)
-    from rollwise.control.base import default_encoder
+    from rollwise.cli.envargs import prompting
     from rollwise.engine.llm import LLM
     from rollwise.run.evaluate import evaluate
     from rollwise.run.setup import resolve_device
 
     llm = LLM(args.model, device=resolve_device(args.device), dtype=args.dtype)
-    res = evaluate(llm, default_encoder(llm.tokenizer), env, tasks, temperature=args.temperature, samples=args.samples,
-                   max_tokens=args.max_tokens, seed=args.seed)
+    encode, episodes, stops = prompting(env, llm, args.max_turns)
+    res = evaluate(llm, encode, env, tasks, temperature=args.temperature, samples=args.samples,
+                   max_tokens=args.max_tokens, seed=args.seed, stop_token_ids=stops, episodes=episodes)
     if args.json:
         print(json.dumps(res))
     else:

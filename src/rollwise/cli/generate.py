@@ -31,10 +31,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    positive(args, "n", "samples", "prompts_per_step", "max_tokens")
+    positive(args, "n", "samples", "prompts_per_step", "max_tokens", "max_turns")
     env, tasks = env_and_tasks(args)
     from transformers.utils import logging as hf_logging
 
+    from rollwise.cli.envargs import prompting
     from rollwise.control import RolloutController, UniformPolicy
     from rollwise.engine.llm import LLM
     from rollwise.run.setup import resolve_device
@@ -45,11 +46,13 @@ def run(args: argparse.Namespace) -> int:
     llm = LLM(args.model, device=resolve_device(args.device), dtype=args.dtype, seed=args.seed)
     tok = llm.tokenizer
     store = RolloutStore(Path(args.out), decode=(lambda ids: tok.decode(ids)) if tok is not None else None)
-    controller = RolloutController(UniformPolicy(), env, tok)  # the loop's own generate -> score -> Rollout path
+    encode, episodes, stops = prompting(env, llm, args.max_turns)
+    # the loop's own select -> generate -> score -> Rollout path (episodes for a multi-turn environment)
+    controller = RolloutController(UniformPolicy(), env, tok, encode=encode, episodes=episodes)
     for step, start in enumerate(range(0, len(tasks), args.prompts_per_step), start=1):
         chunk = tasks[start : start + args.prompts_per_step]
         sp = SamplingParams(n=args.samples, temperature=args.temperature, top_p=args.top_p,
-                            max_tokens=args.max_tokens, seed=args.seed * 1_000_003 + step)
+                            max_tokens=args.max_tokens, seed=args.seed * 1_000_003 + step, stop_token_ids=stops or None)
         res = controller.run_step(llm, lambda k, c=chunk: c[:k], sp, step=step, batch_groups=len(chunk))
         store.write_step(step, [r for g in res.groups for r in g.rollouts])
     counts = store.counts_by_status()
