@@ -192,9 +192,9 @@ class Scheduler:
             st = seq.spec
             d: list[int] = []
             if st is not None and budget > 0:
-                k_max = min(st.drafter.spec.k, budget,
-                            seq.params.max_tokens - seq.num_output_tokens - 1,  # the bonus token must fit too
-                            cfg.max_model_len - len(seq) - 1)
+                # Rows past max_tokens / max_model_len would only feed tokens the stop check drops.
+                k_max = min(st.drafter.spec.k, budget, seq.params.max_tokens - seq.num_output_tokens,
+                            cfg.max_model_len - len(seq))
                 k = draft_length(st.acceptance, b, cfg.spec_overhead_rows, k_max)
                 if k > 0:
                     d = st.drafter.propose(seq, k)
