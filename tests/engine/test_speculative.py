@@ -345,3 +345,75 @@ def test_blocks_and_prefix_cache_stay_right_under_rejections(tiny_ckpts):
     assert cont.outputs[0].token_ids == ref[0].outputs[0].token_ids[12:20]
     bm = llm.engine.block_manager
     assert bm.num_free_blocks == bm.num_blocks and all(c == 0 for c in bm.ref_count)
+
+
+# ------------------------------------------------------------------------------------------------- the loop
+
+
+def test_controller_feeds_past_rollouts_as_drafts_and_rollouts_are_unchanged(tiny_ckpts):
+    """Two steps over the same prompts: step 2's requests carry step 1's completions as drafts; the rollouts equal
+    those of a controller without drafts (same seeds), and the step books report the speculation."""
+    from rollwise.control.base import RolloutController
+    from rollwise.control.drafts import DraftStore
+    from rollwise.control.uniform import UniformPolicy
+    from rollwise.envs.base import Task
+    from rollwise.types import Score
+
+    class Env:
+        def score(self, task, completion):
+            return Score(0.0)
+
+    tasks = [Task(id=f"t{i}", prompt=f"q{i}", answer=None) for i in range(3)]
+    encode = {t.id: p for t, p in zip(tasks, PROMPTS)}
+    params = SamplingParams(n=4, temperature=0.8, max_tokens=16, seed=3, ignore_eos=True)
+    results = {}
+    for use in (False, True):
+        llm = always_speculate(LLM(tiny_ckpts["llama"], block_size=4, max_num_seqs=16))
+        store = DraftStore("both", k=4, per_prompt=4) if use else None
+        ctl = RolloutController(UniformPolicy(), Env(), None, encode=lambda t: encode[t.id], drafts=store)
+        steps = []
+        for step in (1, 2):
+            # The same seed both steps: the same completions, so step 1's rollouts are perfect drafts for step 2.
+            res = ctl.run_step(llm.engine, lambda k: tasks[:k], params, step=step, batch_groups=3)
+            steps.append(res)
+        results[use] = steps
+        if use:
+            assert len(store) == 3 and store.for_task("t0").sequences
+            assert steps[0].accounting.spec_acceptance is None or steps[0].accounting.spec_acceptance < 1.0
+            acc = steps[1].accounting
+            assert acc.spec_acceptance == 1.0 and acc.spec_tokens_per_forward > 2.0
+            m = acc.metrics()
+            assert {"control_spec_acceptance", "control_spec_tokens_per_forward", "control_spec_saved_s"} <= set(m)
+        else:
+            assert "control_spec_acceptance" not in steps[1].accounting.metrics()
+    for a, b in zip(results[False], results[True]):
+        ra = [r.completion_token_ids for g in a.groups for r in g.rollouts]
+        rb = [r.completion_token_ids for g in b.groups for r in g.rollouts]
+        assert ra == rb
+
+
+def test_config_refuses_speculation_off_the_local_engine():
+    from pydantic import ValidationError
+
+    from rollwise.config import RunConfig, load_config
+
+    with pytest.raises(ValidationError, match="rollout.speculative.source 'past' needs engine.backend 'local'"):
+        RunConfig.model_validate({"rollout": {"speculative": {"source": "past", "k": 4}},
+                                  "engine": {"backend": "remote", "remote_urls": ["http://x"]}})
+    cfg = load_config(None, ["rollout.speculative.source=both", "rollout.speculative.k=4"])
+    assert cfg.rollout.speculative.source == "both" and cfg.rollout.speculative.k == 4
+    with pytest.raises((ValidationError, ValueError)):
+        load_config(None, ["rollout.speculative.source=sometimes"])
+
+
+@pytest.mark.slow
+def test_speculation_in_the_loop_reports_its_metrics(tmp_path_factory, run_cfg):
+    import json
+
+    from rollwise.run.loop import train
+
+    out = tmp_path_factory.mktemp("spec_loop")
+    train(run_cfg(out, "rollout.speculative.source=both", "rollout.speculative.k=4"), log=lambda s: None)
+    lines = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in lines] == [1, 2, 3]
+    assert any("control_spec_acceptance" in m and "control_spec_tokens_per_forward" in m for m in lines)

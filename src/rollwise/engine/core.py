@@ -246,6 +246,8 @@ class EngineCore:
                 tested = min(len(draft), n)
                 st.accepted += acc
                 st.tested += tested
+                st.drafter.accepted += acc
+                st.drafter.tested += tested
                 sp.draft_tokens += len(draft)
                 sp.accepted_tokens += acc
                 sp.tested_tokens += tested

@@ -102,7 +102,11 @@ class SpecState:
 
     @property
     def acceptance(self) -> float:
-        return (self.accepted + 1) / (self.tested + 2)
+        """Estimated acceptance rate of this sample's next draft token: its own counts, plus its request's counts
+        weighted as one sample's worth (the samples share the drafts), on a Beta(1, 1) prior."""
+        d = self.drafter
+        w = 1.0 / max(len(d.members), 1)
+        return (self.accepted + w * d.accepted + 1) / (self.tested + w * d.tested + 2)
 
 
 def draft_length(acceptance: float, num_seqs: int, overhead_rows: float, k_max: int) -> int:
@@ -175,6 +179,8 @@ class RequestDrafter:
                 self.past_index.add(src, end)
         self.local_index: _Index | None = None
         self.members: list[Any] = []  # the request's sequences (siblings feed the n-gram source)
+        self.accepted = 0  # draft tokens accepted / tested over all the request's samples
+        self.tested = 0
         if spec.ngram:
             self.local_index = _Index()
             for end in range(1, len(prompt)):
