@@ -117,7 +117,7 @@ def main() -> None:
         return statistics.median(vals) if vals else None
 
     results = {
-        "bench": "speculative", "model": "SmolLM2-135M-Instruct (float32)", "device": "cpu",
+        "model": "SmolLM2-135M-Instruct (float32)", "device": "cpu",
         "threads": args.threads, "machine": platform.processor() or platform.machine(),
         "workload": {"prompts": args.prompts, "samples": args.samples, "max_tokens": args.max_tokens,
                      "temperature": args.temperature, "k": args.k, "repeats": args.repeats, "tail_below_live_seqs": TAIL},
@@ -130,9 +130,14 @@ def main() -> None:
     for arm in ("past", "both"):
         a = results["arms"][arm]
         a["speedup_phase"] = off["phase_s"] / a["phase_s"]
-        a["speedup_tail"] = off["tail_s"] / a["tail_s"] if a["tail_s"] else None
+        a["speedup_tail"] = off["tail_s"] / a["tail_s"] if a["tail_s"] and off["tail_s"] else None
     results["raw"] = {arm: [{k: v for k, v in a.items() if k != "outputs"} for a in arms[arm]] for arm in arms}
-    Path(args.out).write_text(json.dumps(results, indent=2))
+    # One file holds a run per (temperature, max_tokens): a later invocation adds or replaces its own entry.
+    out = Path(args.out)
+    runs = json.loads(out.read_text()).get("runs", []) if out.is_file() else []
+    key = (args.temperature, args.max_tokens)
+    runs = [r for r in runs if (r["workload"]["temperature"], r["workload"]["max_tokens"]) != key] + [results]
+    out.write_text(json.dumps({"bench": "speculative", "runs": runs}, indent=2))
     print(json.dumps({arm: results["arms"][arm] for arm in arms}, indent=2))
 
 

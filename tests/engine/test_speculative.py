@@ -35,6 +35,7 @@ def hf_model(path):
 
 def always_speculate(llm: LLM) -> LLM:
     """Draft length = k whatever the batch size and acceptance (the adaptive rule is tested on its own)."""
+    llm.engine.calibrate_spec = False
     llm.engine.scheduler.config.spec_overhead_rows = 1e9
     return llm
 
@@ -58,6 +59,17 @@ def test_accepted_prefix_and_draft_length():
     assert draft_length(0.9, 4, 16.0, 3) == 3  # capped by k
     with pytest.raises(ValueError, match="k must be"):
         DraftSpec((), k=0)
+
+
+def test_step_cost_fit_gives_the_overhead_in_rows():
+    c = speculative.StepCost(prior=16.0, min_steps=8)
+    for rows in (4, 8, 16, 64, 4, 8, 16, 64):
+        c.observe(rows, 0.1 + 0.005 * rows)  # c0 = 0.1 s, c1 = 5 ms per row: R0 = 20
+    assert abs(c.overhead_rows() - 20.0) < 1e-6
+    flat = speculative.StepCost(prior=16.0, min_steps=8)
+    for _ in range(10):
+        flat.observe(8, 0.2)  # no spread in batch size: keep the prior
+    assert flat.overhead_rows() == 16.0
 
 
 def test_drafter_follows_a_past_continuation_and_resyncs():
@@ -417,3 +429,27 @@ def test_speculation_in_the_loop_reports_its_metrics(tmp_path_factory, run_cfg):
     lines = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in lines] == [1, 2, 3]
     assert any("control_spec_acceptance" in m and "control_spec_tokens_per_forward" in m for m in lines)
+
+
+@pytest.mark.slow
+def test_real_model_stop_strings_inside_accepted_runs(smollm2_dir):
+    """SmolLM2 through its chat template, greedy: a draft equal to the whole free continuation is accepted up to the
+    stop string, and the output (tokens, text, log-probs) equals the one without drafts."""
+    import torch as _t
+
+    from rollwise.models.prompting import PromptFormat
+
+    _t.set_num_threads(1)
+    llm = always_speculate(LLM(smollm2_dir, max_num_seqs=4, max_model_len=256, num_kv_blocks=64))
+    ids = PromptFormat().encode(llm.tokenizer, "What is 47 + 38?")
+    free = llm.generate([ids], SamplingParams(temperature=0, max_tokens=40))[0].outputs[0]
+    words = free.text.split()
+    assert len(words) > 4
+    stop = words[3]
+    sp = SamplingParams(temperature=0, max_tokens=40, stop=[stop])
+    ref = llm.generate([ids], sp)[0].outputs[0]
+    got = llm.generate([ids], sp, drafts=[[free.token_ids]])[0].outputs[0]
+    assert got.finish_reason == ref.finish_reason == "stop"
+    assert got.token_ids == ref.token_ids and got.text == ref.text and stop not in got.text
+    assert max(abs(a - b) for a, b in zip(got.logprobs, ref.logprobs)) < 1e-4
+    assert llm.engine.stats.spec.accepted_tokens >= len(ref.token_ids) - 2

@@ -22,7 +22,7 @@ from rollwise.engine.model_runner import ModelRunner, resolve_dtype
 from rollwise.engine.sampler import LOGPROBS_MODES
 from rollwise.engine.scheduler import Scheduler, SchedulerConfig
 from rollwise.engine.sequence import Sequence, SeqStatus
-from rollwise.engine.speculative import DraftSpec, RequestDrafter, SpecStats, accepted_prefix
+from rollwise.engine.speculative import DraftSpec, RequestDrafter, SpecStats, StepCost, accepted_prefix
 from rollwise.models.decoder import DecoderLM
 from rollwise.models.convert import resolve_model
 from rollwise.models.loader import WeightMapper, load_model
@@ -90,6 +90,10 @@ class EngineCore:
         self._rng = random.Random(seed)
         self._mapper = WeightMapper(model)
         self._touched: set[str] = set()  # requests with a sample that finished since the last collect
+        # Speculation: fit the decode step's cost per row online (engine/speculative.py StepCost) and let the draft
+        # length rule use it; set False to pin `scheduler.config.spec_overhead_rows`.
+        self.calibrate_spec = True
+        self._step_cost = StepCost(self.scheduler.config.spec_overhead_rows)
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -202,6 +206,9 @@ class EngineCore:
             sp.decode_seq_steps += len(sched.seqs)
             sp.decode_emitted += emitted
             sp.saved_s_est += dt * (emitted / len(sched.seqs) - 1.0)
+            self._step_cost.observe(sched.num_batched_tokens, dt)
+            if self.calibrate_spec and st.steps % 16 == 0:
+                self.scheduler.config.spec_overhead_rows = self._step_cost.overhead_rows()
         st.busy_s += dt
         return self._collect_finished()
 

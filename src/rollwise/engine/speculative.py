@@ -267,3 +267,38 @@ class SpecStats:
     @property
     def tokens_per_forward(self) -> float:
         return self.decode_emitted / self.decode_seq_steps if self.decode_seq_steps else 0.0
+
+
+class StepCost:
+    """Online fit of a decode step's time as c0 + c1 * rows (least squares over the last `window` decode steps), so
+    the draft-length rule's R0 = c0 / c1 follows the hardware: ~16 on a small CPU, hundreds on a GPU.
+
+    NOTE: the fit is used only once the window holds steps of clearly different sizes (max rows >= 2 x min rows)
+    and gives a positive intercept and slope; otherwise `overhead_rows` returns the configured prior."""
+
+    def __init__(self, prior: float, window: int = 256, min_steps: int = 32) -> None:
+        self.prior, self.window, self.min_steps = prior, window, min_steps
+        self.obs: list[tuple[int, float]] = []
+
+    def observe(self, rows: int, dt: float) -> None:
+        self.obs.append((rows, dt))
+        if len(self.obs) > self.window:
+            del self.obs[: len(self.obs) - self.window]
+
+    def overhead_rows(self) -> float:
+        obs = self.obs
+        if len(obs) < self.min_steps:
+            return self.prior
+        xs = [float(r) for r, _ in obs]
+        if max(xs) < 2 * min(xs):
+            return self.prior
+        n = len(obs)
+        mx = sum(xs) / n
+        my = sum(t for _, t in obs) / n
+        sxx = sum((x - mx) ** 2 for x in xs)
+        sxy = sum((x - mx) * (t - my) for x, (_, t) in zip(xs, obs))
+        c1 = sxy / sxx
+        c0 = my - c1 * mx
+        if c1 <= 0 or c0 <= 0:
+            return self.prior
+        return min(max(c0 / c1, 1.0), 4096.0)
