@@ -72,6 +72,30 @@ def test_step_cost_fit_gives_the_overhead_in_rows():
     assert flat.overhead_rows() == 16.0
 
 
+def test_draft_store_keeps_each_prompts_most_recent_completions():
+    from types import SimpleNamespace as NS
+
+    from rollwise.control.drafts import DraftStore
+
+    def group(pid, *comps):
+        return NS(prompt_id=pid, rollouts=[NS(prompt_id=pid, completion_token_ids=list(c)) for c in comps])
+
+    st = DraftStore("past", k=3, per_prompt=2)
+    assert st.for_task("a") is None  # past only, nothing seen: no speculation
+    st.observe([group("a", [1, 2], [3], []), group("b", [9])])
+    st.observe([group("a", [4, 5])])
+    d = st.for_task("a")
+    assert d.sequences == ((4, 5), (3,)) and d.k == 3 and not d.ngram  # newest first, at most per_prompt
+    both = DraftStore("both", per_prompt=2)
+    assert both.for_task("zzz").ngram and both.for_task("zzz").sequences == ()
+    ngram = DraftStore("ngram")
+    ngram.observe([group("a", [1])])
+    assert len(ngram) == 0 and ngram.for_task("a").sequences == ()
+    assert DraftStore.from_config(NS(source="off", k=8, per_prompt=8)) is None
+    with pytest.raises(ValueError, match="speculative source must be one of"):
+        DraftStore("sometimes")
+
+
 def test_drafter_follows_a_past_continuation_and_resyncs():
     class Seq:  # what the drafter reads of a Sequence
         def __init__(self, ids, n_prompt):

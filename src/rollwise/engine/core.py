@@ -90,9 +90,11 @@ class EngineCore:
         self._rng = random.Random(seed)
         self._mapper = WeightMapper(model)
         self._touched: set[str] = set()  # requests with a sample that finished since the last collect
-        # Speculation: fit the decode step's cost per row online (engine/speculative.py StepCost) and let the draft
-        # length rule use it; set False to pin `scheduler.config.spec_overhead_rows`.
-        self.calibrate_spec = True
+        # Speculation: when True, fit the decode step's cost per row online (engine/speculative.py StepCost) and let
+        # the draft-length rule use it. Off by default: the fit depends on wall-clock time, so batch shapes (and with
+        # them float rounding) would vary from run to run; the pinned `scheduler.config.spec_overhead_rows` keeps
+        # "same seed, same drafts, same output" exact.
+        self.calibrate_spec = False
         self._step_cost = StepCost(self.scheduler.config.spec_overhead_rows)
 
     # ------------------------------------------------------------------ construction
