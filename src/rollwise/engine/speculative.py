@@ -39,7 +39,7 @@ prefill steps (a step is either prefill or decode; verify rows ride in decode st
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Sequence as Seq
 
 MAX_NGRAM = 4
@@ -258,7 +258,6 @@ class SpecStats:
     """Tokens emitted by decode steps."""
     saved_s_est: float = 0.0
     """Estimated seconds saved: sum over decode steps of step time x (mean tokens per sequence - 1)."""
-    extra: dict[str, float] = field(default_factory=dict)
 
     @property
     def acceptance_rate(self) -> float:
