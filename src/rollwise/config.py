@@ -216,6 +216,20 @@ class EnvConfig(_Section):
         return self
 
 
+class SpeculativeConfig(_Section):
+    """Speculative rollouts (engine/speculative.py): verify drafts in the engine's forward passes; the sampling
+    distribution (and, for a given seed, the output) is unchanged. Local engine only."""
+
+    source: Literal["off", "past", "ngram", "both"] = "off"
+    """Where drafts come from: 'past' = the prompt's most recent rollouts (control/drafts.py), 'ngram' = the prompt
+    and the group's other samples, 'both', or 'off'."""
+    k: int = Field(8, ge=1, le=64)
+    """Most draft tokens verified per sample per engine step (the engine shortens drafts when acceptance is low or
+    the batch is full)."""
+    per_prompt: int = Field(8, ge=1)
+    """source past / both: how many of a prompt's most recent completions are kept as its drafts."""
+
+
 class RolloutConfig(_Section):
     """What to sample each RL step."""
 
@@ -231,6 +245,8 @@ class RolloutConfig(_Section):
     """Nucleus sampling threshold; 1 = off."""
     top_k: int = Field(-1, ge=-1)
     """Top-k sampling; -1 = off."""
+    speculative: SpeculativeConfig = Field(default_factory=SpeculativeConfig)
+    """Speculative rollouts: drafts from past rollouts and/or n-grams, verified exactly by the local engine."""
 
 
 AdvantageName = Literal["grpo", "dr_grpo", "rloo", "reinforce_pp"]
@@ -518,6 +534,9 @@ _APPLIES_WHEN: list[tuple[str, Any, str]] = [
      "control.select is 'posterior' or control.policy is early_stop or adaptive"),
     ("control.prior_b", lambda c: c.control.select == "posterior" or c.control.policy in ("early_stop", "adaptive"),
      "control.select is 'posterior' or control.policy is early_stop or adaptive"),
+    ("rollout.speculative.k", lambda c: c.rollout.speculative.source != "off", "rollout.speculative.source is not 'off'"),
+    ("rollout.speculative.per_prompt", lambda c: c.rollout.speculative.source in ("past", "both"),
+     "rollout.speculative.source is 'past' or 'both'"),
     ("replay.reuse_per_step", lambda c: c.replay.enabled, "replay.enabled is true"),
     ("replay.rescue", lambda c: c.replay.enabled, "replay.enabled is true"),
     ("replay.rescue_k", lambda c: c.replay.enabled and c.replay.rescue, "replay.enabled and replay.rescue are true"),
@@ -573,6 +592,9 @@ def cross_section_problems(cfg: RunConfig) -> list[str]:
     if c.control.policy == "adaptive" and c.control.pilot_samples >= c.rollout.samples_per_prompt:
         out.append(f"control.pilot_samples ({c.control.pilot_samples}) must be smaller than "
                    f"rollout.samples_per_prompt ({c.rollout.samples_per_prompt}) for control.policy=adaptive")
+    if c.rollout.speculative.source != "off" and c.engine.backend != "local":
+        out.append(f"rollout.speculative.source '{c.rollout.speculative.source}' needs engine.backend 'local': "
+                   f"{c.engine.backend} engines take whole batches and no drafts")
     if c.engine.backend == "remote" and not c.engine.remote_urls:
         out.append("engine.backend 'remote' needs engine.remote_urls (e.g. ['http://127.0.0.1:8000'])")
     if c.engine.backend == "ray":

@@ -98,6 +98,12 @@ class Accounting:
     """Mean age, in weight versions, of the trained tokens (version trained - version that sampled them)."""
     staleness_max: int = 0
     """Largest such age."""
+    spec_acceptance: float | None = None
+    """Speculative rollouts (rollout.speculative; None when off): accepted / tested draft tokens this step."""
+    spec_tokens_per_forward: float | None = None
+    """Tokens a sample gained per engine decode step it was in (1.0 = no gain from drafts)."""
+    spec_saved_s: float | None = None
+    """Estimated engine seconds saved by drafts (engine.speculative.SpecStats.saved_s_est)."""
 
     def check(self) -> None:
         """Raise if the ledger does not balance (a bug in a policy, never a user error)."""
@@ -120,6 +126,9 @@ class Accounting:
         m["control_gen_tokens_per_useful_token"] = self.generated_tokens / max(self.useful_tokens, 1)
         m["staleness_mean"] = self.staleness_mean
         m["staleness_max"] = float(self.staleness_max)
+        for k in ("spec_acceptance", "spec_tokens_per_forward", "spec_saved_s"):
+            if getattr(self, k) is not None:
+                m[f"control_{k}"] = float(getattr(self, k))
         return m
 
 
@@ -140,6 +149,8 @@ class SampleRequest:
     """Resume these aborted samples instead of starting fresh (partial rollouts)."""
     submitted_at: float = 0.0
     """perf_counter() when the request went to the engine (for the rollouts' `timings`)."""
+    drafts: Any = None
+    """Speculative rollouts: an `engine.speculative.DraftSpec` for the engine (step-level engines only)."""
 
     @property
     def request_id(self) -> str:
@@ -162,6 +173,23 @@ class Driver:
         self.idle_s = 0.0
         self.generated_tokens = 0
         self._peak = 0
+        self._spec0 = self._spec_counts()
+
+    def _spec_counts(self) -> tuple[float, ...] | None:
+        sp = getattr(getattr(self.core, "stats", None), "spec", None)
+        if sp is None:
+            return None
+        return (sp.accepted_tokens, sp.tested_tokens, sp.decode_emitted, sp.decode_seq_steps, sp.saved_s_est)
+
+    def spec_books(self) -> tuple[float, float, float] | None:
+        """(acceptance, tokens per forward, seconds saved) of the drafts verified since `reset`; None if none were."""
+        now, before = self._spec_counts(), self._spec0
+        if now is None or before is None:
+            return None
+        acc, tested, emitted, seq_steps, saved = (a - b for a, b in zip(now, before))
+        if not tested:
+            return None
+        return acc / tested, emitted / max(seq_steps, 1), saved
 
     @property
     def stepwise(self) -> bool:
@@ -184,7 +212,11 @@ class Driver:
         if self.core is None:
             raise RuntimeError("submit needs a step-level engine (add_request/step/abort)")
         req.submitted_at = time.perf_counter()
-        self.core.add_request(req.request_id, req.prompt_token_ids, req.params, partial=req.partial)
+        if req.drafts is not None:
+            self.core.add_request(req.request_id, req.prompt_token_ids, req.params, partial=req.partial,
+                                  drafts=req.drafts)
+        else:
+            self.core.add_request(req.request_id, req.prompt_token_ids, req.params, partial=req.partial)
         self.inflight[req.request_id] = (req, sum(len(o.token_ids) for o in req.partial or []))
         self._peak = max(self._peak, self._live_samples())
 
@@ -321,6 +353,8 @@ class StepContext:
     """Beta(a, b) belief about a prompt's pass rate (the posterior when enabled, else the config prior)."""
     episodes: Any = None
     """`control.episodes.EpisodeRunner` for a multi-turn environment: samples are whole episodes."""
+    drafts: Callable[[str], Any] | None = None
+    """Speculative rollouts: `drafts(task_id)` -> the drafts for a new request of that prompt (control/drafts.py)."""
     _next_group: int = 0
 
     @property
@@ -354,7 +388,8 @@ class StepContext:
             if self.params_fn is not None:
                 sp = self.params_fn(g.task, run[0], sp)
             part = [partial[j] for j in run] if partial is not None else None
-            out.append(SampleRequest(g.group_id, run[0], len(run), g.prompt_token_ids, sp, part))
+            drafts = self.drafts(g.task.id) if self.drafts is not None else None
+            out.append(SampleRequest(g.group_id, run[0], len(run), g.prompt_token_ids, sp, part, drafts=drafts))
         return out
 
     def place(self, g: PendingGroup, req: SampleRequest, outs: list[CompletionOutput]) -> None:
@@ -489,11 +524,13 @@ class RolloutController:
                  prior: tuple[float, float] = (0.5, 0.5), max_skip_factor: int = 4, score_workers: int = 8,
                  score_timeout_s: float | None = 30.0, params_fn: ParamsFn | None = None,
                  encode: Callable[[Task], list[int]] | None = None,
-                 scorer: Callable[[list[tuple[Task, str]]], list[Score]] | None = None, episodes: Any = None) -> None:
+                 scorer: Callable[[list[tuple[Task, str]]], list[Score]] | None = None, episodes: Any = None,
+                 drafts: Any = None) -> None:
         """encode: a task's prompt token ids (default: the tokenizer's plain encoding of `task.prompt`);
         scorer: `scorer(items) -> scores` in input order (default: `score_many` over `env` in this process; the
         Ray backend passes its scoring actors); episodes: a `control.episodes.EpisodeRunner` when the environment is
-        multi-turn (samples are then whole episodes, scored by the environment)."""
+        multi-turn (samples are then whole episodes, scored by the environment); drafts: a `control.drafts.DraftStore`
+        for speculative rollouts (fed every step's groups; step-level engines only)."""
         if max_skip_factor < 1:
             raise ValueError(f"max_skip_factor must be >= 1, got {max_skip_factor}")
         self.policy = policy
@@ -508,6 +545,7 @@ class RolloutController:
         self.score_workers = score_workers
         self.score_timeout_s = score_timeout_s
         self.params_fn = params_fn
+        self.drafts = drafts
         self._driver: Driver | None = None
         self._version: int | None = None
 
@@ -555,9 +593,15 @@ class RolloutController:
         sel = self.selector
         ctx = StepContext(drv, self._selecting(source, acc, params.n), params, step, batch_groups, self.encode,
                           self._score, self.params_fn, acc,
-                          prior=(sel.belief if sel is not None else (lambda _tid: self.prior)), episodes=self.episodes)
+                          prior=(sel.belief if sel is not None else (lambda _tid: self.prior)), episodes=self.episodes,
+                          drafts=self.drafts.for_task if self.drafts is not None and drv.stepwise else None)
         groups = self.policy.run(ctx)
         acc.gen_s, acc.idle_s, acc.generated_tokens = drv.gen_s, drv.idle_s, drv.generated_tokens
+        books = drv.spec_books()
+        if books is not None:
+            acc.spec_acceptance, acc.spec_tokens_per_forward, acc.spec_saved_s = books
+        if self.drafts is not None:
+            self.drafts.observe(groups)
         acc.groups = len(groups)
         acc.zero_variance_groups = sum(not informative(g) for g in groups)
         for g in groups:

@@ -165,15 +165,35 @@ class BlockManager:
             return (parent.block_table[n_full], dst)
         return None
 
-    def can_append(self, seq: Sequence) -> bool:
-        """Whether the token about to be computed for `seq` (its last one) has a slot."""
-        return len(seq.block_table) * self.block_size >= len(seq) or self.num_free_blocks >= 1
+    def can_append(self, seq: Sequence, extra: int = 0) -> bool:
+        """Whether the token about to be computed for `seq` (its last one), and `extra` draft positions after it,
+        have slots."""
+        return self.blocks_to_append(seq, extra) <= self.num_free_blocks
 
-    def append_slot(self, seq: Sequence) -> None:
-        """Ensure the block table covers all tokens of `seq` (called once per decode step)."""
+    def blocks_to_append(self, seq: Sequence, extra: int = 0) -> int:
+        """Fresh blocks `append_slot(seq, extra)` would take."""
         bs = self.block_size
-        if len(seq.block_table) * bs < len(seq):
+        return max(0, -(-(len(seq) + extra) // bs) - len(seq.block_table))
+
+    def append_slot(self, seq: Sequence, extra: int = 0) -> None:
+        """Ensure the block table covers all tokens of `seq` plus `extra` draft positions (once per decode step).
+
+        NOTE: draft positions land in the sequence's own partial last block or in fresh blocks (a shared block is
+        always full, so never written); the KV of rejected positions is overwritten when those positions are
+        computed for real, and `trim` hands back blocks left beyond the sequence."""
+        bs = self.block_size
+        while len(seq.block_table) * bs < len(seq) + extra:
             seq.block_table.append(self._take_free_block())
+
+    def trim(self, seq: Sequence) -> None:
+        """Free the blocks past the ones covering `seq`'s tokens (left over from rejected draft positions). They are
+        the sequence's own, unshared and unregistered (registration stops at computed tokens)."""
+        keep = seq.num_blocks_needed(self.block_size)
+        while len(seq.block_table) > keep:
+            b = seq.block_table.pop()
+            assert self.ref_count[b] == 1 and self.block_hash[b] is None, "trimming a shared or registered block"
+            self.ref_count[b] = 0
+            self.free[b] = None
 
     def register_full_blocks(self, seq: Sequence, upto_tokens: int) -> None:
         """Hash blocks that became full by decoding, so a preempted or resumed sequence finds them.

@@ -22,6 +22,7 @@ from rollwise.engine.model_runner import ModelRunner, resolve_dtype
 from rollwise.engine.sampler import LOGPROBS_MODES
 from rollwise.engine.scheduler import Scheduler, SchedulerConfig
 from rollwise.engine.sequence import Sequence, SeqStatus
+from rollwise.engine.speculative import DraftSpec, RequestDrafter, SpecStats, StepCost, accepted_prefix
 from rollwise.models.decoder import DecoderLM
 from rollwise.models.convert import resolve_model
 from rollwise.models.loader import WeightMapper, load_model
@@ -53,8 +54,9 @@ class EngineStats:
     steps: int = 0
     prefill_steps: int = 0
     prefill_tokens: int = 0
-    decode_tokens: int = 0
+    decode_tokens: int = 0  # rows of decode steps (one per sequence, plus verified draft tokens)
     busy_s: float = 0.0
+    spec: SpecStats = field(default_factory=SpecStats)
 
 
 class EngineCore:
@@ -88,6 +90,12 @@ class EngineCore:
         self._rng = random.Random(seed)
         self._mapper = WeightMapper(model)
         self._touched: set[str] = set()  # requests with a sample that finished since the last collect
+        # Speculation: when True, fit the decode step's cost per row online (engine/speculative.py StepCost) and let
+        # the draft-length rule use it. Off by default: the fit depends on wall-clock time, so batch shapes (and with
+        # them float rounding) would vary from run to run; the pinned `scheduler.config.spec_overhead_rows` keeps
+        # "same seed, same drafts, same output" exact.
+        self.calibrate_spec = False
+        self._step_cost = StepCost(self.scheduler.config.spec_overhead_rows)
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -106,9 +114,14 @@ class EngineCore:
 
     # ------------------------------------------------------------------ requests
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                    partial: list[CompletionOutput] | None = None) -> None:
+                    partial: list[CompletionOutput] | None = None,
+                    drafts: DraftSpec | list[list[int]] | None = None) -> None:
         """Queue a request. `partial` resumes aborted samples: sample j continues from partial[j]'s tokens
-        (its log-probs and weight versions are kept; new tokens get the current weight version)."""
+        (its log-probs and weight versions are kept; new tokens get the current weight version).
+
+        `drafts` turns on speculative decoding for the request (engine/speculative.py): a list of past
+        continuations of this prompt (token ids; may be empty: n-gram drafts only), or a `DraftSpec` (also
+        setting the draft length k and the n-gram source). The output distribution is unchanged."""
         if request_id in self.requests:
             raise ValueError(f"duplicate request id {request_id!r}")
         if not prompt_token_ids:
@@ -116,6 +129,13 @@ class EngineCore:
         vocab = self.model.spec.vocab_size
         if min(prompt_token_ids) < 0 or max(prompt_token_ids) >= vocab:
             raise ValueError(f"request {request_id!r} has token ids outside the vocabulary [0, {vocab})")
+        try:
+            spec = DraftSpec.make(drafts)
+            if spec is not None:
+                spec.check_vocab(vocab)
+        except ValueError as e:
+            raise ValueError(f"request {request_id!r}: {e}") from None
+        drafter = RequestDrafter(list(prompt_token_ids), spec) if spec is not None else None
         if partial is not None and len(partial) != params.n:
             raise ValueError(f"request {request_id!r}: partial has {len(partial)} samples, params.n={params.n}")
         base = params.seed if params.seed is not None else None
@@ -134,6 +154,8 @@ class EngineCore:
                 seq.token_ids.extend(prev.token_ids)
                 seq.output_logprobs.extend(prev.logprobs)
                 seq.output_weight_versions.extend(prev.weight_versions or [self.weight_version] * len(prev.token_ids))
+            if drafter is not None:
+                seq.spec = drafter.attach(seq, j)
             req.seqs.append(seq)
             seqs.append(seq)
         self.requests[request_id] = req
@@ -170,28 +192,82 @@ class EngineCore:
         if sched is None:
             return self._collect_finished()
         result = self.runner.execute(sched)
-        self._update(sched, result.token_ids, result.logprobs)
+        if sched.drafts is None:
+            emitted = self._update(sched, result.token_ids, result.logprobs)
+        else:
+            emitted = self._update_verified(sched, result.token_ids, result.logprobs)
         st = self.stats
         st.steps += 1
+        dt = time.perf_counter() - t0
         if sched.is_prefill:
             st.prefill_steps += 1
             st.prefill_tokens += sched.num_batched_tokens
         else:
             st.decode_tokens += sched.num_batched_tokens
-        st.busy_s += time.perf_counter() - t0
+            sp = st.spec
+            sp.decode_seq_steps += len(sched.seqs)
+            sp.decode_emitted += emitted
+            sp.saved_s_est += dt * (emitted / len(sched.seqs) - 1.0)
+            self._step_cost.observe(sched.num_batched_tokens, dt)
+            if self.calibrate_spec and st.steps % 16 == 0:
+                self.scheduler.config.spec_overhead_rows = self._step_cost.overhead_rows()
+        st.busy_s += dt
         return self._collect_finished()
 
-    def _update(self, sched, token_ids: list[int], logprobs: list[float]) -> None:
+    def _update(self, sched, token_ids: list[int], logprobs: list[float]) -> int:
         version = self.weight_version
-        sch = self.scheduler
         for seq, tok, lp in zip(sched.sample_seqs, token_ids, logprobs):
-            sch.append_token(seq, tok, lp, version)
-            reason = sch.check_stop(seq)
-            if reason is None and seq.params.stop:
-                reason = self._check_stop_strings(seq)
-            if reason is not None:
-                sch.finish(seq, reason)
-                self._touched.add(seq.request_id)
+            self._emit(seq, tok, lp, version)
+        return len(token_ids)
+
+    def _emit(self, seq: Sequence, tok: int, lp: float, version: int) -> bool:
+        """Append one sampled token and apply the stop conditions; False when the sequence finished."""
+        sch = self.scheduler
+        sch.append_token(seq, tok, lp, version)
+        if seq.spec is not None:
+            seq.spec.drafter.observe(seq, (tok,))
+        reason = sch.check_stop(seq)
+        if reason is None and seq.params.stop:
+            reason = self._check_stop_strings(seq)
+        if reason is not None:
+            sch.finish(seq, reason)
+            self._touched.add(seq.request_id)
+            return False
+        return True
+
+    def _update_verified(self, sched, token_ids: list[int], logprobs: list[float]) -> int:
+        """A decode step with draft rows: each sequence emits its sampled tokens up to and including the first
+        that differs from its draft (engine/speculative.py); stop conditions apply token by token."""
+        version = self.weight_version
+        sp = self.stats.spec
+        sp.verify_steps += 1
+        row = 0
+        emitted = 0
+        for seq, draft in zip(sched.seqs, sched.drafts):
+            n_rows = 1 + len(draft)
+            toks = token_ids[row : row + n_rows]
+            lps = logprobs[row : row + n_rows]
+            row += n_rows
+            n = accepted_prefix(draft, toks)
+            if draft:
+                st = seq.spec
+                acc = n - 1  # draft tokens accepted (the last emitted token is a replacement or the bonus)
+                tested = min(len(draft), n)
+                st.accepted += acc
+                st.tested += tested
+                st.drafter.accepted += acc
+                st.drafter.tested += tested
+                sp.draft_tokens += len(draft)
+                sp.accepted_tokens += acc
+                sp.tested_tokens += tested
+            for tok, lp in zip(toks[:n], lps[:n]):
+                emitted += 1
+                if not self._emit(seq, tok, lp, version):
+                    break  # a stop inside the accepted run: the rest is dropped
+            else:
+                if draft:
+                    self.block_manager.trim(seq)
+        return emitted
 
     def _check_stop_strings(self, seq: Sequence) -> str | None:
         if self.tokenizer is None:

@@ -22,6 +22,7 @@ from typing import Any, Iterable, Iterator, Mapping, Sequence as Seq
 import torch
 
 from rollwise.engine.core import EngineConfig, EngineCore
+from rollwise.engine.speculative import DraftSpec
 from rollwise.models.convert import resolve_model
 from rollwise.types import CompletionOutput, RequestOutput, SamplingParams
 
@@ -77,16 +78,28 @@ class LLM:
 
     def generate(self, prompts: Seq[str] | Seq[list[int]] | str,
                  sampling_params: SamplingParams | Seq[SamplingParams] | None = None,
-                 partial: Seq[list[CompletionOutput] | None] | None = None) -> list[RequestOutput]:
-        """One RequestOutput per prompt, in order. `partial[i]` resumes prompt i's aborted samples."""
+                 partial: Seq[list[CompletionOutput] | None] | None = None,
+                 drafts: Seq[DraftSpec | Seq[Seq[int]] | None] | None = None, *, draft_k: int = 8,
+                 ngram_drafts: bool = True) -> list[RequestOutput]:
+        """One RequestOutput per prompt, in order. `partial[i]` resumes prompt i's aborted samples.
+
+        `drafts[i]`: speculative decoding for prompt i (engine/speculative.py): past continuations of that prompt
+        as token-id lists (an empty list: n-gram drafts only), a `DraftSpec`, or None (off). Up to `draft_k` draft
+        tokens are verified per sample per step; `ngram_drafts` adds drafts from the prompt and the other samples.
+        The output distribution is unchanged (and with the same seed, so is the output)."""
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]  # type: ignore[list-item]
         params = sampling_params or SamplingParams()
         plist = list(params) if isinstance(params, (list, tuple)) else [params] * len(prompts)
         if len(plist) != len(prompts):
             raise ValueError(f"{len(plist)} sampling params for {len(prompts)} prompts")
+        specs = None
+        if drafts is not None:
+            if len(drafts) != len(prompts):
+                raise ValueError(f"{len(drafts)} draft lists for {len(prompts)} prompts")
+            specs = [DraftSpec.make(d, draft_k, ngram_drafts) for d in drafts]
         with self._turn():
-            rids = self._add_all(prompts, plist, partial)
+            rids = self._add_all(prompts, plist, partial, specs)
         try:
             results = self._drive([rid for rid, _ in rids])
         finally:
@@ -103,14 +116,15 @@ class LLM:
             outs.append(o)
         return outs
 
-    def _add_all(self, prompts, plist, partial) -> list[tuple[str, str | None]]:
+    def _add_all(self, prompts, plist, partial, specs=None) -> list[tuple[str, str | None]]:
         """Queue every prompt (all or none: on a bad prompt the ones already queued are aborted). Under `_cv`."""
         rids: list[tuple[str, str | None]] = []
         try:
             for i, (p, sp) in enumerate(zip(prompts, plist)):
                 rid = f"gen-{next(self._ids)}"
                 ids = self._encode(p)
-                self.engine.add_request(rid, ids, sp, partial=partial[i] if partial is not None else None)
+                self.engine.add_request(rid, ids, sp, partial=partial[i] if partial is not None else None,
+                                        drafts=specs[i] if specs is not None else None)
                 rids.append((rid, p if isinstance(p, str) else None))
                 self._wanted.add(rid)
         except BaseException:

@@ -12,6 +12,7 @@ import torch
 
 from rollwise.engine.sampler import LogprobsMode, SamplingBatch, sample
 from rollwise.engine.scheduler import SchedulerOutput
+from rollwise.engine.sequence import Sequence
 from rollwise.models.decoder import AttnMetadata, DecoderLM
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
@@ -28,7 +29,7 @@ def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
 
 @dataclass
 class StepResult:
-    token_ids: list[int]  # one per SchedulerOutput.sample_seqs
+    token_ids: list[int]  # one per SchedulerOutput.sample_seqs; with drafts, one per row (1 + len(draft) per seq)
     logprobs: list[float]
 
 
@@ -83,11 +84,28 @@ class ModelRunner:
         return (torch.tensor(ids, dtype=torch.long, device=dev), torch.tensor(pos, dtype=torch.long, device=dev),
                 meta, torch.tensor(last_idx, dtype=torch.long, device=dev))
 
+    def _decode_rows(self, out: SchedulerOutput) -> tuple[list[Sequence], list[int], list[int]]:
+        """One row per computed token: each sequence's last token, then its draft tokens (verify rows).
+        Returns (the sequence of each row, token ids, positions)."""
+        if out.drafts is None:
+            return out.seqs, [s.token_ids[-1] for s in out.seqs], [len(s) - 1 for s in out.seqs]
+        row_seqs: list[Sequence] = []
+        ids: list[int] = []
+        pos: list[int] = []
+        for s, d in zip(out.seqs, out.drafts):
+            p0 = len(s) - 1
+            row_seqs.extend([s] * (1 + len(d)))
+            ids.append(s.token_ids[-1])
+            ids.extend(d)
+            pos.extend(range(p0, p0 + 1 + len(d)))
+        return row_seqs, ids, pos
+
     def _decode_inputs(self, out: SchedulerOutput):
+        # NOTE: a verify row is an ordinary decode row whose context ends at its own position; the draft tokens'
+        # K/V are written to the cache before attention runs, so row j of a sequence sees the draft before it:
+        # exact causal attention over the draft, with the decode kernels unchanged.
         bs = self.block_size
-        seqs = out.seqs
-        ids = [s.token_ids[-1] for s in seqs]
-        pos = [len(s) - 1 for s in seqs]
+        seqs, ids, pos = self._decode_rows(out)
         slots = [s.block_table[p // bs] * bs + p % bs for s, p in zip(seqs, pos)]
         max_blocks = max(len(s.block_table) for s in seqs)
         flat: list[int] = []
@@ -95,23 +113,24 @@ class ModelRunner:
             flat.extend(s.block_table)
             flat.extend([0] * (max_blocks - len(s.block_table)))
         dev = self.device
+        n = len(seqs)
         pos_t = torch.tensor(pos, dtype=torch.long, device=dev)
         bt = torch.tensor(flat, dtype=torch.long, device=dev)
         if self._kernel is not None:
-            meta = AttnMetadata(False, torch.tensor(slots, dtype=torch.long, device=dev), bs, num_seqs=len(seqs),
-                                decode_kernel=self._kernel, block_tables_2d=bt.view(len(seqs), max_blocks),
+            meta = AttnMetadata(False, torch.tensor(slots, dtype=torch.long, device=dev), bs, num_seqs=n,
+                                decode_kernel=self._kernel, block_tables_2d=bt.view(n, max_blocks),
                                 context_lens=pos_t + 1)
             return torch.tensor(ids, dtype=torch.long, device=dev), pos_t, meta, None
         key_pos = torch.arange(max_blocks * bs, device=dev)
-        mask = (key_pos[None, :] <= pos_t[:, None]).view(1, len(seqs), 1, -1)
+        mask = (key_pos[None, :] <= pos_t[:, None]).view(1, n, 1, -1)
         bias = None
         if dev.type == "cpu":
             spec = self.model.spec
             g = spec.num_heads // spec.num_kv_heads
             bias = torch.zeros(mask.shape, dtype=self._dtype, device=dev).masked_fill_(~mask, float("-inf"))
-            bias = bias.expand(spec.num_kv_heads, len(seqs), g, -1).reshape(spec.num_kv_heads * len(seqs), g, -1)
+            bias = bias.expand(spec.num_kv_heads, n, g, -1).reshape(spec.num_kv_heads * n, g, -1)
         meta = AttnMetadata(False, torch.tensor(slots, dtype=torch.long, device=dev), bs,
-                            block_tables=bt, num_seqs=len(seqs), decode_mask=mask, decode_bias=bias,
+                            block_tables=bt, num_seqs=n, decode_mask=mask, decode_bias=bias,
                             workspace=self._get_workspace(len(flat)))
         return torch.tensor(ids, dtype=torch.long, device=dev), pos_t, meta, None
 
@@ -128,6 +147,10 @@ class ModelRunner:
 
     def _sampling_batch(self, out: SchedulerOutput) -> SamplingBatch:
         seqs = out.sample_seqs
+        positions = [s.num_output_tokens for s in seqs]
+        if out.drafts is not None:  # verify rows: row j of a sequence samples its output position + j
+            seqs = [s for s, d in zip(out.seqs, out.drafts) for _ in range(1 + len(d))]
+            positions = [s.num_output_tokens + j for s, d in zip(out.seqs, out.drafts) for j in range(1 + len(d))]
         temps = [s.params.temperature for s in seqs]
         top_p = [s.params.top_p for s in seqs]
         top_k = [s.params.top_k for s in seqs]
@@ -137,7 +160,7 @@ class ModelRunner:
             top_p=torch.tensor(top_p, dtype=torch.float32, device=dev),
             top_k=torch.tensor(top_k, dtype=torch.long, device=dev),
             seeds=torch.tensor([s.seed for s in seqs], dtype=torch.long, device=dev),
-            positions=torch.tensor([s.num_output_tokens for s in seqs], dtype=torch.long, device=dev),
+            positions=torch.tensor(positions, dtype=torch.long, device=dev),
             all_greedy=all(t <= 0 for t in temps),
             any_truncation=any(p < 1.0 for p in top_p) or any(k > 0 for k in top_k),
         )
@@ -156,7 +179,7 @@ class ModelRunner:
             for cache in self.kv_caches:
                 cache[:, :, dst].copy_(cache[:, :, src])
         rows = out.sample_rows
-        if rows != list(range(hidden.shape[0])):
+        if out.drafts is None and rows != list(range(hidden.shape[0])):
             hidden = hidden.index_select(0, torch.tensor(rows, dtype=torch.long, device=self.device))
         logits = self.model.logits(hidden)
         tokens, logprobs = sample(logits, self._sampling_batch(out), self.logprobs_mode)

@@ -11,6 +11,11 @@ NOTE on the scheduling algorithm (deliberately simple, after nano-vllm):
   are freed and it goes back to the front of the queue, keeping the tokens it has generated; on
   readmission its prompt plus output is recomputed (prefix cache hits make that cheap). Its sampling stays
   reproducible because the sampler's noise depends on (seed, position) only.
+- Speculative rollouts (engine/speculative.py): in a decode step, a sequence whose request carries drafts may get
+  up to k draft tokens to verify; they ride in the same batch as extra rows (`SchedulerOutput.drafts`). Draft
+  length follows the sample's acceptance rate and the batch size (`speculative.draft_length`): the fewer
+  sequences are left, the longer the drafts. Drafts never preempt anyone: a draft gets KV slots only from free
+  blocks, and the blocks past the accepted tokens are handed back after the step (`BlockManager.trim`).
 - Left out on purpose: chunked prefill and mixed prefill/decode batches; a prompt must fit the token budget.
 
 Pure bookkeeping: ids, counts and block ids; the model runner turns a `SchedulerOutput` into tensors.
@@ -23,6 +28,7 @@ from dataclasses import dataclass, field
 
 from rollwise.engine.block_manager import BlockManager
 from rollwise.engine.sequence import Sequence, SeqStatus
+from rollwise.engine.speculative import draft_length
 
 
 @dataclass
@@ -33,11 +39,17 @@ class SchedulerConfig:
     """Token budget of one prefill step; a prompt longer than this is rejected at submission."""
     max_model_len: int = 2048
     """Longest sequence (prompt + output) allowed; a sample reaching it ends with finish_reason 'length'."""
+    spec_overhead_rows: float = 16.0
+    """Speculation: the fixed cost of a decode step in units of one extra row (reading the weights once vs one
+    more token through them; about 16 for a 135M model on a 2-core CPU, far more on a GPU). Larger = longer
+    drafts at a given batch size."""
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len"):
             if getattr(self, name) < 1:
                 raise ValueError(f"SchedulerConfig.{name} must be >= 1, got {getattr(self, name)}")
+        if self.spec_overhead_rows < 0:
+            raise ValueError(f"SchedulerConfig.spec_overhead_rows must be >= 0, got {self.spec_overhead_rows}")
 
 
 @dataclass
@@ -52,6 +64,8 @@ class SchedulerOutput:
     block_copies: list[tuple[int, int]] = field(default_factory=list)
     """(src, dst) KV block copies to run after the forward (copy-on-write of a forked partial block)."""
     num_batched_tokens: int = 0
+    drafts: list[list[int]] | None = None
+    """Decode only: per sequence of `seqs`, the draft tokens to verify after its last token (None: no drafts)."""
 
 
 class Scheduler:
@@ -162,7 +176,35 @@ class Scheduler:
         if not scheduled:
             return None
         rows = list(range(len(scheduled)))
-        return SchedulerOutput(False, scheduled, list(scheduled), rows, [], len(scheduled))
+        drafts = self._propose_drafts(scheduled)
+        n_rows = len(scheduled) + (sum(map(len, drafts)) if drafts else 0)
+        return SchedulerOutput(False, scheduled, list(scheduled), rows, [], n_rows, drafts)
+
+    def _propose_drafts(self, scheduled: list[Sequence]) -> list[list[int]] | None:
+        """Draft tokens per scheduled sequence (see the module NOTE); None when no sequence speculates."""
+        if not any(s.spec is not None for s in scheduled):
+            return None
+        cfg = self.config
+        b = len(scheduled)
+        budget = cfg.max_num_batched_tokens - b  # extra rows this step may take
+        drafts: list[list[int]] = []
+        for seq in scheduled:
+            st = seq.spec
+            d: list[int] = []
+            if st is not None and budget > 0:
+                # Rows past max_tokens / max_model_len would only feed tokens the stop check drops.
+                k_max = min(st.drafter.spec.k, budget, seq.params.max_tokens - seq.num_output_tokens,
+                            cfg.max_model_len - len(seq))
+                k = draft_length(st.acceptance, b, cfg.spec_overhead_rows, k_max)
+                if k > 0:
+                    d = st.drafter.propose(seq, k)
+                    while d and not self.bm.can_append(seq, len(d)):
+                        d = d[: len(d) // 2]  # only free blocks: a draft never preempts anyone
+                    if d:
+                        self.bm.append_slot(seq, len(d))
+                        budget -= len(d)
+            drafts.append(d)
+        return drafts
 
     def _preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
+from typing import Any
 from enum import Enum, auto
 
 from rollwise.types import SamplingParams
@@ -44,6 +45,7 @@ class Sequence:
     # Leader of a group whose siblings are not yet forked; they are forked right after its prefill.
     pending_forks: list["Sequence"] = field(default_factory=list)
     num_preemptions: int = 0
+    spec: Any = None  # engine.speculative.SpecState when the request speculates
 
     def __len__(self) -> int:
         return len(self.token_ids)

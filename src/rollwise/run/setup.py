@@ -264,8 +264,11 @@ def build_run(cfg: RunConfig, log: Log) -> RunParts:
             parts.closers.append(sc.shutdown)
         parts.trainer = make_trainer(cfg, init_dir, device)
         parts.closers.append(parts.trainer.shutdown)
+        from rollwise.control.drafts import DraftStore
+
         parts.controller = make_controller(cfg.control, env, tokenizer, seed=seed, encode=parts.encode,
-                                           scorer=parts.scorer, episodes=parts.episodes)
+                                           scorer=parts.scorer, episodes=parts.episodes,
+                                           drafts=DraftStore.from_config(cfg.rollout.speculative))
     except BaseException:
         parts.close()
         raise

@@ -1,0 +1,72 @@
+"""Drafts for speculative rollouts: each prompt's most recent completions, handed to the engine with its next group.
+
+The idea: RL samples the same prompts again and again under a policy that moves a little per step, so what the
+policy wrote for a prompt last time is a good guess of what it writes now. The controller feeds `DraftStore` every
+step's groups (`observe`) and asks it for a group's drafts when it builds the group's engine requests (`for_task`);
+the engine verifies them exactly (engine/speculative.py), so a stale or wrong draft costs time, never correctness.
+
+Configured by `rollout.speculative` (`source`: off | past | ngram | both, `k`, `per_prompt`).
+
+Left out: drafts from the on-disk rollout store or the replay buffer across a resume (the store starts empty on a
+resumed run and fills again in one epoch), and drafts for multi-turn episodes.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+from typing import Any, Sequence
+
+from rollwise.engine.speculative import DraftSpec
+
+SOURCES = ("off", "past", "ngram", "both")
+
+
+class DraftStore:
+    """Most recent completion token ids per prompt (task id), as `DraftSpec`s for the engine."""
+
+    def __init__(self, source: str = "past", k: int = 8, per_prompt: int = 8, max_prompts: int = 100_000) -> None:
+        if source not in SOURCES:
+            raise ValueError(f"speculative source must be one of {', '.join(SOURCES)}, got {source!r}")
+        if per_prompt < 1 or max_prompts < 1:
+            raise ValueError(f"per_prompt and max_prompts must be >= 1, got {per_prompt}, {max_prompts}")
+        DraftSpec((), k)  # validates k
+        self.source, self.k, self.per_prompt, self.max_prompts = source, k, per_prompt, max_prompts
+        self._past: OrderedDict[str, deque[tuple[int, ...]]] = OrderedDict()  # LRU over prompts
+
+    @classmethod
+    def from_config(cls, spec_cfg: Any) -> "DraftStore | None":
+        """From a `rollout.speculative` section (duck-typed); None when the source is 'off'."""
+        if spec_cfg.source == "off":
+            return None
+        return cls(spec_cfg.source, spec_cfg.k, spec_cfg.per_prompt)
+
+    def observe(self, groups: Sequence[Any]) -> None:
+        """Remember the completions of a step's groups (`RolloutGroup`s, as the controller returns them), newest
+        last; empty completions are skipped."""
+        if self.source not in ("past", "both"):
+            return
+        for g in groups:
+            for r in g.rollouts:
+                ids = tuple(r.completion_token_ids)
+                if not ids:
+                    continue
+                q = self._past.get(r.prompt_id)
+                if q is None:
+                    q = self._past[r.prompt_id] = deque(maxlen=self.per_prompt)
+                    if len(self._past) > self.max_prompts:
+                        self._past.popitem(last=False)
+                else:
+                    self._past.move_to_end(r.prompt_id)
+                q.append(ids)
+
+    def for_task(self, task_id: str) -> DraftSpec | None:
+        """The drafts for a new group of this prompt, or None (no speculation for it)."""
+        if self.source == "off":
+            return None
+        past = tuple(reversed(self._past.get(task_id, ()))) if self.source in ("past", "both") else ()
+        if self.source == "past" and not past:
+            return None
+        return DraftSpec(past, self.k, ngram=self.source in ("ngram", "both"))
+
+    def __len__(self) -> int:
+        return len(self._past)
