@@ -55,7 +55,10 @@ class StepEngine(Protocol):
     weight_version: int
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                    partial: list[CompletionOutput] | None = None) -> None: ...
+                    partial: list[CompletionOutput] | None = None, drafts: list[list[int]] | None = None) -> None:
+        """`drafts`: past continuations to verify speculatively (`engine.speculative`); the output distribution
+        is unchanged."""
+        ...
 
     def step(self) -> list[RequestOutput]: ...
 
