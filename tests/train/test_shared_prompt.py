@@ -170,6 +170,7 @@ def test_train_step_runs_shared_and_reports_forward_tokens(tmp_path):
     metrics = {}
     for share in (True, False):
         tr = Trainer(path, TrainConfig(lr=1e-3), device="cpu")
+        tr.skip_zero_advantage = False  # every sequence runs: forward_tokens is the rows' length
         m = tr.train_step(TrainBatch.from_rollouts(ros, 32, share_prompt=share), LOSSES["grpo"], LossConfig())
         metrics[share] = (m, {n: p.detach().clone() for n, p in tr.model.named_parameters()})
     (ms, ps), (mp, pp) = metrics[True], metrics[False]
@@ -189,3 +190,32 @@ def test_model_without_segment_attention_gets_unshared_rows(trainer):
     finally:
         trainer.share_prompt = True
     assert torch.allclose(want, got, atol=1e-5, rtol=0)
+
+
+def test_zero_advantage_sequences_are_skipped_exactly(tmp_path):
+    """Sequences with zero advantage carry no gradient without a KL term: skipping their forward changes nothing,
+    also when a whole update has nothing left (AdamW still steps on zeros, moving weights by its momentum)."""
+    from rollwise.train.losses import LOSSES, LossConfig
+
+    path = build_tiny_llama(tmp_path / "m", seed=11)
+    ros = _groups(SPEC, seed=12)
+    for r in ros:
+        if r.group_id in ("1", "3"):
+            r.advantage = 0.0
+    zero = _groups(SPEC, seed=13)
+    for r in zero:
+        r.advantage = 0.0
+    runs = {}
+    for skip in (True, False):
+        tr = Trainer(path, TrainConfig(lr=1e-2), device="cpu")
+        tr.skip_zero_advantage = skip
+        m1 = tr.train_step(TrainBatch.from_rollouts(ros, 32), LOSSES["grpo"], LossConfig())
+        m2 = tr.train_step(TrainBatch.from_rollouts(zero, 32), LOSSES["grpo"], LossConfig())
+        runs[skip] = (m1, m2, {n: p.detach().clone() for n, p in tr.model.named_parameters()})
+    (a1, a2, pa), (b1, b2, pb) = runs[True], runs[False]
+    assert a1["zero_adv_sequences"] == 6 and a2["zero_adv_sequences"] == len(zero) and b1["zero_adv_sequences"] == 0
+    assert a1["forward_tokens"] < b1["forward_tokens"] and a2["forward_tokens"] == 0
+    assert a1["loss"] == pytest.approx(b1["loss"], abs=1e-6) and a1["grad_norm"] == pytest.approx(b1["grad_norm"], rel=1e-5)
+    assert a2["grad_norm"] == b2["grad_norm"] == 0.0
+    for n in pa:
+        assert torch.allclose(pa[n], pb[n], atol=1e-6), n

@@ -278,6 +278,7 @@ class Trainer:
             raise TrainerError(str(e)) from None
         self.logprob_chunk = 1024  # rows of [N, V] logits turned into float32 log-probs at a time (model-logits path)
         self.head_chunk_elems = 1 << 24  # [rows, V] float32 logits elements per LM-head chunk (64 MB)
+        self.skip_zero_advantage = True  # exact: such sequences add 0 to loss and gradient without a KL term
         self.step = 0  # optimiser steps taken
         self.rl_step = 0  # train_step calls completed
 
@@ -441,7 +442,9 @@ class Trainer:
         loss, pg_loss, kl, entropy, clip_frac, ratio_mean (token-weighted over micro-batches), ratio_max, grad_norm
         (before clipping, last update), lr (used by the last update), logprob_diff_mean / logprob_diff_max (|trainer - engine| log-prob on
         the same policy tokens, before any update of this step), train_tokens (prompt + completion of every
-        sequence), forward_tokens (what the packed rows ran: fewer with shared prompts), micro_batches, skipped_steps, and
+        sequence), forward_tokens (tokens the training forwards ran: fewer with shared prompts and skipped sequences), zero_adv_sequences
+        (sequences not run because they carry no gradient: all-zero advantage or no loss token, without a KL term;
+        the per-token metrics are then over the sequences that ran), micro_batches, skipped_steps, and
         wall times: train_s (all), ref_s (reference / proximal forward passes), optim_s (clip + AdamW).
         """
         t0 = time.perf_counter()
@@ -475,19 +478,40 @@ class Trainer:
         skipped = 0
         micro_count = 0
         self.model.train()
+        dropped = 0
+        fwd_tokens = 0
         for k, (idx, mini) in enumerate(minis):
             mini = mini if mini is not None else batch.subset(idx)
+            # the losses divide by whole-mini-batch counts, taken before any sequence is dropped below
+            n_seq, n_tok = normalizers(mini.loss_mask)
+            if loss_cfg.kl_coef == 0 and self.skip_zero_advantage:
+                # NOTE: without a KL term every loss here is a sum of advantage x (ratio term): a sequence whose
+                # advantages are all 0 (a GRPO group with equal rewards) or that has no loss token adds exactly 0
+                # to the loss and to the gradient, so it need not run through the model at all.
+                adv_rows = mini.advantages if mini.advantages.ndim == 1 else mini.advantages.abs().amax(dim=1)
+                live = [j for j in range(mini.num_sequences)
+                        if float(adv_rows[j]) != 0.0 and float(mini.loss_mask[j].sum()) > 0]
+                dropped += mini.num_sequences - len(live)
+                if len(live) < mini.num_sequences:
+                    idx = [idx[j] for j in live]
+                    mini = mini.subset(live) if live else None
             sel_full = torch.tensor(idx, dtype=torch.long)
-            t = mini.max_completion_len
-            old = mini.old_logprobs.to(dev)  # [b, T]
-            mask = mini.loss_mask.to(dev)  # [b, T]
-            adv = mini.advantages.to(dev)  # [b]
+            self.optimizer.zero_grad(set_to_none=True)
+            if mini is None:
+                # nothing carries gradient: step on exact zeros, as the full computation would (AdamW's moments
+                # and step count still advance)
+                for prm in self.model.parameters():
+                    if prm.requires_grad:
+                        prm.grad = torch.zeros_like(prm)
+            t = mini.max_completion_len if mini is not None else 1
+            old = mini.old_logprobs.to(dev) if mini is not None else None  # [b, T]
+            mask = mini.loss_mask.to(dev) if mini is not None else None  # [b, T]
+            adv = mini.advantages.to(dev) if mini is not None else None  # [b]
             ref = ref_full[sel_full.to(dev), :t] if ref_full is not None else None
             prox = prox_full[sel_full.to(dev), :t] if prox_full is not None else None
-            n_seq, n_tok = normalizers(mask)
-            self.optimizer.zero_grad(set_to_none=True)
-            for mb in mini.micro_batches:
+            for mb in (mini.micro_batches if mini is not None else []):
                 lp_tok, ent_tok = self._row_logprobs(self.model, mb, need_entropy=True)  # [N]
+                fwd_tokens += mb.num_tokens
                 lp = self._scatter(lp_tok, mb, t)  # [b_mb, T]
                 ent = self._scatter(ent_tok, mb, t) if ent_tok is not None else None
                 sel = torch.tensor(mb.seq_ids, dtype=torch.long, device=dev)
@@ -536,7 +560,8 @@ class Trainer:
             logprob_diff_mean=diff_sum / max(diff_n, 1.0),
             logprob_diff_max=diff_max,
             train_tokens=float(batch.num_tokens),
-            forward_tokens=float(batch.row_tokens),
+            forward_tokens=float(fwd_tokens),
+            zero_adv_sequences=float(dropped),
             micro_batches=float(micro_count),
             skipped_steps=float(skipped),
             ref_s=ref_s,
