@@ -78,10 +78,11 @@ def matmul_flops(device: str, dtype: torch.dtype) -> float:
     return 2 * 1024**3 / best
 
 
-def run_ours(path: Path, ps, n: int, max_tokens: int, ignore_eos: bool, device: str, dtype: str, seed: int):
+def run_ours(path: Path, ps, n: int, max_tokens: int, ignore_eos: bool, device: str, dtype: str, seed: int,
+             kv_cache_gb: float = 4.0):
     from rollwise import LLM, SamplingParams
 
-    llm = LLM(path, device=device, dtype=dtype, max_num_seqs=len(ps) * n)
+    llm = LLM(path, device=device, dtype=dtype, max_num_seqs=len(ps) * n, kv_cache_gb=kv_cache_gb)
     sp = SamplingParams(n=n, temperature=1.0, max_tokens=max_tokens, ignore_eos=ignore_eos, seed=seed)
     llm.generate(ps[:2], SamplingParams(n=2, max_tokens=4))  # warm-up
     steps0 = llm.engine.stats.steps
@@ -177,7 +178,7 @@ def decode_split(path: Path, ps, n: int, max_tokens: int) -> dict:
         labels[label] = (owner, name, fn)
         setattr(owner, name, inner)
 
-    llm = LLM(path, device="cpu", dtype="float32", max_num_seqs=len(ps) * n)
+    llm = LLM(path, device="cpu", dtype="float32", max_num_seqs=len(ps) * n, kv_cache_gb=1.0)
     sp = SamplingParams(n=n, temperature=1.0, max_tokens=max_tokens, ignore_eos=True, seed=0)
     llm.generate(ps[:2], SamplingParams(n=2, max_tokens=4))
     wrap(mr, "sample", "rw::sample")
@@ -243,7 +244,7 @@ def run_real(args) -> int:
         for mode, ignore in (("eos", False), ("ignore_eos", True)):
             ours, hf = [], []
             for r in range(args.repeats):
-                tok, dt, lens = run_ours(path, ps, args.n, args.max_tokens, ignore, "cpu", "float32", r)
+                tok, dt, lens = run_ours(path, ps, args.n, args.max_tokens, ignore, "cpu", "float32", r, kv_cache_gb=1.0)
                 ours.append({"tok_s": tok / dt, "tokens": tok, "s": dt})
                 if not args.skip_hf and r < args.hf_repeats:
                     tok, dt, lens_hf = run_hf(path, ps, args.n, args.max_tokens, ignore, "cpu", "float32", r)

@@ -22,11 +22,12 @@ import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 VARIANTS = {"before": (False, False), "shared": (True, False), "head": (False, True), "after": (True, True)}
 
 
-def child(variant: str, comp: int, steps: int, threads: int) -> dict:
+def child(variant: str, comp: int, steps: int, threads: int, mbt: int) -> dict:
     import torch
 
     from rollwise.config import TrainConfig
@@ -55,13 +56,13 @@ def child(variant: str, comp: int, steps: int, threads: int) -> dict:
             ros.append(Rollout(prompt_id=str(i), group_id=str(i), sample_index=k, prompt_token_ids=prompt,
                                completion_token_ids=c, logprobs=[-3.0] * n, weight_versions=[0] * n, loss_mask=[1] * n,
                                advantage=float(k % 2) - 0.5))
-    batch = TrainBatch.from_rollouts(ros, 4096, share_prompt=share)
+    batch = TrainBatch.from_rollouts(ros, mbt, share_prompt=share)
     times = []
     for _ in range(steps):
         t = time.perf_counter()
         tr.train_step(batch, LOSSES["grpo"], LossConfig())
         times.append(time.perf_counter() - t)
-    return {"variant": variant, "comp": comp, "step_s": times, "tokens": batch.num_tokens,
+    return {"variant": variant, "comp": comp, "micro_batch_tokens": mbt, "step_s": times, "tokens": batch.num_tokens,
             "forward_tokens": batch.row_tokens, "targets": int(batch.loss_mask.sum()),
             "prompt_len": len(ros[0].prompt_token_ids),
             "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
@@ -73,19 +74,21 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--variants", default="before,after,shared,head")
-    ap.add_argument("--json")
+    ap.add_argument("--mbt", type=int, default=4096, help="train.micro_batch_tokens")
+    ap.add_argument("--json", help="results are appended to this JSON list")
     ap.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    args.append = True
     if args.child:
-        print(json.dumps(child(args.child[0], int(args.child[1]), args.steps, args.threads)))
+        print(json.dumps(child(args.child[0], int(args.child[1]), args.steps, args.threads, args.mbt)))
         return 0
     out = []
     for comp in [int(c) for c in args.comp.split(",")]:
         for v in args.variants.split(","):
             p = subprocess.run([sys.executable, __file__, "--child", v, str(comp), "--steps", str(args.steps),
-                                "--threads", str(args.threads)], capture_output=True, text=True)
+                                "--threads", str(args.threads), "--mbt", str(args.mbt)], capture_output=True, text=True)
             if p.returncode != 0:
-                print(p.stderr[-2000:], file=sys.stderr)
+                print(f"variant {v} comp {comp}: exit {p.returncode}\n" + p.stderr[-2000:], file=sys.stderr)
                 return 1
             r = json.loads(p.stdout.strip().splitlines()[-1])
             rest = r["step_s"][1:] or r["step_s"]
@@ -94,8 +97,9 @@ def main(argv=None) -> int:
             print(f"comp~{comp} {v:7s}: step {r['step_s_median']:.2f}s (all {[round(x, 2) for x in r['step_s']]}), "
                   f"forward tokens {r['forward_tokens']}/{r['tokens']}, peak RSS {r['peak_rss_mb']:.0f} MB", flush=True)
             if args.json:
+                old = json.load(open(args.json)) if args.append and Path(args.json).exists() else []
                 with open(args.json, "w") as f:
-                    json.dump(out, f, indent=2)
+                    json.dump(old + [r], f, indent=2)
     return 0
 
 

@@ -12,6 +12,8 @@ Reported per max-new-tokens setting (64 and 128 by default): the median seconds 
 step: generate + score + train + weight sync; rollwise's `step_s`, TRL's time between `on_step_begin` and
 `on_step_end`), all per-step times (spread), mean completion length, and both reward curves over the same steps.
 
+Each framework runs in its own subprocess (a clean heap; its peak RSS is reported), one after the other.
+
     python bench/trl_compare.py [--steps 4] [--max-tokens 64,128] [--json bench/results-trl-compare-smollm2.json]
 """
 
@@ -116,6 +118,18 @@ def run_trl(model: Path, task: tuple[Path, Path, Path], steps: int, lr: float, m
             "completion_len": [h.get("completions/mean_length") for h in hist]}
 
 
+def _in_child(which: str, mt: int, args, task_root: Path, out: Path) -> dict:
+    """Run one framework in its own process, so each starts from a clean heap and its memory is freed after."""
+    import subprocess
+
+    cmd = [sys.executable, __file__, "--child", which, str(mt), str(task_root), str(out), "--steps", str(args.steps),
+           "--lr", str(args.lr), "--model", args.model]
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    if p.returncode != 0:
+        return {"error": f"exit {p.returncode}: " + (p.stderr.strip().splitlines() or [""])[-1][-300:]}
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=4)
@@ -124,11 +138,24 @@ def main(argv=None) -> int:
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--skip-trl", action="store_true")
     ap.add_argument("--json")
+    ap.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     import torch
     from rollwise.models.convert import resolve_model
 
     model = resolve_model(args.model)
+    if args.child:
+        which, mt, root, out = args.child
+        root = Path(root)
+        task = (root / "train.jsonl", root / "test.jsonl", root / "rewards.py")
+        fn = run_rollwise if which == "rollwise" else run_trl
+        t0 = time.perf_counter()
+        r = fn(model, task, args.steps, args.lr, int(mt), Path(out))
+        import resource
+
+        r.update(wall_s=time.perf_counter() - t0, peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+        print(json.dumps(r))
+        return 0
     res: dict = {"model": str(args.model), "steps": args.steps, "lr": args.lr, "torch_threads": torch.get_num_threads(),
                  "settings": {}}
     try:
@@ -139,24 +166,21 @@ def main(argv=None) -> int:
         res["trl_error"] = f"TRL not importable: {e}"
         args.skip_trl = True
     with tempfile.TemporaryDirectory() as tmp:
-        task = write_task(Path(tmp) / "task")
+        root = Path(tmp) / "task"
+        write_task(root)
         for mt in [int(x) for x in args.max_tokens.split(",")]:
-            row: dict = {}
-            t0 = time.perf_counter()
-            row["rollwise"] = run_rollwise(model, task, args.steps, args.lr, mt, Path(tmp) / f"rw{mt}")
-            row["rollwise_wall_s"] = time.perf_counter() - t0
-            print(f"[{mt}] rollwise step_s {[round(x, 1) for x in row['rollwise']['step_s']]} reward {row['rollwise']['reward']}", flush=True)
+            row: dict = {"rollwise": _in_child("rollwise", mt, args, root, Path(tmp) / f"rw{mt}")}
+            print(f"[{mt}] rollwise {row['rollwise']}", flush=True)
             if not args.skip_trl:
-                t0 = time.perf_counter()
-                row["trl"] = run_trl(model, task, args.steps, args.lr, mt, Path(tmp) / f"trl{mt}")
-                row["trl_wall_s"] = time.perf_counter() - t0
-                print(f"[{mt}] TRL step_s {[round(x, 1) for x in row['trl']['step_s']]} reward {row['trl']['reward']}", flush=True)
-            o = statistics.median(row["rollwise"]["step_s"])
-            row["rollwise_step_s_median"] = o
-            if "trl" in row:
-                t = statistics.median(row["trl"]["step_s"])
-                row.update(trl_step_s_median=t, speedup=t / o)
-                print(f"[{mt}] per step (median of {args.steps}): rollwise {o:.1f}s | TRL {t:.1f}s | speedup {t / o:.2f}x")
+                row["trl"] = _in_child("trl", mt, args, root, Path(tmp) / f"trl{mt}")
+                print(f"[{mt}] TRL {row['trl']}", flush=True)
+            if "step_s" in row["rollwise"]:
+                o = statistics.median(row["rollwise"]["step_s"])
+                row["rollwise_step_s_median"] = o
+                if "step_s" in row.get("trl", {}):
+                    t = statistics.median(row["trl"]["step_s"])
+                    row.update(trl_step_s_median=t, speedup=t / o)
+                    print(f"[{mt}] per step (median of {args.steps}): rollwise {o:.1f}s | TRL {t:.1f}s | speedup {t / o:.2f}x")
             res["settings"][str(mt)] = row
             if args.json:  # written after every setting, so a cut-short run keeps what it measured
                 Path(args.json).write_text(json.dumps(res, indent=2))
