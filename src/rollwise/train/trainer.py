@@ -489,8 +489,13 @@ class Trainer:
                 # advantages are all 0 (a GRPO group with equal rewards) or that has no loss token adds exactly 0
                 # to the loss and to the gradient, so it need not run through the model at all.
                 adv_rows = mini.advantages if mini.advantages.ndim == 1 else mini.advantages.abs().amax(dim=1)
-                live = [j for j in range(mini.num_sequences)
-                        if float(adv_rows[j]) != 0.0 and float(mini.loss_mask[j].sum()) > 0]
+                has_tok = [float(mini.loss_mask[j].sum()) > 0 for j in range(mini.num_sequences)]
+                live = [j for j in range(mini.num_sequences) if float(adv_rows[j]) != 0.0 and has_tok[j]]
+                if not live and any(has_tok):
+                    # keep the shortest one anyway: its gradient is exactly 0 too, and the step still reports
+                    # entropy and the trainer-vs-engine log-prob gap (a weight-sync check) for its tokens
+                    live = [min((j for j in range(mini.num_sequences) if has_tok[j]),
+                                key=lambda j: int(mini.completion_lens[j]))]
                 dropped += mini.num_sequences - len(live)
                 if len(live) < mini.num_sequences:
                     idx = [idx[j] for j in live]
