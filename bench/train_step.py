@@ -27,6 +27,60 @@ from pathlib import Path
 VARIANTS = {"before": (False, False), "shared": (True, False), "head": (False, True), "after": (True, True)}
 
 
+def ab(comp: int, groups: int, reps: int, threads: int) -> dict:
+    """before/after alternated in ONE process (same model, same batch, same contention): seconds per train_step."""
+    import torch
+
+    from rollwise.train.losses import LOSSES, LossConfig
+
+    torch.set_num_threads(threads)
+    tr, ros = _setup(comp, groups)
+    times: dict[str, list[float]] = {"before": [], "after": []}
+    plain = tr.plain_head
+    batches = {v: TrainBatch_from(ros, 4096, VARIANTS[v][0]) for v in times}
+    tr.train_step(batches["after"], LOSSES["grpo"], LossConfig())  # AdamW state, allocator warm-up
+    for _ in range(reps):
+        for v in ("before", "after"):
+            tr.plain_head = plain and VARIANTS[v][1]
+            t = time.perf_counter()
+            tr.train_step(batches[v], LOSSES["grpo"], LossConfig())
+            times[v].append(time.perf_counter() - t)
+    return {"mode": "ab", "comp": comp, "groups": groups, "step_s": times,
+            "forward_tokens": {v: b.row_tokens for v, b in batches.items()}}
+
+
+def TrainBatch_from(ros, mbt, share):
+    from rollwise.train.batch import TrainBatch
+
+    return TrainBatch.from_rollouts(ros, mbt, share_prompt=share)
+
+
+def _setup(comp: int, groups: int = 8):
+    import torch
+
+    from rollwise.config import TrainConfig
+    from rollwise.models.convert import resolve_model
+    from rollwise.train.trainer import Trainer
+    from rollwise.types import Rollout
+
+    tr = Trainer(resolve_model("smollm2-135m"), TrainConfig(lr=1e-5), device="cpu")
+    tok = tr.tokenizer
+    g = torch.Generator().manual_seed(0)
+    ros = []
+    for i in range(groups):
+        a, b = (int(x) for x in torch.randint(10, 100, (2,), generator=g))
+        ids = tok.apply_chat_template([{"role": "user", "content": f"What is {a} + {b}?"}], add_generation_prompt=True,
+                                      tokenize=True)
+        prompt = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+        for k in range(8):
+            n = int(torch.randint(max(1, comp // 2), comp * 3 // 2 + 1, (1,), generator=g))
+            c = torch.randint(100, 49000, (n,), generator=g).tolist()
+            ros.append(Rollout(prompt_id=str(i), group_id=str(i), sample_index=k, prompt_token_ids=prompt,
+                               completion_token_ids=c, logprobs=[-3.0] * n, weight_versions=[0] * n, loss_mask=[1] * n,
+                               advantage=float(k % 2) - 0.5))
+    return tr, ros
+
+
 def child(variant: str, comp: int, steps: int, threads: int, mbt: int) -> dict:
     import torch
 
@@ -76,9 +130,21 @@ def main(argv=None) -> int:
     ap.add_argument("--variants", default="before,after,shared,head")
     ap.add_argument("--mbt", type=int, default=4096, help="train.micro_batch_tokens")
     ap.add_argument("--json", help="results are appended to this JSON list")
+    ap.add_argument("--ab", action="store_true", help="before/after alternated in one process (time only)")
+    ap.add_argument("--groups", type=int, default=8)
     ap.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     args.append = True
+    if args.ab:
+        import statistics as st
+
+        r = ab(int(args.comp.split(",")[0]), args.groups, args.steps, args.threads)
+        r["step_s_median"] = {v: st.median(x) for v, x in r["step_s"].items()}
+        print(json.dumps(r))
+        if args.json:
+            old = json.load(open(args.json)) if Path(args.json).exists() else []
+            json.dump(old + [r], open(args.json, "w"), indent=2)
+        return 0
     if args.child:
         print(json.dumps(child(args.child[0], int(args.child[1]), args.steps, args.threads, args.mbt)))
         return 0
