@@ -1,69 +1,96 @@
-"""rollwise vs TRL's `GRPOTrainer` on the same tiny model, task, batch, max length and learning rate.
+"""rollwise vs TRL's `GRPOTrainer` on SmolLM2-135M-Instruct: same model, task, chat template, batch, max length,
+loss and learning rate, in one process one after the other.
 
-Both start from the same warmed-up built-in model (the embedded default's warm-up, cached), train on the
-arithmetic task with 8 prompts x 8 samples per step, max 16 new tokens, AdamW lr 1e-4, GRPO loss, no KL,
-in the same process one after the other. Reported: median seconds per step (each framework's own step:
-generate + score + train + weight sync), the ratio, and both reward curves over the same steps.
+Task: two-digit addition ("What is 47 + 38?"), reward 1 when the last integer in the completion is the sum. It is
+written into the bench's temp dir as a `dataset` JSONL (a `prompt` message list and an `answer` column) plus a
+TRL-convention reward file, and both frameworks get exactly those: rollwise through `env.name=dataset` and
+`env.reward=rewards.py:correct_sum`, TRL as its train dataset and `reward_funcs`. Each step: 8 prompts x 8
+samples, temperature 1, GRPO (group-normalised advantages, clipped ratio, no KL), AdamW lr 1e-5, grad clip 1,
+float32 on the CPU. Zero-variance groups are kept in rollwise (`algo.skip_zero_variance=false`), as TRL keeps them.
 
-    python bench/trl_compare.py [--steps 20] [--json out.json]
+Reported per max-new-tokens setting (64 and 128 by default): the median seconds of a step (each framework's own
+step: generate + score + train + weight sync; rollwise's `step_s`, TRL's time between `on_step_begin` and
+`on_step_end`), all per-step times (spread), mean completion length, and both reward curves over the same steps.
+
+Each framework runs in its own subprocess (a clean heap; its peak RSS is reported), one after the other.
+
+    python bench/trl_compare.py [--steps 4] [--max-tokens 64,128] [--json bench/results-trl-compare-smollm2.json]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import random
 import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+REWARD_PY = '''import re
 
-def warmed_model(out: Path, warmup_steps: int, cache_dir: str | None) -> Path:
-    from rollwise.config import load_config
-    from rollwise.envs import get_env
-    from rollwise.run.warmup import prepare_builtin_model
 
-    cfg = load_config(None, [f"warmup.steps={warmup_steps}", "warmup.seconds=1200"]
-                      + ([f"warmup.cache_dir={cache_dir}"] if cache_dir else []))
-    env = get_env("arithmetic")
-    tasks = env.load("train", seed=0)
-    sig = f"arithmetic:{{}}:None"
-    prepare_builtin_model(out, env.charset, tasks, cfg.model.builtin, cfg.warmup, sig, 0, log=print)
+def correct_sum(completions, answer, **kwargs):
+    """1.0 when the last integer in the completion equals the answer (TRL's batch convention)."""
+    out = []
+    for c, a in zip(completions, answer):
+        text = c[-1]["content"] if isinstance(c, list) else c
+        nums = re.findall(r"-?\\d+", text.replace(",", ""))
+        out.append(1.0 if nums and int(nums[-1]) == int(a) else 0.0)
     return out
+'''
 
 
-def run_rollwise(model: Path, steps: int, lr: float, max_tokens: int, out: Path) -> tuple[list[float], list[float]]:
+def write_task(root: Path, n_train: int = 400, n_test: int = 50, seed: int = 0) -> tuple[Path, Path, Path]:
+    rng = random.Random(seed)
+    pairs = set()
+    while len(pairs) < n_train + n_test:
+        pairs.add((rng.randint(10, 99), rng.randint(10, 99)))
+    rows = [{"prompt": [{"role": "user", "content": f"What is {a} + {b}?"}], "answer": a + b} for a, b in sorted(pairs)]
+    rng.shuffle(rows)
+    root.mkdir(parents=True, exist_ok=True)
+    train, test = root / "train.jsonl", root / "test.jsonl"
+    train.write_text("".join(json.dumps(r) + "\n" for r in rows[:n_train]))
+    test.write_text("".join(json.dumps(r) + "\n" for r in rows[n_train:]))
+    (root / "rewards.py").write_text(REWARD_PY)
+    return train, test, root / "rewards.py"
+
+
+def run_rollwise(model: Path, task: tuple[Path, Path, Path], steps: int, lr: float, max_tokens: int, out: Path) -> dict:
     from rollwise.config import load_config
     from rollwise.run.loop import train
 
+    train_p, test_p, reward_p = task
     cfg = load_config(None, [
-        f"model.path={model}", f"run.out_dir={out}", f"train.steps={steps}", f"train.lr={lr}",
+        f"model.path={model}", f"run.out_dir={out}", f"train.steps={steps}", f"train.lr={lr}", "train.grad_clip=1.0",
         "rollout.prompts_per_step=8", "rollout.samples_per_prompt=8", f"rollout.max_tokens={max_tokens}",
-        "algo.loss=grpo", "algo.advantage=grpo", "algo.kl_coef=0", "algo.skip_zero_variance=true",
-        "env.eval_size=16", "run.tensorboard=false", "model.device=cpu",
+        "rollout.temperature=1.0", "algo.loss=grpo", "algo.advantage=grpo", "algo.kl_coef=0",
+        "algo.skip_zero_variance=false", "env.name=dataset", f"env.kwargs={{path: {train_p}, test_path: {test_p}}}",
+        f"env.reward={reward_p}:correct_sum", "env.eval_size=8", "run.tensorboard=false", "model.device=cpu",
+        "engine.kv_cache_gb=1",
     ])
     train(cfg, log=lambda s: None)
     rows = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
-    return [r["step_s"] for r in rows], [r["reward_mean"] for r in rows]
+    rows = [r for r in rows if "step_s" in r]
+    return {"step_s": [r["step_s"] for r in rows], "reward": [r["reward_mean"] for r in rows],
+            "completion_len": [r.get("resp_len_mean") for r in rows], "logprob_mismatch_max": [r.get("logprob_mismatch_max") for r in rows],
+            "time_train_s": [r.get("time_train_s") for r in rows], "time_generate_s": [r.get("time_generate_s") for r in rows]}
 
 
-def run_trl(model: Path, steps: int, lr: float, max_tokens: int, out: Path) -> tuple[list[float], list[float]]:
+def run_trl(model: Path, task: tuple[Path, Path, Path], steps: int, lr: float, max_tokens: int, out: Path) -> dict:
+    import importlib.util
+
     import torch
-    from datasets import Dataset
+    from datasets import load_dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from rollwise.envs import get_env
-
-    env = get_env("arithmetic")
-    tasks = env.load("train", seed=0)
-    ds = Dataset.from_list([{"prompt": t.prompt, "answer": int(t.answer)} for t in tasks])
-    by_prompt = {t.prompt: t for t in tasks}
-
-    def reward(prompts, completions, **kw):
-        return [env.score(by_prompt[p], c).value for p, c in zip(prompts, completions)]
-
+    train_p, _, reward_p = task
+    spec = importlib.util.spec_from_file_location("bench_rewards", reward_p)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)  # type: ignore[union-attr]
+    ds = load_dataset("json", data_files=str(train_p), split="train")
     tok = AutoTokenizer.from_pretrained(str(model))
     tok.padding_side = "left"
     policy = AutoModelForCausalLM.from_pretrained(str(model), dtype=torch.float32)
@@ -83,39 +110,80 @@ def run_trl(model: Path, steps: int, lr: float, max_tokens: int, out: Path) -> t
         def on_step_end(self, a, s, c, **kw):
             times.append(time.perf_counter() - self.t)
 
-    trainer = GRPOTrainer(model=policy, reward_funcs=[reward], args=args, train_dataset=ds, processing_class=tok,
-                          callbacks=[Timer()])
+    trainer = GRPOTrainer(model=policy, reward_funcs=[mod.correct_sum], args=args, train_dataset=ds,
+                          processing_class=tok, callbacks=[Timer()])
     trainer.train()
-    rewards = [h["reward"] for h in trainer.state.log_history if "reward" in h]
-    return times, rewards
+    hist = [h for h in trainer.state.log_history if "reward" in h]
+    return {"step_s": times, "reward": [h["reward"] for h in hist],
+            "completion_len": [h.get("completions/mean_length") for h in hist]}
+
+
+def _in_child(which: str, mt: int, args, task_root: Path, out: Path) -> dict:
+    """Run one framework in its own process, so each starts from a clean heap and its memory is freed after."""
+    import subprocess
+
+    cmd = [sys.executable, __file__, "--child", which, str(mt), str(task_root), str(out), "--steps", str(args.steps),
+           "--lr", str(args.lr), "--model", args.model]
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    if p.returncode != 0:
+        return {"error": f"exit {p.returncode}: " + (p.stderr.strip().splitlines() or [""])[-1][-300:]}
+    return json.loads(p.stdout.strip().splitlines()[-1])
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=20)
-    ap.add_argument("--lr", type=float, default=1e-4)
-    ap.add_argument("--max-tokens", type=int, default=16)
-    ap.add_argument("--warmup-steps", type=int, default=1500)
-    ap.add_argument("--cache-dir", default=None)
+    ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--lr", type=float, default=1e-5)
+    ap.add_argument("--max-tokens", default="64,128")
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--skip-trl", action="store_true")
     ap.add_argument("--json")
+    ap.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    import torch
+    from rollwise.models.convert import resolve_model
+
+    model = resolve_model(args.model)
+    if args.child:
+        which, mt, root, out = args.child
+        root = Path(root)
+        task = (root / "train.jsonl", root / "test.jsonl", root / "rewards.py")
+        fn = run_rollwise if which == "rollwise" else run_trl
+        t0 = time.perf_counter()
+        r = fn(model, task, args.steps, args.lr, int(mt), Path(out))
+        import resource
+
+        r.update(wall_s=time.perf_counter() - t0, peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+        print(json.dumps(r))
+        return 0
+    res: dict = {"model": str(args.model), "steps": args.steps, "lr": args.lr, "torch_threads": torch.get_num_threads(),
+                 "settings": {}}
+    try:
+        import trl
+
+        res["trl_version"] = trl.__version__
+    except ImportError as e:
+        res["trl_error"] = f"TRL not importable: {e}"
+        args.skip_trl = True
     with tempfile.TemporaryDirectory() as tmp:
-        model = warmed_model(Path(tmp) / "model", args.warmup_steps, args.cache_dir)
-        ours_t, ours_r = run_rollwise(model, args.steps, args.lr, args.max_tokens, Path(tmp) / "rw")
-        trl_t, trl_r = run_trl(model, args.steps, args.lr, args.max_tokens, Path(tmp) / "trl")
-    # The first step of each carries one-off costs (allocator warm-up, TRL's dataloader): report the median.
-    o, t = statistics.median(ours_t), statistics.median(trl_t)
-    res = {
-        "steps": args.steps, "rollwise_step_s_median": o, "trl_step_s_median": t, "speedup": t / o,
-        "rollwise_reward": ours_r, "trl_reward": trl_r,
-        "rollwise_reward_last5": statistics.mean(ours_r[-5:]), "trl_reward_last5": statistics.mean(trl_r[-5:]),
-    }
-    print(f"per step (median of {args.steps}): rollwise {o:.3f}s | TRL GRPOTrainer {t:.3f}s | speedup {t / o:.1f}x")
-    print("reward per step  rollwise: " + " ".join(f"{r:.2f}" for r in ours_r))
-    print("reward per step  TRL:      " + " ".join(f"{r:.2f}" for r in trl_r))
-    print(f"mean reward over the last 5 steps: rollwise {res['rollwise_reward_last5']:.3f} | TRL {res['trl_reward_last5']:.3f}")
-    if args.json:
-        Path(args.json).write_text(json.dumps(res, indent=2))
+        root = Path(tmp) / "task"
+        write_task(root)
+        for mt in [int(x) for x in args.max_tokens.split(",")]:
+            row: dict = {"rollwise": _in_child("rollwise", mt, args, root, Path(tmp) / f"rw{mt}")}
+            print(f"[{mt}] rollwise {row['rollwise']}", flush=True)
+            if not args.skip_trl:
+                row["trl"] = _in_child("trl", mt, args, root, Path(tmp) / f"trl{mt}")
+                print(f"[{mt}] TRL {row['trl']}", flush=True)
+            if "step_s" in row["rollwise"]:
+                o = statistics.median(row["rollwise"]["step_s"])
+                row["rollwise_step_s_median"] = o
+                if "step_s" in row.get("trl", {}):
+                    t = statistics.median(row["trl"]["step_s"])
+                    row.update(trl_step_s_median=t, speedup=t / o)
+                    print(f"[{mt}] per step (median of {args.steps}): rollwise {o:.1f}s | TRL {t:.1f}s | speedup {t / o:.2f}x")
+            res["settings"][str(mt)] = row
+            if args.json:  # written after every setting, so a cut-short run keeps what it measured
+                Path(args.json).write_text(json.dumps(res, indent=2))
     return 0
 
 

@@ -38,7 +38,7 @@ def test_ffd_packing_properties(lengths, cap):
 @given(st.lists(st.tuples(st.integers(1, 6), st.integers(0, 7)), min_size=1, max_size=12), st.integers(4, 30))
 def test_packed_rows_cover_every_sequence(shapes, cap):
     ros = [_ro(range(100 + 10 * i, 100 + 10 * i + p), range(10 * i, 10 * i + c), adv=float(i)) for i, (p, c) in enumerate(shapes)]
-    batch = TrainBatch.from_rollouts(ros, cap)
+    batch = TrainBatch.from_rollouts(ros, cap, share_prompt=False)
     assert sum(mb.num_tokens for mb in batch.micro_batches) == batch.num_tokens == sum(p + c for p, c in shapes)
     seen = []
     for mb in batch.micro_batches:

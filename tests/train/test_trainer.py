@@ -67,7 +67,9 @@ def test_packed_logprobs_equal_unpacked(tiny_llama, cap, temperature):
 def test_packed_logprobs_eager_attention_and_tied_weights(tmp_path):
     path = build_tiny_llama(tmp_path / "m", seed=3, tie=True)
     tr = Trainer(path, attn_implementation="eager")
-    assert tr.model.config._attn_implementation == "eager"
+    from rollwise.train.attention import base_implementation
+
+    assert base_implementation(tr.model) == "eager" and tr.model.config._attn_implementation == "rollwise_eager"
     ros = make_rollouts(6, seed=2)
     got = tr.compute_logprobs(TrainBatch.from_rollouts(ros, 30))
     with torch.no_grad():
@@ -80,7 +82,7 @@ def test_block_diagonal_mask_is_needed(tiny_llama):
     log-probs of every sequence but the first (attention crosses sequence boundaries)."""
     tr = Trainer(tiny_llama)
     ros = make_rollouts(4, seed=5)
-    batch = TrainBatch.from_rollouts(ros, 1000)
+    batch = TrainBatch.from_rollouts(ros, 1000, share_prompt=False)
     mb = batch.micro_batches[0]
     assert len(mb.seq_ids) == 4
     mask = mb.attention_mask()[0, 0]

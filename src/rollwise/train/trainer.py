@@ -19,12 +19,18 @@ token that fell out of the current policy's set keeps a finite log-prob (its mas
 of -inf, which would turn the KL and the gap metrics into inf/NaN. Entropies are of the untruncated
 logits / temperature.
 NOTE on dropout: RL compares the trainer's forward with the engine's, so every dropout is set to 0 at load.
-NOTE on attention: packed rows use an explicit block-diagonal causal mask for the 'sdpa' and 'eager' attention
-implementations; other implementations (flash-attention) get `attention_mask=None` plus restarting `position_ids`,
-from which transformers detects the packed sequences itself.
+NOTE on attention: with 'sdpa' and 'eager' models the trainer switches to the segment-aware implementation
+(`train.attention`) and runs shared-prompt rows (`TrainBatch(share_prompt=True)`, the default): each group's prompt
+once, per-segment attention with compact masks. Unshared rows use an explicit block-diagonal causal mask there;
+other implementations (flash-attention) get the unshared rows with `attention_mask=None` plus restarting
+`position_ids`, from which transformers detects the packed sequences itself.
+NOTE on the vocabulary: for plain decoder LMs (Llama, Qwen2/3, Mistral: logits = lm_head(final hidden)) the trainer
+runs the decoder body, gathers the hidden states that predict targets, and applies the LM head a chunk of rows at a
+time (`head_logprobs`), with each chunk recomputed in backward: float32 [tokens, vocab] logits never exist for the
+whole row, only [chunk, vocab]. Other models get their logits from the model's own forward (`logits_to_keep`).
 
-Deliberately left out: FSDP/tensor parallelism, optimizer offload, fused/chunked cross-entropy kernels. They are
-new modules when needed, not flags here.
+Deliberately left out: FSDP/tensor parallelism, optimizer offload, a fused CUDA linear + cross-entropy kernel.
+They are new modules when needed, not flags here.
 """
 
 from __future__ import annotations
@@ -40,6 +46,7 @@ from typing import Any
 import torch
 
 from rollwise.config import TrainConfig
+from rollwise.train.attention import base_implementation, enable_segment_attention, segment_kwargs
 from rollwise.train.batch import PackedMicroBatch, TrainBatch
 from rollwise.train.losses import LossConfig, LossFn, normalizers
 
@@ -160,6 +167,53 @@ def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: flo
     return lp, (torch.cat(ents) if need_entropy else None)
 
 
+# logits = lm_head(last hidden state), nothing else (no soft-capping, scaling or extra heads): head_logprobs is exact
+PLAIN_HEAD_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3"})
+
+
+def _head_chunk(h: torch.Tensor, targets: torch.Tensor, head: torch.nn.Module, temperature: float, top_p: float,
+                top_k: int, need_entropy: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """[n, H] hidden rows -> float32 ([n] log-probs of targets, [n] entropies or empty) through `head`."""
+    logits = head(h)  # [n, V]
+    lp = _chunk_logprobs(logits, targets, temperature, top_p, top_k)
+    if not need_entropy:
+        return lp, lp.new_zeros(0)
+    with torch.no_grad():
+        x = logits.detach().float() / temperature
+        ent = torch.logsumexp(x, dim=-1) - (torch.softmax(x, dim=-1) * x).sum(-1)
+    return lp, ent
+
+
+def head_logprobs(hidden: torch.Tensor, head: torch.nn.Module, targets: torch.Tensor, temperature: float,
+                  need_entropy: bool = False, chunk_elems: int = 1 << 24, top_p: float = 1.0, top_k: int = -1
+                  ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`token_logprobs(head(hidden), ...)` without ever holding [N, V] logits: the LM head and the log-softmax run
+    on chunks of rows whose [rows, V] float32 logits stay under `chunk_elems` elements, and under autograd each
+    chunk is recomputed in backward (its logits are not kept). hidden [N, H], targets [N] -> ([N], [N] | None).
+    Equal to the unchunked computation: every row is independent."""
+    from torch.utils.checkpoint import checkpoint
+
+    n = hidden.shape[0]
+    v = int(getattr(head, "out_features", 0) or head.weight.shape[0])
+    rows = max(1, chunk_elems // max(v, 1))
+    if top_p < 1.0 or 0 < top_k:
+        rows = max(1, rows // 4)  # truncation sorts each chunk: values + int64 indices + masks
+    grad = torch.is_grad_enabled() and (hidden.requires_grad or any(p.requires_grad for p in head.parameters()))
+    lps, ents = [], []
+    for s in range(0, n, rows):
+        h, tg = hidden[s:s + rows], targets[s:s + rows]
+        if grad:
+            lp, ent = checkpoint(_head_chunk, h, tg, head, temperature, top_p, top_k, need_entropy, use_reentrant=False)
+        else:
+            lp, ent = _head_chunk(h, tg, head, temperature, top_p, top_k, need_entropy)
+        lps.append(lp)
+        ents.append(ent)
+    if not lps:
+        empty = hidden.new_zeros(0, dtype=torch.float32) + hidden.sum() * 0  # keep the graph for backward
+        return empty, (empty.detach() if need_entropy else None)
+    return torch.cat(lps), (torch.cat(ents) if need_entropy else None)
+
+
 def resolve_device(device: str | torch.device) -> torch.device:
     """'auto' -> CUDA when available, else CPU; anything else as torch.device."""
     if str(device) == "auto":
@@ -222,11 +276,17 @@ class Trainer:
             self.model_path = resolve_model(model_path)
         except ModelResolveError as e:
             raise TrainerError(str(e)) from None
-        self.logprob_chunk = 1024  # rows of [N, V] logits turned into float32 log-probs at a time
+        self.logprob_chunk = 1024  # rows of [N, V] logits turned into float32 log-probs at a time (model-logits path)
+        self.head_chunk_elems = 1 << 24  # [rows, V] float32 logits elements per LM-head chunk (64 MB)
+        self.skip_zero_advantage = True  # exact: such sequences add 0 to loss and gradient without a KL term
         self.step = 0  # optimiser steps taken
         self.rl_step = 0  # train_step calls completed
 
         model = load_causal_lm(self.model_path, self.device, attn_implementation)
+        # shared-prompt rows need the segment-aware attention (sdpa/eager models); others get unshared rows
+        self.share_prompt = enable_segment_attention(model)
+        self.plain_head = (getattr(model.config, "model_type", None) in PLAIN_HEAD_MODEL_TYPES
+                           and model.get_output_embeddings() is not None)
         self.lora = self.cfg.lora.enabled
         if self.lora:
             model = self._wrap_lora(model)
@@ -290,7 +350,7 @@ class Trainer:
         return contextlib.nullcontext()
 
     def _attention_mask(self, model: torch.nn.Module, mb: PackedMicroBatch) -> torch.Tensor | None:
-        impl = getattr(getattr(model, "config", None), "_attn_implementation", "sdpa")
+        impl = base_implementation(model)
         if impl == "sdpa":
             return mb.attention_mask().to(self.device)  # [1, 1, L, L] bool, True = attend
         if impl == "eager":
@@ -316,12 +376,26 @@ class Trainer:
         ids = mb.input_ids.to(self.device)[None]  # [1, L]
         pos = mb.position_ids.to(self.device)[None]  # [1, L]
         pred = mb.pred_positions.to(self.device)  # [N]
+        targets = mb.target_ids.to(self.device)  # [N]
+        kw: dict[str, Any] = {}
+        if mb.segments is not None:
+            if not self.share_prompt:
+                raise TrainerError("a shared-prompt batch reached a model without segment attention: repack it with "
+                                   "batch.with_layout(share_prompt=False)")
+            kw["rollwise_segments"] = segment_kwargs(mb.segments, self.device)
+            # a prepared 4D mask makes transformers skip building its own [L, L] mask; segment attention ignores it
+            mask = torch.ones(1, 1, 1, 1, dtype=torch.bool, device=self.device)
+        else:
+            mask = self._attention_mask(model, mb)
         with self._autocast():
-            out = model(input_ids=ids, position_ids=pos, attention_mask=self._attention_mask(model, mb),
-                        use_cache=False, logits_to_keep=pred)
+            if self.plain_head:
+                body = model.get_decoder()
+                hidden = body(input_ids=ids, position_ids=pos, attention_mask=mask, use_cache=False, **kw).last_hidden_state
+                return head_logprobs(hidden[0, pred], model.get_output_embeddings(), targets, self.temperature,
+                                     need_entropy, self.head_chunk_elems, self.top_p, self.top_k)
+            out = model(input_ids=ids, position_ids=pos, attention_mask=mask, use_cache=False, logits_to_keep=pred, **kw)
         logits = out.logits[0]  # [N, V] in the forward's dtype: only the positions that predict targets
-        return token_logprobs(logits, mb.target_ids.to(self.device), self.temperature, need_entropy, self.logprob_chunk,
-                              self.top_p, self.top_k)
+        return token_logprobs(logits, targets, self.temperature, need_entropy, self.logprob_chunk, self.top_p, self.top_k)
 
     @staticmethod
     def _scatter(values: torch.Tensor, mb: PackedMicroBatch, width: int) -> torch.Tensor:
@@ -340,6 +414,7 @@ class Trainer:
         Same temperature and top-p/top-k truncation as the engine; runs on the packed micro-batches of `batch`.
         """
         ctx = self._reference() if reference else contextlib.nullcontext(self.model)
+        batch = batch.with_layout(batch.share_prompt and self.share_prompt)
         b, t = batch.num_sequences, batch.max_completion_len
         lp_out = torch.zeros(b, t, dtype=torch.float32, device=self.device)
         ent_out = torch.zeros(b, t, dtype=torch.float32, device=self.device)
@@ -366,10 +441,14 @@ class Trainer:
 
         loss, pg_loss, kl, entropy, clip_frac, ratio_mean (token-weighted over micro-batches), ratio_max, grad_norm
         (before clipping, last update), lr (used by the last update), logprob_diff_mean / logprob_diff_max (|trainer - engine| log-prob on
-        the same policy tokens, before any update of this step), train_tokens, micro_batches, skipped_steps, and
+        the same policy tokens, before any update of this step), train_tokens (prompt + completion of every
+        sequence), forward_tokens (tokens the training forwards ran: fewer with shared prompts and skipped sequences), zero_adv_sequences
+        (sequences not run because they carry no gradient: all-zero advantage or no loss token, without a KL term;
+        the per-token metrics are then over the sequences that ran), micro_batches, skipped_steps, and
         wall times: train_s (all), ref_s (reference / proximal forward passes), optim_s (clip + AdamW).
         """
         t0 = time.perf_counter()
+        batch = batch.with_layout(batch.share_prompt and self.share_prompt)
         use_ref = self.has_reference
         if loss_cfg.kl_coef > 0 and not use_ref:
             raise TrainerError("algo.kl_coef > 0 needs a reference model: build the Trainer with reference=True")
@@ -399,19 +478,45 @@ class Trainer:
         skipped = 0
         micro_count = 0
         self.model.train()
+        dropped = 0
+        fwd_tokens = 0
         for k, (idx, mini) in enumerate(minis):
             mini = mini if mini is not None else batch.subset(idx)
+            # the losses divide by whole-mini-batch counts, taken before any sequence is dropped below
+            n_seq, n_tok = normalizers(mini.loss_mask)
+            if loss_cfg.kl_coef == 0 and self.skip_zero_advantage:
+                # NOTE: without a KL term every loss here is a sum of advantage x (ratio term): a sequence whose
+                # advantages are all 0 (a GRPO group with equal rewards) or that has no loss token adds exactly 0
+                # to the loss and to the gradient, so it need not run through the model at all.
+                adv_rows = mini.advantages if mini.advantages.ndim == 1 else mini.advantages.abs().amax(dim=1)
+                has_tok = [float(mini.loss_mask[j].sum()) > 0 for j in range(mini.num_sequences)]
+                live = [j for j in range(mini.num_sequences) if float(adv_rows[j]) != 0.0 and has_tok[j]]
+                if not live and any(has_tok):
+                    # keep the shortest one anyway: its gradient is exactly 0 too, and the step still reports
+                    # entropy and the trainer-vs-engine log-prob gap (a weight-sync check) for its tokens
+                    live = [min((j for j in range(mini.num_sequences) if has_tok[j]),
+                                key=lambda j: int(mini.completion_lens[j]))]
+                dropped += mini.num_sequences - len(live)
+                if len(live) < mini.num_sequences:
+                    idx = [idx[j] for j in live]
+                    mini = mini.subset(live) if live else None
             sel_full = torch.tensor(idx, dtype=torch.long)
-            t = mini.max_completion_len
-            old = mini.old_logprobs.to(dev)  # [b, T]
-            mask = mini.loss_mask.to(dev)  # [b, T]
-            adv = mini.advantages.to(dev)  # [b]
+            self.optimizer.zero_grad(set_to_none=True)
+            if mini is None:
+                # nothing carries gradient: step on exact zeros, as the full computation would (AdamW's moments
+                # and step count still advance)
+                for prm in self.model.parameters():
+                    if prm.requires_grad:
+                        prm.grad = torch.zeros_like(prm)
+            t = mini.max_completion_len if mini is not None else 1
+            old = mini.old_logprobs.to(dev) if mini is not None else None  # [b, T]
+            mask = mini.loss_mask.to(dev) if mini is not None else None  # [b, T]
+            adv = mini.advantages.to(dev) if mini is not None else None  # [b]
             ref = ref_full[sel_full.to(dev), :t] if ref_full is not None else None
             prox = prox_full[sel_full.to(dev), :t] if prox_full is not None else None
-            n_seq, n_tok = normalizers(mask)
-            self.optimizer.zero_grad(set_to_none=True)
-            for mb in mini.micro_batches:
+            for mb in (mini.micro_batches if mini is not None else []):
                 lp_tok, ent_tok = self._row_logprobs(self.model, mb, need_entropy=True)  # [N]
+                fwd_tokens += mb.num_tokens
                 lp = self._scatter(lp_tok, mb, t)  # [b_mb, T]
                 ent = self._scatter(ent_tok, mb, t) if ent_tok is not None else None
                 sel = torch.tensor(mb.seq_ids, dtype=torch.long, device=dev)
@@ -460,6 +565,8 @@ class Trainer:
             logprob_diff_mean=diff_sum / max(diff_n, 1.0),
             logprob_diff_max=diff_max,
             train_tokens=float(batch.num_tokens),
+            forward_tokens=float(fwd_tokens),
+            zero_adv_sequences=float(dropped),
             micro_batches=float(micro_count),
             skipped_steps=float(skipped),
             ref_s=ref_s,
