@@ -151,3 +151,19 @@ def test_the_checker_sees_a_planted_upward_import(tmp_path, monkeypatch):
         assert "rollwise.engine.core" in str(e)
     else:
         raise AssertionError("the planted cycle was not reported")
+
+
+def test_test_modules_do_not_import_each_other():
+    """Shared test code lives in conftest fixtures or helper modules, never in another test module."""
+    tests = Path(__file__).resolve().parent
+    bad = []
+    for path in tests.rglob("test_*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = []
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            if any(n.rsplit(".", 1)[-1].startswith("test_") for n in names):
+                bad.append(f"{path.relative_to(tests)} imports {names}")
+    assert not bad, "\n".join(bad)

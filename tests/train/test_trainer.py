@@ -16,23 +16,9 @@ from rollwise.train.losses import LOSSES, LossConfig
 from rollwise.train.trainer import Trainer, TrainerError, lr_lambda, token_logprobs
 from rollwise.types import Rollout
 
+from .synthetic import make_rollouts
+
 from .conftest import build_tiny_llama
-
-
-def make_rollouts(n=6, seed=0, vocab=64, env_tokens=True):
-    rng = random.Random(seed)
-    out = []
-    for i in range(n):
-        p, c = rng.randint(1, 7), rng.randint(1, 9)
-        mask = [1] * c
-        if env_tokens and c > 3 and i % 2:
-            mask[2] = 0  # an environment token inside the completion
-        out.append(Rollout(prompt_id=f"p{i // 2}", group_id=f"g{i // 2}", sample_index=i % 2,
-                           prompt_token_ids=[rng.randrange(4, vocab) for _ in range(p)],
-                           completion_token_ids=[rng.randrange(4, vocab) for _ in range(c)],
-                           logprobs=[-rng.uniform(2.0, 6.0) for _ in range(c)], weight_versions=[0] * c,
-                           loss_mask=mask, advantage=rng.uniform(-1, 1)))
-    return out
 
 
 def per_sequence_logprobs(model, rollouts, temperature=1.0):

@@ -16,7 +16,7 @@ from rollwise.train.losses import LOSSES, LossConfig
 from rollwise.train.trainer import Trainer
 from rollwise.types import Rollout
 
-from .test_trainer import make_rollouts
+from .synthetic import make_rollouts
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
