@@ -11,7 +11,7 @@ from rollwise.train.batch import TrainBatch
 from rollwise.train.trainer import Trainer, head_logprobs, token_logprobs
 
 from .conftest import build_tiny_llama
-from .test_shared_prompt import SPEC, _groups
+from .synthetic import SPEC, _groups
 
 
 @pytest.mark.parametrize("top_p,top_k", [(1.0, -1), (0.7, 5)])
