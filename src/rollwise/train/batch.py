@@ -247,35 +247,53 @@ class TrainBatch:
                            [self.weight_versions[i] for i in idx] if self.weight_versions else [], self.share_prompt)
 
 
+class _Row:
+    """Accumulates one packed row (tokens, positions, owners) and its completion targets; `build` makes the tensors."""
+
+    def __init__(self) -> None:
+        self.inp: list[int] = []
+        self.pos: list[int] = []
+        self.seq: list[int] = []
+        self.pred: list[int] = []
+        self.tgt: list[int] = []
+        self.tseq: list[int] = []
+        self.ttok: list[int] = []
+
+    def tokens(self, ids: list[int], first_pos: int, owner: int) -> int:
+        """Append `ids` at positions first_pos, first_pos+1, ...; returns the row offset of the first one."""
+        off = len(self.inp)
+        self.inp.extend(ids)
+        self.pos.extend(range(first_pos, first_pos + len(ids)))
+        self.seq.extend([owner] * len(ids))
+        return off
+
+    def target(self, pred: int, token: int, seq: int, k: int) -> None:
+        self.pred.append(pred)
+        self.tgt.append(token)
+        self.tseq.append(seq)
+        self.ttok.append(k)
+
+    def build(self, seq_ids: list[int], segments: list[Segment] | None = None) -> PackedMicroBatch:
+        long = torch.long
+        return PackedMicroBatch(
+            input_ids=torch.tensor(self.inp, dtype=long), position_ids=torch.tensor(self.pos, dtype=long),
+            seq_index=torch.tensor(self.seq, dtype=long), seq_ids=seq_ids,
+            pred_positions=torch.tensor(self.pred, dtype=long), target_ids=torch.tensor(self.tgt, dtype=long),
+            target_seq=torch.tensor(self.tseq, dtype=long), target_tok=torch.tensor(self.ttok, dtype=long),
+            segments=segments,
+        )
+
+
 def _pack_row(tokens: list[list[int]], prompt_lens: list[int], ids: list[int]) -> PackedMicroBatch:
     """Concatenate sequences `ids` into one row and index their completion targets."""
-    inp: list[int] = []
-    pos: list[int] = []
-    seq: list[int] = []
-    pred: list[int] = []
-    tgt: list[int] = []
-    tseq: list[int] = []
-    ttok: list[int] = []
+    row = _Row()
     for i in ids:
-        start = len(inp)
-        toks = tokens[i]
-        p = prompt_lens[i]
-        inp.extend(toks)
-        pos.extend(range(len(toks)))
-        seq.extend([i] * len(toks))
+        toks, p = tokens[i], prompt_lens[i]
+        start = row.tokens(toks, 0, i)
         # completion token k sits at start + p + k and is predicted by the logits one position earlier
         for k in range(len(toks) - p):
-            pred.append(start + p + k - 1)
-            tgt.append(toks[p + k])
-            tseq.append(i)
-            ttok.append(k)
-    long = torch.long
-    return PackedMicroBatch(
-        input_ids=torch.tensor(inp, dtype=long), position_ids=torch.tensor(pos, dtype=long),
-        seq_index=torch.tensor(seq, dtype=long), seq_ids=list(ids),
-        pred_positions=torch.tensor(pred, dtype=long), target_ids=torch.tensor(tgt, dtype=long),
-        target_seq=torch.tensor(tseq, dtype=long), target_tok=torch.tensor(ttok, dtype=long),
-    )
+            row.target(start + p + k - 1, toks[p + k], i, k)
+    return row.build(list(ids))
 
 
 def _pack_segments(tokens: list[list[int]], prompt_lens: list[int], capacity: int) -> list[PackedMicroBatch]:
@@ -305,41 +323,20 @@ def _pack_segments(tokens: list[list[int]], prompt_lens: list[int], capacity: in
 
 
 def _pack_segment_row(tokens: list[list[int]], segs: list[tuple[int, list[int]]]) -> PackedMicroBatch:
-    inp: list[int] = []
-    pos: list[int] = []
-    seq: list[int] = []
-    pred: list[int] = []
-    tgt: list[int] = []
-    tseq: list[int] = []
-    ttok: list[int] = []
+    row = _Row()
     seq_ids: list[int] = []
     segments: list[Segment] = []
     for p, ids in segs:
-        start = len(inp)
-        inp.extend(tokens[ids[0]][:p])
-        pos.extend(range(p))
-        seq.extend([-1] * p)
+        start = row.tokens(tokens[ids[0]][:p], 0, -1)  # the shared prompt, owned by no single sequence
         last_prompt = start + p - 1
         for i in ids:
             comp = tokens[i][p:]
-            off = len(inp)
-            inp.extend(comp)
-            pos.extend(range(p, p + len(comp)))
-            seq.extend([i] * len(comp))
+            off = row.tokens(comp, p, i)
             # completion token k is predicted by the logits of the token before it: the shared prompt's last
             # position for k = 0, the completion's own token k - 1 after that
             for k, t in enumerate(comp):
-                pred.append(last_prompt if k == 0 else off + k - 1)
-                tgt.append(t)
-                tseq.append(i)
-                ttok.append(k)
+                row.target(last_prompt if k == 0 else off + k - 1, t, i, k)
         seq_ids.extend(ids)
         segments.append(Segment(start=start, prompt_len=p, seq_ids=tuple(ids),
                                 comp_lens=tuple(len(tokens[i]) - p for i in ids)))
-    long = torch.long
-    return PackedMicroBatch(
-        input_ids=torch.tensor(inp, dtype=long), position_ids=torch.tensor(pos, dtype=long),
-        seq_index=torch.tensor(seq, dtype=long), seq_ids=seq_ids,
-        pred_positions=torch.tensor(pred, dtype=long), target_ids=torch.tensor(tgt, dtype=long),
-        target_seq=torch.tensor(tseq, dtype=long), target_tok=torch.tensor(ttok, dtype=long), segments=segments,
-    )
+    return row.build(seq_ids, segments)
