@@ -84,32 +84,13 @@ def _setup(comp: int, groups: int = 8):
 def child(variant: str, comp: int, steps: int, threads: int, mbt: int) -> dict:
     import torch
 
-    from rollwise.config import TrainConfig
-    from rollwise.models.convert import resolve_model
     from rollwise.train.batch import TrainBatch
     from rollwise.train.losses import LOSSES, LossConfig
-    from rollwise.train.trainer import Trainer
-    from rollwise.types import Rollout
 
     torch.set_num_threads(threads)
     share, head = VARIANTS[variant]
-    path = resolve_model("smollm2-135m")
-    tr = Trainer(path, TrainConfig(lr=1e-5), device="cpu")
+    tr, ros = _setup(comp)
     tr.plain_head = tr.plain_head and head
-    tok = tr.tokenizer
-    g = torch.Generator().manual_seed(0)
-    ros = []
-    for i in range(8):
-        a, b = (int(x) for x in torch.randint(10, 100, (2,), generator=g))
-        ids = tok.apply_chat_template([{"role": "user", "content": f"What is {a} + {b}?"}], add_generation_prompt=True,
-                                      tokenize=True)
-        prompt = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
-        for k in range(8):
-            n = int(torch.randint(max(1, comp // 2), comp * 3 // 2 + 1, (1,), generator=g))
-            c = torch.randint(100, 49000, (n,), generator=g).tolist()
-            ros.append(Rollout(prompt_id=str(i), group_id=str(i), sample_index=k, prompt_token_ids=prompt,
-                               completion_token_ids=c, logprobs=[-3.0] * n, weight_versions=[0] * n, loss_mask=[1] * n,
-                               advantage=float(k % 2) - 0.5))
     batch = TrainBatch.from_rollouts(ros, mbt, share_prompt=share)
     times = []
     for _ in range(steps):
