@@ -452,12 +452,7 @@ def default_encoder(tokenizer: Any) -> Callable[[Task], list[int]]:
     encoder, built from `env.chat_template` / `env.system_prompt`."""
     from rollwise.models.prompting import PromptFormat
 
-    fmt = PromptFormat()
-
-    def encode(task: Task) -> list[int]:
-        return fmt.encode(tokenizer, task.prompt)
-
-    return encode
+    return PromptFormat().task_encoder(tokenizer)
 
 
 def build_group(g: PendingGroup, step: int, max_tokens: int) -> RolloutGroup:

@@ -115,6 +115,17 @@ class PromptFormat:
         return ids
 
 
+    def task_encoder(self, tokenizer: Any) -> Any:
+        """`encode(task) -> ids` for tasks (anything with `.id` and `.prompt`); an error names the task."""
+        def encode_task(task: Any) -> list[int]:
+            try:
+                return self.encode(tokenizer, task.prompt)
+            except ValueError as e:
+                raise ValueError(f"task {task.id!r}: {e}") from None
+
+        return encode_task
+
+
 def encode(tokenizer: Any, prompt: Prompt, fmt: PromptFormat | None = None) -> list[int]:
     """`PromptFormat.encode` with the default format ("auto", no system prompt) unless `fmt` is given."""
     return (fmt or PromptFormat()).encode(tokenizer, prompt)

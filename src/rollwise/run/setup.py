@@ -55,15 +55,7 @@ def prompt_encoder(env_cfg: Any, tokenizer: Any) -> Callable[[Task], list[int]]:
     same in train, eval and generate."""
     from rollwise.models.prompting import PromptFormat
 
-    fmt = PromptFormat(env_cfg.chat_template, env_cfg.system_prompt)
-
-    def encode(task: Task) -> list[int]:
-        try:
-            return fmt.encode(tokenizer, task.prompt)
-        except ValueError as e:
-            raise ValueError(f"task {task.id!r}: {e}") from None
-
-    return encode
+    return PromptFormat(env_cfg.chat_template, env_cfg.system_prompt).task_encoder(tokenizer)
 
 
 def engine_kwargs(engine_cfg: Any, seed: int) -> dict[str, Any]:
