@@ -1,4 +1,5 @@
-"""The fused CPU paged-decode kernel against a naive per-sequence attention, and the engine with and without it."""
+"""The fused CPU kernels (paged decode attention, sampling) against naive references, and the engine with and
+without them."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import torch
 
 from rollwise import LLM, SamplingParams
 from rollwise.engine import cpu_kernels
+from rollwise.engine.sampler import SamplingBatch, sample
 
 
 def naive(q, k, v, bt, cl):
@@ -26,8 +28,9 @@ def test_kernel_matches_naive_attention():
     if fn is None:
         pytest.skip(f"CPU kernel unavailable here: {cpu_kernels._failed}")
     g = torch.Generator().manual_seed(0)
-    for h, kvh, bs in [(8, 2, 16), (4, 4, 4), (6, 1, 8)]:
-        nb, mb, b, d = 64, 5, 9, 32
+    # head_dim 32 runs the generic loop, 64 and 128 the compiled-constant ones; mb * bs up to 320 keys.
+    for h, kvh, bs, d, mb in [(8, 2, 16, 32, 5), (4, 4, 4, 32, 5), (6, 1, 8, 32, 5), (9, 3, 16, 64, 20), (4, 2, 16, 128, 7)]:
+        nb, b = 200, 9
         k = torch.randn(kvh, nb, bs, d, generator=g)
         v = torch.randn(kvh, nb, bs, d, generator=g)
         bt = torch.randperm(nb, generator=g)[: b * mb].view(b, mb).contiguous()
@@ -43,6 +46,105 @@ def test_engine_same_outputs_with_and_without_kernel(tiny_ckpts, monkeypatch):
     monkeypatch.setattr(cpu_kernels, "paged_decode_kernel", lambda: None)
     llm = LLM(tiny_ckpts["qwen3"], block_size=4)
     assert llm.engine.runner._kernel is None
+    without = llm.generate(prompts, sp)
+    for a, b in zip(with_k, without):
+        for oa, ob in zip(a.outputs, b.outputs):
+            assert oa.token_ids == ob.token_ids
+            assert max(abs(x - y) for x, y in zip(oa.logprobs, ob.logprobs)) < 1e-5
+
+
+def _kernels_or_skip():
+    fn = cpu_kernels.sample_kernel()
+    if fn is None:
+        pytest.skip(f"CPU kernels unavailable here: {cpu_kernels._failed}")
+    return fn
+
+
+def _batch(temps, pos=0, seeds=None):
+    b = len(temps)
+    return SamplingBatch(temperature=torch.tensor(temps, dtype=torch.float32), top_p=torch.ones(b),
+                         top_k=torch.zeros(b, dtype=torch.long),
+                         seeds=torch.arange(b) * 7919 + 3 if seeds is None else seeds,
+                         positions=torch.full((b,), pos, dtype=torch.long), all_greedy=all(t <= 0 for t in temps),
+                         any_truncation=False)
+
+
+def test_sample_kernel_draws_what_the_torch_path_draws():
+    """Same draw u, same distribution: the token is the torch path's except where float32 rounding of the two CDFs
+    differs (rare), and the log-prob is log_softmax(logits / T) at the token, greedy rows at T = 1."""
+    fn = _kernels_or_skip()
+    g = torch.Generator().manual_seed(0)
+    temps = [1.0, 0.7, 0.0, 1.3] * 8
+    logits = torch.randn(len(temps), 49152, generator=g) * 3
+    agree = total = 0
+    for pos in range(40):
+        sb = _batch(temps, pos)
+        t_ref, _ = sample(logits, sb)
+        t_k, lp_k = sample(logits, sb, fused=fn)
+        agree += int((t_ref == t_k).sum())
+        total += len(temps)
+        tt = torch.tensor(temps)
+        ref_lp = torch.log_softmax(logits / torch.where(tt > 0, tt, 1.0)[:, None], -1).gather(1, t_k[:, None])[:, 0]
+        assert (lp_k - ref_lp).abs().max().item() < 2e-5
+        greedy = tt <= 0
+        assert torch.equal(t_k[greedy], logits[greedy].argmax(-1))
+    assert agree >= total - 2, f"{total - agree} of {total} draws differ"
+
+
+def test_sample_kernel_distribution_and_determinism():
+    """Frequencies over many positions follow softmax(logits / T); the draw depends on (seed, position) only."""
+    fn = _kernels_or_skip()
+    logits = torch.tensor([[2.0, 0.5, -1.0, 1.0, 0.0, -3.0, 1.5]])
+    for temp in (1.0, 0.5):
+        counts = torch.zeros(7)
+        for pos in range(4000):
+            tok, _ = sample(logits, _batch([temp], pos, seeds=torch.tensor([12345])), fused=fn)
+            counts[tok] += 1
+        p = torch.softmax(logits[0] / temp, -1)
+        # 4000 draws: the standard error of a frequency is at most 0.008; 0.03 is far outside noise.
+        assert (counts / 4000 - p).abs().max().item() < 0.03
+    big = torch.randn(5, 1000, generator=torch.Generator().manual_seed(1))
+    a, _ = sample(big, _batch([1.0] * 5, 7), fused=fn)
+    b, _ = sample(torch.cat([big, big[:2]]), _batch([1.0] * 7, 7, seeds=torch.tensor([3, 7922, 15841, 23760, 31679, 3, 7922])), fused=fn)
+    assert torch.equal(a, b[:5]) and torch.equal(b[5:], a[:2])
+
+
+def test_sample_kernel_non_finite_rows_like_the_torch_path():
+    fn = _kernels_or_skip()
+    logits = torch.randn(3, 50)
+    logits[1, 7] = float("nan")
+    logits[2, 3] = float("inf")
+    tok, lp = sample(logits, _batch([1.0, 1.0, 1.0]), fused=fn)
+    assert tok[1].item() == 49 and tok[2].item() == 49 and lp[1].isnan() and lp[2].isnan()
+    assert lp[0].isfinite()
+
+
+def test_sample_kernel_left_out_where_it_does_not_apply():
+    """top-k/top-p and raw log-probs take the torch path (the kernel would be wrong there)."""
+    calls = []
+
+    def spy(*a):
+        calls.append(1)
+        raise AssertionError("kernel used")
+
+    logits = torch.randn(2, 30)
+    sb = _batch([1.0, 1.0])
+    sb.top_k = torch.tensor([5, 0])
+    sb.any_truncation = True
+    sample(logits, sb, fused=spy)
+    sample(logits, _batch([1.0, 1.0]), "raw", fused=spy)
+    assert not calls
+
+
+def test_engine_same_outputs_with_and_without_sample_kernel(tiny_ckpts, monkeypatch):
+    prompts = [[5, 6, 7, 8, 9, 10, 11], [12, 13], list(range(20, 45))]
+    sp = SamplingParams(n=3, temperature=0.8, max_tokens=16, seed=9, ignore_eos=True)
+    llm = LLM(tiny_ckpts["llama"], block_size=4)
+    assert llm.engine.runner._sample_kernel is not None or cpu_kernels._failed
+    with_k = llm.generate(prompts, sp)
+    monkeypatch.setattr(cpu_kernels, "sample_kernel", lambda: None)
+    llm = LLM(tiny_ckpts["llama"], block_size=4)
+    assert llm.engine.runner._sample_kernel is None
     without = llm.generate(prompts, sp)
     for a, b in zip(with_k, without):
         for oa, ob in zip(a.outputs, b.outputs):

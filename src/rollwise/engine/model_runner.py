@@ -48,10 +48,13 @@ class ModelRunner:
         self._per_block = spec.num_kv_heads * block_size * spec.head_dim
         self._dtype = dtype
         self._kernel = None
-        if device.type == "cpu" and dtype == torch.float32:
-            from rollwise.engine.cpu_kernels import paged_decode_kernel
+        self._sample_kernel = None
+        if device.type == "cpu":
+            from rollwise.engine import cpu_kernels
 
-            self._kernel = paged_decode_kernel()
+            self._sample_kernel = cpu_kernels.sample_kernel()  # logits are float32 for every model dtype
+            if dtype == torch.float32:
+                self._kernel = cpu_kernels.paged_decode_kernel()
         for layer in model.layers:
             cache = torch.zeros(2, spec.num_kv_heads, num_blocks, block_size, spec.head_dim, dtype=dtype, device=device)
             layer.self_attn.kv_cache = cache
@@ -182,5 +185,5 @@ class ModelRunner:
         if out.drafts is None and rows != list(range(hidden.shape[0])):
             hidden = hidden.index_select(0, torch.tensor(rows, dtype=torch.long, device=self.device))
         logits = self.model.logits(hidden)
-        tokens, logprobs = sample(logits, self._sampling_batch(out), self.logprobs_mode)
+        tokens, logprobs = sample(logits, self._sampling_batch(out), self.logprobs_mode, self._sample_kernel)
         return StepResult(tokens.tolist(), logprobs.tolist())
