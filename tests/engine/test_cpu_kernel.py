@@ -150,3 +150,45 @@ def test_engine_same_outputs_with_and_without_sample_kernel(tiny_ckpts, monkeypa
         for oa, ob in zip(a.outputs, b.outputs):
             assert oa.token_ids == ob.token_ids
             assert max(abs(x - y) for x, y in zip(oa.logprobs, ob.logprobs)) < 1e-5
+
+
+def test_layer_ops_match_the_torch_ops():
+    """The fused per-layer ops against the torch arithmetic they replace (models/decoder.py)."""
+    ops = cpu_kernels.layer_ops()
+    if ops is None:
+        pytest.skip(f"CPU kernels unavailable here: {cpu_kernels._failed}")
+    from rollwise.models.decoder import RMSNorm, rotate_half
+
+    g = torch.Generator().manual_seed(0)
+    # residual add + RMSNorm, in place on the residual stream
+    x, r = torch.randn(37, 576, generator=g), torch.randn(37, 576, generator=g)
+    norm = RMSNorm(576, 1e-5)
+    norm.weight.data = torch.rand(576, generator=g) + 0.5
+    ref_x = x + r
+    with torch.no_grad():
+        ref_h = norm(ref_x)
+    h = ops.add_rmsnorm_(x, r, norm.weight.detach(), 1e-5)
+    assert torch.allclose(x, ref_x, atol=0) and (h - ref_h).abs().max().item() < 1e-5
+    # SiLU(gate) * up over large |x| too (exp of both signs)
+    gu = torch.randn(5, 2 * 1536, generator=g) * 8
+    gu[0, :4] = torch.tensor([0.0, -100.0, 100.0, -1e-8])
+    ref = torch.nn.functional.silu(gu[:, :1536]) * gu[:, 1536:]
+    assert torch.allclose(ops.silu_mul(gu), ref, rtol=1e-5, atol=1e-5)
+    # RoPE + K/V cache write at given slots
+    n, h_, kvh, d, nb, bs = 6, 9, 3, 64, 10, 4
+    qkv = torch.randn(n, (h_ + 2 * kvh) * d, generator=g)
+    ang = torch.rand(n, d // 2, generator=g) * 6
+    cos, sin = torch.cat([ang.cos()] * 2, -1), torch.cat([ang.sin()] * 2, -1)
+    cache = torch.zeros(2, kvh, nb, bs, d)
+    slots = torch.tensor([3, 17, 0, 39, 22, 5])
+    q = ops.rope_store(qkv, cos, sin, cache, slots, h_, kvh)
+    qr, kr, vr = qkv.split([h_ * d, kvh * d, kvh * d], -1)
+    qr, kr, vr = qr.view(n, h_, d), kr.view(n, kvh, d), vr.view(n, kvh, d)
+    c, s = cos[:, None], sin[:, None]
+    assert (q - (qr * c + rotate_half(qr) * s)).abs().max().item() < 1e-5
+    flat = cache.view(2, kvh, -1, d)
+    assert (flat[0][:, slots].transpose(0, 1) - (kr * c + rotate_half(kr) * s)).abs().max().item() < 1e-5
+    assert torch.equal(flat[1][:, slots].transpose(0, 1), vr)
+    untouched = torch.ones(nb * bs, dtype=torch.bool)
+    untouched[slots] = False
+    assert flat[:, :, untouched].abs().sum().item() == 0

@@ -13,8 +13,11 @@ passes are what separates the step from the matmul limit.
   same distribution (logits / T), same processed log-prob, to float32 rounding: about 1 draw in 10,000 lands on a
   neighbouring token where the two paths round the CDF differently (measured on [64, 49152] logits), as any two
   float32 implementations would.
+- per-layer ops (`layer_ops()`): the residual add fused with the RMSNorm after it, SiLU x up, and RoPE fused with
+  the K/V cache write. A decode layer on a 64-row batch was ~30 small torch ops at 5-30 us each (launch, a fresh
+  output, one pass each); with these it is 4 calls besides the matmuls and the attention.
 
-Both use `exp_nonpos`, an exp written as plain arithmetic (2^k times a degree-7 polynomial, relative error under
+All use `exp_nonpos`, an exp written as plain arithmetic (2^k times a degree-7 polynomial, relative error under
 1e-7) so that the compiler vectorises the loops that call it; libm's scalar exp was half of the attention time.
 
 They are float32-only and optional: if no compiler or ninja is available, or `ROLLWISE_CPU_KERNELS=0`, the
@@ -213,6 +216,105 @@ std::vector<torch::Tensor> sample_rows(torch::Tensor logits, torch::Tensor tempe
   });
   return {tokens, lps};
 }
+
+// ---- fused per-layer elementwise ops (float32, contiguous rows); each replaces several torch ops and passes.
+
+// x [N, C] += r (in place); returns rmsnorm(x) * w, the arithmetic of transformers' RMSNorm in float32.
+torch::Tensor add_rmsnorm_(torch::Tensor x, torch::Tensor r, torch::Tensor w, double eps) {
+  TORCH_CHECK(x.dtype() == torch::kFloat32 && r.dtype() == torch::kFloat32 && w.dtype() == torch::kFloat32, "float32 only");
+  TORCH_CHECK(x.is_contiguous() && r.is_contiguous() && w.is_contiguous() && x.sizes() == r.sizes() && x.dim() == 2,
+              "x, r: contiguous [N, C] of the same shape");
+  const int64_t N = x.size(0), C = x.size(1);
+  auto out = torch::empty_like(x);
+  float* xp = x.data_ptr<float>();
+  const float* rp = r.data_ptr<float>();
+  const float* wp = w.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  const float e = static_cast<float>(eps);
+  at::parallel_for(0, N, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t n = begin; n < end; ++n) {
+      float* xr = xp + n * C;
+      const float* rr = rp + n * C;
+      float ss = 0.f;
+#pragma omp simd reduction(+ : ss)
+      for (int64_t i = 0; i < C; ++i) { xr[i] += rr[i]; ss += xr[i] * xr[i]; }
+      const float inv = 1.f / std::sqrt(ss / static_cast<float>(C) + e);
+      float* o = op + n * C;
+#pragma omp simd
+      for (int64_t i = 0; i < C; ++i) o[i] = wp[i] * (xr[i] * inv);
+    }
+  });
+  return out;
+}
+
+// gu [N, 2I] (gate then up, as the fused projection writes them) -> silu(gate) * up [N, I].
+torch::Tensor silu_mul(torch::Tensor gu) {
+  TORCH_CHECK(gu.dtype() == torch::kFloat32 && gu.is_contiguous() && gu.dim() == 2 && gu.size(1) % 2 == 0,
+              "gu: contiguous [N, 2I] float32");
+  const int64_t N = gu.size(0), I = gu.size(1) / 2;
+  auto out = torch::empty({N, I}, gu.options());
+  const float* gp = gu.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  at::parallel_for(0, N, 8, [&](int64_t begin, int64_t end) {
+    for (int64_t n = begin; n < end; ++n) {
+      const float* g = gp + n * 2 * I;
+      const float* u = g + I;
+      float* o = op + n * I;
+#pragma omp simd
+      for (int64_t i = 0; i < I; ++i) {
+        const float x = g[i];
+        const float ex = exp_nonpos(x < 0.f ? x : -x);  // exp(-|x|): silu(x) = x / (1 + exp(-x)), stable both ways
+        const float sig = x < 0.f ? ex / (1.f + ex) : 1.f / (1.f + ex);
+        o[i] = x * sig * u[i];
+      }
+    }
+  });
+  return out;
+}
+
+// RoPE on the q and k parts of qkv [N, (H + 2 KVH) * D] (rotate-half layout, cos/sin [N, D]); the rotated k and the v
+// are written to the cache ([2, KVH, S, D] viewed flat, S = blocks * block_size) at slots [N]; returns q [N, H, D].
+torch::Tensor rope_store(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin, torch::Tensor cache,
+                         torch::Tensor slots, int64_t H, int64_t KVH) {
+  TORCH_CHECK(qkv.dtype() == torch::kFloat32 && cache.dtype() == torch::kFloat32 && cos.dtype() == torch::kFloat32,
+              "float32 only");
+  TORCH_CHECK(qkv.is_contiguous() && cos.is_contiguous() && sin.is_contiguous() && cache.is_contiguous() &&
+              slots.is_contiguous(), "contiguous inputs");
+  const int64_t N = qkv.size(0), D = cos.size(1), half = D / 2, W = qkv.size(1);
+  TORCH_CHECK(W == (H + 2 * KVH) * D && cache.size(0) == 2 && cache.size(1) == KVH, "qkv / cache shapes");
+  const int64_t S = cache.numel() / (2 * KVH * D);
+  auto q = torch::empty({N, H, D}, qkv.options());
+  const float* xp = qkv.data_ptr<float>();
+  const float* cp = cos.data_ptr<float>();
+  const float* sp = sin.data_ptr<float>();
+  const int64_t* sl = slots.data_ptr<int64_t>();
+  float* qp = q.data_ptr<float>();
+  float* kc = cache.data_ptr<float>();
+  float* vc = kc + KVH * S * D;
+  at::parallel_for(0, N, 4, [&](int64_t begin, int64_t end) {
+    for (int64_t n = begin; n < end; ++n) {
+      const float* x = xp + n * W;
+      const float* c = cp + n * D;
+      const float* s = sp + n * D;
+      const int64_t slot = sl[n];
+      for (int64_t h = 0; h < H + KVH; ++h) {
+        const float* xi = x + h * D;
+        float* o = h < H ? qp + (n * H + h) * D : kc + ((h - H) * S + slot) * D;
+#pragma omp simd
+        for (int64_t i = 0; i < half; ++i) {
+          o[i] = xi[i] * c[i] + (-xi[i + half]) * s[i];
+          o[i + half] = xi[i + half] * c[i + half] + xi[i] * s[i + half];
+        }
+      }
+      for (int64_t h = 0; h < KVH; ++h) {
+        const float* vi = x + (H + KVH + h) * D;
+        float* o = vc + (h * S + slot) * D;
+        for (int64_t i = 0; i < D; ++i) o[i] = vi[i];
+      }
+    }
+  });
+  return q;
+}
 """
 
 _lock = threading.Lock()
@@ -233,8 +335,8 @@ def _load() -> Any | None:
                 from torch.utils.cpp_extension import load_inline
 
                 _module = load_inline(
-                    name="rollwise_cpu_kernels_v2", cpp_sources=[_SOURCE],
-                    functions=["paged_decode_attention", "sample_rows"],
+                    name="rollwise_cpu_kernels_v3", cpp_sources=[_SOURCE],
+                    functions=["paged_decode_attention", "sample_rows", "add_rmsnorm_", "silu_mul", "rope_store"],
                     extra_cflags=["-O3", "-march=native", "-fopenmp"], verbose=False,
                 )
             except Exception as e:  # noqa: BLE001 - no compiler/ninja: fall back to the torch path, loudly once
@@ -256,3 +358,10 @@ def sample_kernel() -> Any | None:
     (processed log-probs, no top-k/top-p); None when the kernels are unavailable."""
     m = _load()
     return None if m is None else m.sample_rows
+
+
+def layer_ops() -> Any | None:
+    """The fused per-layer ops for the float32 CPU decode path (`models.decoder.DecoderLM` uses them when its
+    `AttnMetadata.fused` is set): add_rmsnorm_(x, r, w, eps), silu_mul(gu), rope_store(qkv, cos, sin, cache, slots,
+    H, KVH); None when the kernels are unavailable."""
+    return _load()

@@ -48,6 +48,7 @@ class ModelRunner:
         self._per_block = spec.num_kv_heads * block_size * spec.head_dim
         self._dtype = dtype
         self._kernel = None
+        self._layer_ops = None
         self._sample_kernel = None
         if device.type == "cpu":
             from rollwise.engine import cpu_kernels
@@ -55,6 +56,7 @@ class ModelRunner:
             self._sample_kernel = cpu_kernels.sample_kernel()  # logits are float32 for every model dtype
             if dtype == torch.float32:
                 self._kernel = cpu_kernels.paged_decode_kernel()
+                self._layer_ops = cpu_kernels.layer_ops()
         for layer in model.layers:
             cache = torch.zeros(2, spec.num_kv_heads, num_blocks, block_size, spec.head_dim, dtype=dtype, device=device)
             layer.self_attn.kv_cache = cache
@@ -122,7 +124,7 @@ class ModelRunner:
         if self._kernel is not None:
             meta = AttnMetadata(False, torch.tensor(slots, dtype=torch.long, device=dev), bs, num_seqs=n,
                                 decode_kernel=self._kernel, block_tables_2d=bt.view(n, max_blocks),
-                                context_lens=pos_t + 1)
+                                context_lens=pos_t + 1, fused=self._layer_ops)
             return torch.tensor(ids, dtype=torch.long, device=dev), pos_t, meta, None
         key_pos = torch.arange(max_blocks * bs, device=dev)
         mask = (key_pos[None, :] <= pos_t[:, None]).view(1, n, 1, -1)

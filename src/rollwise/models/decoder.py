@@ -63,6 +63,9 @@ class AttnMetadata:
     decode_kernel: Any = None
     block_tables_2d: torch.Tensor | None = None  # [B, max_blocks] int64
     context_lens: torch.Tensor | None = None  # [B] int64
+    # CPU float32 decode: fused per-layer ops (`engine.cpu_kernels.layer_ops()`): the residual add with the RMSNorm
+    # after it, SiLU x up, and RoPE with the K/V cache write, each one pass instead of 3-12 torch ops.
+    fused: Any = None
     # Reusable flat gather buffers for K and V (shared by all layers), viewed as [kvh, B * max_blocks, bs, d].
     # NOTE: on CPU a fresh multi-MB tensor per layer per step costs more in page faults than the copy itself.
     workspace: tuple[torch.Tensor, torch.Tensor] | None = None
@@ -104,6 +107,9 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, meta: AttnMetadata) -> torch.Tensor:
         n = x.shape[0]  # x: [N, hidden]
         qkv = self.qkv_proj(x)
+        if meta.fused is not None and not meta.is_prefill and self.q_norm is None:
+            q = meta.fused.rope_store(qkv, cos, sin, self.kv_cache, meta.slot_mapping, self.h, self.kvh)
+            return self.o_proj(self._decode(q, meta).reshape(n, self.q_size))
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(n, self.h, self.d)
         k = k.view(n, self.kvh, self.d)
@@ -178,8 +184,11 @@ class MLP(nn.Module):
         self.gate_up_proj = nn.Linear(spec.hidden_size, 2 * spec.intermediate_size, bias=spec.mlp_bias)
         self.down_proj = nn.Linear(spec.intermediate_size, spec.hidden_size, bias=spec.mlp_bias)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).split(self.inter, dim=-1)
+    def forward(self, x: torch.Tensor, fused: Any = None) -> torch.Tensor:
+        gu = self.gate_up_proj(x)
+        if fused is not None:
+            return self.down_proj(fused.silu_mul(gu))
+        gate, up = gu.split(self.inter, dim=-1)
         return self.down_proj(F.silu(gate) * up)
 
 
@@ -223,9 +232,23 @@ class DecoderLM(nn.Module):
         x = self.embed_tokens(input_ids)
         cos = self.cos_cached[positions].to(x.dtype)
         sin = self.sin_cached[positions].to(x.dtype)
+        if meta.fused is not None and not meta.is_prefill:
+            return self._forward_fused(x, cos, sin, meta)
         for layer in self.layers:
             x = layer(x, cos, sin, meta)
         return self.norm(x)
+
+    def _forward_fused(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, meta: AttnMetadata) -> torch.Tensor:
+        """The same layers with each residual add done in one pass with the RMSNorm after it (the next layer's
+        input norm, or the final norm), in place on the residual stream."""
+        ops = meta.fused
+        norms = [layer.post_attention_layernorm for layer in self.layers]
+        after_mlp = [layer.input_layernorm for layer in self.layers[1:]] + [self.norm]
+        h = self.layers[0].input_layernorm(x)
+        for layer, post, nxt in zip(self.layers, norms, after_mlp):
+            h = ops.add_rmsnorm_(x, layer.self_attn(h, cos, sin, meta), post.weight, post.eps)
+            h = ops.add_rmsnorm_(x, layer.mlp(h, ops), nxt.weight, nxt.eps)
+        return h
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden).float()
