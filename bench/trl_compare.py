@@ -58,18 +58,29 @@ def write_task(root: Path, n_train: int = 400, n_test: int = 50, seed: int = 0) 
 
 
 def run_rollwise(model: Path, task: tuple[Path, Path, Path], steps: int, lr: float, max_tokens: int, out: Path) -> dict:
+    import yaml
+
     from rollwise.config import load_config
     from rollwise.run.loop import train
 
     train_p, test_p, reward_p = task
-    cfg = load_config(None, [
-        f"model.path={model}", f"run.out_dir={out}", f"train.steps={steps}", f"train.lr={lr}", "train.grad_clip=1.0",
-        "rollout.prompts_per_step=8", "rollout.samples_per_prompt=8", f"rollout.max_tokens={max_tokens}",
-        "rollout.temperature=1.0", "algo.loss=grpo", "algo.advantage=grpo", "algo.kl_coef=0",
-        "algo.skip_zero_variance=false", "env.name=dataset", f"env.kwargs={{path: {train_p}, test_path: {test_p}}}",
-        f"env.reward={reward_p}:correct_sum", "env.eval_size=8", "run.tensorboard=false", "model.device=cpu",
-        "engine.kv_cache_gb=1",
-    ])
+    # A config file, as a user writes one: every other key takes rollwise's code default (two threads here, as TRL
+    # gets). NOTE: `load_config(None, ...)` would start from the embedded tiny-model recipe instead (one thread,
+    # 512-token rows), which is what an earlier version of this bench did by mistake.
+    settings = {
+        "model": {"path": str(model), "device": "cpu"},
+        "run": {"out_dir": str(out), "tensorboard": False},
+        "train": {"steps": steps, "lr": lr, "grad_clip": 1.0},
+        "rollout": {"prompts_per_step": 8, "samples_per_prompt": 8, "max_tokens": max_tokens, "temperature": 1.0},
+        "algo": {"loss": "grpo", "advantage": "grpo", "kl_coef": 0.0, "skip_zero_variance": False},
+        "env": {"name": "dataset", "kwargs": {"path": str(train_p), "test_path": str(test_p)},
+                "reward": f"{reward_p}:correct_sum", "eval_size": 8},
+        "engine": {"kv_cache_gb": 1},
+    }
+    cfg_path = out.parent / f"{out.name}.yaml"
+    cfg_path.parent.mkdir(parents=True, exist_ok=True)
+    cfg_path.write_text(yaml.safe_dump(settings, sort_keys=False))
+    cfg = load_config(cfg_path)
     train(cfg, log=lambda s: None)
     rows = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
     rows = [r for r in rows if "step_s" in r]
@@ -153,7 +164,7 @@ def main(argv=None) -> int:
         r = fn(model, task, args.steps, args.lr, int(mt), Path(out))
         import resource
 
-        r.update(wall_s=time.perf_counter() - t0, peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+        r.update(wall_s=time.perf_counter() - t0, torch_threads=torch.get_num_threads(), peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
         print(json.dumps(r))
         return 0
     res: dict = {"model": str(args.model), "steps": args.steps, "lr": args.lr, "torch_threads": torch.get_num_threads(),
