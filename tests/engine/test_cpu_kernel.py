@@ -28,8 +28,8 @@ def test_kernel_matches_naive_attention():
     if fn is None:
         pytest.skip(f"CPU kernel unavailable here: {cpu_kernels._failed}")
     g = torch.Generator().manual_seed(0)
-    # head_dim 32 runs the generic loop, 64 and 128 the compiled-constant ones; mb * bs up to 320 keys.
-    for h, kvh, bs, d, mb in [(8, 2, 16, 32, 5), (4, 4, 4, 32, 5), (6, 1, 8, 32, 5), (9, 3, 16, 64, 20), (4, 2, 16, 128, 7)]:
+    # head_dim 32 and 320 run the generic loop, 64 and 128 the compiled-constant ones; mb * bs up to 320 keys.
+    for h, kvh, bs, d, mb in [(8, 2, 16, 32, 5), (4, 4, 4, 32, 5), (6, 1, 8, 32, 5), (9, 3, 16, 64, 20), (4, 2, 16, 128, 7), (2, 1, 4, 320, 3)]:
         nb, b = 200, 9
         k = torch.randn(kvh, nb, bs, d, generator=g)
         v = torch.randn(kvh, nb, bs, d, generator=g)
@@ -39,18 +39,23 @@ def test_kernel_matches_naive_attention():
         assert (fn(q, k, v, bt, cl, d**-0.5) - naive(q, k, v, bt, cl)).abs().max().item() < 1e-5
 
 
-def test_engine_same_outputs_with_and_without_kernel(tiny_ckpts, monkeypatch):
-    prompts = [[5, 6, 7, 8, 9, 10, 11], [12, 13], list(range(20, 45))]
-    sp = SamplingParams(n=3, temperature=1.0, max_tokens=20, seed=5, ignore_eos=True)
-    with_k = LLM(tiny_ckpts["qwen3"], block_size=4).generate(prompts, sp)
-    monkeypatch.setattr(cpu_kernels, "paged_decode_kernel", lambda: None)
-    llm = LLM(tiny_ckpts["qwen3"], block_size=4)
-    assert llm.engine.runner._kernel is None
-    without = llm.generate(prompts, sp)
-    for a, b in zip(with_k, without):
+PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [12, 13], list(range(20, 45))]
+
+
+def _same_outputs(a_outs, b_outs):
+    for a, b in zip(a_outs, b_outs):
         for oa, ob in zip(a.outputs, b.outputs):
             assert oa.token_ids == ob.token_ids
             assert max(abs(x - y) for x, y in zip(oa.logprobs, ob.logprobs)) < 1e-5
+
+
+def test_engine_same_outputs_with_and_without_kernel(tiny_ckpts, monkeypatch):
+    sp = SamplingParams(n=3, temperature=1.0, max_tokens=20, seed=5, ignore_eos=True)
+    with_k = LLM(tiny_ckpts["qwen3"], block_size=4).generate(PROMPTS, sp)
+    monkeypatch.setattr(cpu_kernels, "paged_decode_kernel", lambda: None)
+    llm = LLM(tiny_ckpts["qwen3"], block_size=4)
+    assert llm.engine.runner._kernel is None
+    _same_outputs(with_k, llm.generate(PROMPTS, sp))
 
 
 def _kernels_or_skip():
@@ -137,19 +142,14 @@ def test_sample_kernel_left_out_where_it_does_not_apply():
 
 
 def test_engine_same_outputs_with_and_without_sample_kernel(tiny_ckpts, monkeypatch):
-    prompts = [[5, 6, 7, 8, 9, 10, 11], [12, 13], list(range(20, 45))]
     sp = SamplingParams(n=3, temperature=0.8, max_tokens=16, seed=9, ignore_eos=True)
     llm = LLM(tiny_ckpts["llama"], block_size=4)
     assert llm.engine.runner._sample_kernel is not None or cpu_kernels._failed
-    with_k = llm.generate(prompts, sp)
+    with_k = llm.generate(PROMPTS, sp)
     monkeypatch.setattr(cpu_kernels, "sample_kernel", lambda: None)
     llm = LLM(tiny_ckpts["llama"], block_size=4)
     assert llm.engine.runner._sample_kernel is None
-    without = llm.generate(prompts, sp)
-    for a, b in zip(with_k, without):
-        for oa, ob in zip(a.outputs, b.outputs):
-            assert oa.token_ids == ob.token_ids
-            assert max(abs(x - y) for x, y in zip(oa.logprobs, ob.logprobs)) < 1e-5
+    _same_outputs(with_k, llm.generate(PROMPTS, sp))
 
 
 def test_layer_ops_match_the_torch_ops():

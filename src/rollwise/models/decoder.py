@@ -242,10 +242,11 @@ class DecoderLM(nn.Module):
         """The same layers with each residual add done in one pass with the RMSNorm after it (the next layer's
         input norm, or the final norm), in place on the residual stream."""
         ops = meta.fused
-        norms = [layer.post_attention_layernorm for layer in self.layers]
-        after_mlp = [layer.input_layernorm for layer in self.layers[1:]] + [self.norm]
-        h = self.layers[0].input_layernorm(x)
-        for layer, post, nxt in zip(self.layers, norms, after_mlp):
+        layers = self.layers
+        h = layers[0].input_layernorm(x)
+        for i, layer in enumerate(layers):
+            post = layer.post_attention_layernorm
+            nxt = layers[i + 1].input_layernorm if i + 1 < len(layers) else self.norm
             h = ops.add_rmsnorm_(x, layer.self_attn(h, cos, sin, meta), post.weight, post.eps)
             h = ops.add_rmsnorm_(x, layer.mlp(h, ops), nxt.weight, nxt.eps)
         return h
