@@ -163,6 +163,9 @@ class Driver:
     def __init__(self, engine: Any) -> None:
         self.engine = engine
         self.core = step_engine(engine)
+        # A batch engine that can also stream (RemoteEngine, MultiEngine of them) offers its step-level interface
+        # through `stepwise()`; it is opened only when a policy submits (batch policies keep batched generate).
+        self._stepwise_factory = getattr(engine, "stepwise", None) if self.core is None else None
         if self.core is None and not callable(getattr(engine, "generate", None)):
             raise ValueError(f"{type(engine).__name__} is not an engine: it has neither add_request/step/abort nor generate")
         self.inflight: dict[str, tuple[SampleRequest, int]] = {}  # request id -> (request, tokens at submit)
@@ -193,7 +196,12 @@ class Driver:
 
     @property
     def stepwise(self) -> bool:
-        return self.core is not None
+        return self.core is not None or callable(self._stepwise_factory)
+
+    @property
+    def speculative(self) -> bool:
+        """Drafts can be verified: the in-process step engine only."""
+        return self.core is not None and self._stepwise_factory is None
 
     @property
     def weight_version(self) -> int:
@@ -209,6 +217,8 @@ class Driver:
         return sum(r.count for r, _ in self.inflight.values())
 
     def submit(self, req: SampleRequest) -> None:
+        if self.core is None and callable(self._stepwise_factory):
+            self.core = self._stepwise_factory()
         if self.core is None:
             raise RuntimeError("submit needs a step-level engine (add_request/step/abort)")
         req.submitted_at = time.perf_counter()
@@ -272,7 +282,7 @@ class Driver:
         """Generate every request to completion; outputs in the order of `reqs`."""
         if not reqs:
             return []
-        if self.core is None:
+        if self.core is None or self._stepwise_factory is not None:  # batch engines: one batched call
             t0 = time.perf_counter()
             for r in reqs:
                 r.submitted_at = t0
@@ -589,7 +599,7 @@ class RolloutController:
         ctx = StepContext(drv, self._selecting(source, acc, params.n), params, step, batch_groups, self.encode,
                           self._score, self.params_fn, acc,
                           prior=(sel.belief if sel is not None else (lambda _tid: self.prior)), episodes=self.episodes,
-                          drafts=self.drafts.for_task if self.drafts is not None and drv.stepwise else None)
+                          drafts=self.drafts.for_task if self.drafts is not None and drv.speculative else None)
         groups = self.policy.run(ctx)
         acc.gen_s, acc.idle_s, acc.generated_tokens = drv.gen_s, drv.idle_s, drv.generated_tokens
         books = drv.spec_books()

@@ -432,6 +432,31 @@ class Trainer:
                 model.train(was_training)
         return (lp_out, ent_out) if with_entropy else lp_out
 
+    @torch.no_grad()
+    def probe_logprobs(self, prompts: list[list[int]]) -> torch.Tensor:
+        """The policy's next-token distribution after each prompt, as the engine samples it: float32 log-probs
+        of logits / T truncated to top-k / top-p and renormalised (-inf outside the kept set). [P, V] on the CPU.
+
+        The weight-sync check (`run.sync_check`) compares an engine's reported log-probs with these: a sync that
+        did not land, or a server reporting another log-prob mode, shows as a gap far above float noise."""
+        if not prompts or any(not p for p in prompts):
+            raise TrainerError("probe_logprobs needs non-empty prompts")
+        was_training = self.model.training
+        self.model.eval()
+        rows = []
+        try:
+            for p in prompts:
+                ids = torch.tensor([p], dtype=torch.long, device=self.device)
+                with self._autocast():
+                    logits = self.model(input_ids=ids).logits[0, -1:].float()
+                x = logits / self.temperature
+                if self.top_p < 1.0 or self.top_k > 0:
+                    x = x.masked_fill(~truncation_keep(x, self.top_p, self.top_k), float("-inf"))
+                rows.append(torch.log_softmax(x, dim=-1)[0].cpu())
+        finally:
+            self.model.train(was_training)
+        return torch.stack(rows)
+
     # ------------------------------------------------------------------------------------------- update
 
     def train_step(self, batch: TrainBatch, loss_fn: LossFn, loss_cfg: LossConfig, *,
