@@ -121,6 +121,39 @@ class ModelConfig(_Section):
         return v
 
 
+class VLLMConfig(_Section):
+    """vLLM servers rollwise starts and stops itself (`engine.backend: remote`, `engine.remote_server: vllm`).
+
+    With `launch: true` there is no second terminal: rollwise starts `num_servers` OpenAI-compatible vLLM servers
+    on the run's model (subprocesses of `python`, the interpreter of vLLM's own venv), with the RL settings it
+    needs (processed log-probs, dev-mode RPC, rollwise's worker extension for weight loads), waits for their
+    health, points `engine.remote_urls` at them, and stops them at exit, crash included."""
+
+    launch: bool = False
+    """Start the servers (else `engine.remote_urls` names servers someone else started)."""
+    python: str = "python"
+    """The Python interpreter of the venv vLLM is installed in (e.g. .venv-vllm/bin/python)."""
+    num_servers: int = Field(1, ge=1)
+    """Servers to start; the prompts of a step are split across them."""
+    port: int = Field(8100, ge=1, le=65535)
+    """First port; server i listens on port + i."""
+    host: str = "127.0.0.1"
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    """The servers' dtype; 'auto' = model.dtype."""
+    max_model_len: int | None = Field(None, ge=16)
+    """vLLM's --max-model-len; None = engine.max_model_len, else 2048."""
+    kv_cache_gb: float = Field(2.0, gt=0)
+    """CPU servers: VLLM_CPU_KVCACHE_SPACE (GiB) per server."""
+    cpu_threads: str | None = None
+    """CPU servers: VLLM_CPU_OMP_THREADS_BIND per server, e.g. '0-1' (None: vLLM's default)."""
+    startup_timeout_s: float = Field(600.0, gt=0)
+    """How long to wait for a server's /health before the run fails (CPU start-up compiles for 1-2 minutes)."""
+    args: list[str] = Field(default_factory=list)
+    """Extra command-line arguments for every server (e.g. ['--enforce-eager'])."""
+    log_dir: str | None = None
+    """Where each server's output goes (default RUN_DIR/vllm/)."""
+
+
 class EngineConfig(_Section):
     """The generation engine: where it runs (`backend`) and how the in-process engine is sized.
 
@@ -140,7 +173,18 @@ class EngineConfig(_Section):
     """backend 'remote': name of the environment variable holding the servers' admin key (sent as a Bearer token;
     the key itself never goes into config.yaml)."""
     remote_timeout_s: float = Field(600.0, gt=0)
-    """backend 'remote': the longest one generation or weight-reload request may take."""
+    """backend 'remote': the longest one generation or weight-reload request may take, in total."""
+    remote_weights_dir: str | None = None
+    """backend 'remote' with vllm/sglang: where weight syncs write safetensors for the servers to read (a shared
+    filesystem when they run elsewhere); None = a temporary directory on this machine."""
+    vllm: VLLMConfig = Field(default_factory=VLLMConfig)
+    """backend 'remote', remote_server 'vllm': servers rollwise launches itself (`engine.vllm.launch`)."""
+    sync_check: Literal["auto", "on", "off"] = "auto"
+    """After every weight sync (and at start), compare the engine's log-probs of a probe with the trainer's and
+    stop the run on a gap over `sync_check_tol` (run.sync_check). 'auto' = on for remote and Ray engines, off for
+    the in-process engine (its load is a tensor copy; the per-step log-prob gap metric covers it)."""
+    sync_check_tol: float = Field(1e-3, gt=0)
+    """The largest |engine - trainer| log-prob gap the sync check accepts (float32; bfloat16 rollouts need ~5e-2)."""
     num_engines: int = Field(2, ge=1)
     """backend 'ray': engine actors (the prompts of a step are split across them)."""
     max_num_seqs: int = Field(256, ge=1)
@@ -502,7 +546,8 @@ class RunConfig(BaseModel):
 # ------------------------------------------------------------------------------------------------- cross-section
 
 _STEPWISE_POLICIES = ("early_stop", "partial")
-"""Policies that abort and resume samples mid-generation: they need the in-process engine's step interface."""
+"""Policies that abort and resume samples mid-generation: they need a step-level engine (in-process, or remote
+servers through streaming and abort-on-disconnect)."""
 
 _ADAPTIVE_OR_DYNAMIC = ("dynamic", "adaptive")
 
@@ -513,6 +558,10 @@ _APPLIES_WHEN: list[tuple[str, Any, str]] = [
     ("engine.remote_server", lambda c: c.engine.backend == "remote", "engine.backend is 'remote'"),
     ("engine.remote_api_key_env", lambda c: c.engine.backend == "remote", "engine.backend is 'remote'"),
     ("engine.remote_timeout_s", lambda c: c.engine.backend == "remote", "engine.backend is 'remote'"),
+    ("engine.remote_weights_dir", lambda c: c.engine.backend == "remote" and c.engine.remote_server != "rollwise",
+     "engine.backend is 'remote' and engine.remote_server is vllm or sglang"),
+    ("engine.vllm", lambda c: c.engine.backend == "remote" and c.engine.remote_server == "vllm",
+     "engine.backend is 'remote' and engine.remote_server is 'vllm'"),
     ("engine.num_engines", lambda c: c.engine.backend == "ray", "engine.backend is 'ray'"),
     ("run.num_scorers", lambda c: c.engine.backend == "ray", "engine.backend is 'ray'"),
     ("run.ray_address", lambda c: c.engine.backend == "ray", "engine.backend is 'ray'"),
@@ -586,17 +635,21 @@ def cross_section_problems(cfg: RunConfig) -> list[str]:
     """Combinations that cannot work, and keys set where they take no effect; one line each (empty: fine)."""
     out: list[str] = []
     c = cfg
-    if c.control.policy in _STEPWISE_POLICIES and c.engine.backend != "local":
-        out.append(f"control.policy '{c.control.policy}' needs engine.backend 'local': it aborts and resumes samples "
-                   f"mid-generation, which {c.engine.backend} engines do not expose")
+    if c.control.policy in _STEPWISE_POLICIES and c.engine.backend == "ray":
+        out.append(f"control.policy '{c.control.policy}' needs engine.backend 'local' or 'remote': it aborts and "
+                   "resumes samples mid-generation, which Ray engine actors do not expose")
     if c.control.policy == "adaptive" and c.control.pilot_samples >= c.rollout.samples_per_prompt:
         out.append(f"control.pilot_samples ({c.control.pilot_samples}) must be smaller than "
                    f"rollout.samples_per_prompt ({c.rollout.samples_per_prompt}) for control.policy=adaptive")
     if c.rollout.speculative.source != "off" and c.engine.backend != "local":
         out.append(f"rollout.speculative.source '{c.rollout.speculative.source}' needs engine.backend 'local': "
                    f"{c.engine.backend} engines take whole batches and no drafts")
-    if c.engine.backend == "remote" and not c.engine.remote_urls:
-        out.append("engine.backend 'remote' needs engine.remote_urls (e.g. ['http://127.0.0.1:8000'])")
+    launching = c.engine.backend == "remote" and c.engine.remote_server == "vllm" and c.engine.vllm.launch
+    if c.engine.backend == "remote" and not c.engine.remote_urls and not launching:
+        out.append("engine.backend 'remote' needs engine.remote_urls (e.g. ['http://127.0.0.1:8000']) or, for vLLM, "
+                   "engine.vllm.launch: true")
+    if launching and c.engine.remote_urls:
+        out.append("engine.vllm.launch starts the servers itself: leave engine.remote_urls empty")
     if c.engine.backend == "ray":
         import importlib.util
 

@@ -72,6 +72,8 @@ def _run_steps(run: Any, log: Log, stop_after: int | None) -> dict[str, Any] | N
         log(f"resume: continuing after step {start_step} from {run.ckpt.path}")
     if run.ckpt is not None or cfg.engine.backend == "remote":  # a server may hold other weights: send ours
         engine.load_weights(trainer.weights(), trainer.version)
+    if run.sync_check is not None:  # the engine samples from the trainer's distribution, or the run stops here
+        run.sync_check.verify(engine, run.sync_check.reference(trainer), first=True)
     tok = run.tokenizer
     store = RolloutStore(run.run_dir, decode=(lambda ids: tok.decode(ids)) if tok is not None else None)
     store.truncate_after(start_step)
@@ -100,7 +102,8 @@ def _run_steps(run: Any, log: Log, stop_after: int | None) -> dict[str, Any] | N
 
     overlong = overlong_options(A)  # DAPO's overlong filtering / soft punishment (on for algo.loss: dapo)
     source = make_source(run.controller, engine, run.train_tasks, order, params, R.prompts_per_step, staleness=K,
-                         first_step=start_step + 1, last_step=last, trained_version=trainer.version)
+                         first_step=start_step + 1, last_step=last, trained_version=trainer.version,
+                         sync_check=run.sync_check, trainer=trainer)
     ckpt_dir = None
     try:
         for step in range(start_step + 1, last + 1):
@@ -132,6 +135,8 @@ def _run_steps(run: Any, log: Log, stop_after: int | None) -> dict[str, Any] | N
                 replay.add(own)
                 replay.evict_stale(trainer.version)
                 extra = {"replay_used": len(replayed), **replay.stats(trainer.version)}
+            if run.sync_check is not None and run.sync_check.last_diff is not None:
+                extra["sync_logprob_gap"] = run.sync_check.last_diff
             if cfg.run.eval_every and step % cfg.run.eval_every == 0 and step < cfg.train.steps:
                 with source.exclusive() as eng:
                     ev = held_out(eng)

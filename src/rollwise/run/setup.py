@@ -65,9 +65,41 @@ def engine_kwargs(engine_cfg: Any, seed: int) -> dict[str, Any]:
     return {**{k: getattr(engine_cfg, k) for k in sizing}, "seed": seed}
 
 
-def make_engine(cfg: RunConfig, model_dir: Path, device: str, tokenizer: Any, seed: int) -> Any:
+def _vocab_size(model_dir: Path) -> int | None:
+    """The model's vocabulary size from its config.json (remote token ids must be below it)."""
+    try:
+        v = json.loads((Path(model_dir) / "config.json").read_text()).get("vocab_size")
+    except (OSError, ValueError):
+        return None
+    return v if isinstance(v, int) and v > 0 else None
+
+
+def launch_vllm(cfg: RunConfig, model_dir: Path, run_dir: Path, log: Log) -> Any:
+    """`engine.vllm.launch`: start the servers on `model_dir` and wait for them (`engine.vllm_launch`)."""
+    from rollwise.engine.vllm_launch import VLLMLaunchSpec, VLLMServers, free_port
+
+    V = cfg.engine.vllm
+    dtype = cfg.model.dtype if V.dtype == "auto" else V.dtype
+    log_dir = Path(V.log_dir) if V.log_dir else run_dir / "vllm"
+    specs, port = [], V.port
+    for i in range(V.num_servers):
+        port = free_port(V.host, port)
+        specs.append(VLLMLaunchSpec(python=V.python, model=str(model_dir), port=port, host=V.host, dtype=dtype,
+                                    max_model_len=V.max_model_len or cfg.engine.max_model_len or 2048,
+                                    kv_cache_gb=V.kv_cache_gb, cpu_threads=V.cpu_threads, args=tuple(V.args),
+                                    log_path=str(log_dir / f"server-{i}.log"), seed=cfg.train.seed))
+        port += 1
+    servers = VLLMServers(specs)
+    log(f"vllm: starting {len(specs)} server(s) with {V.python} (logs in {log_dir})")
+    took = servers.start(V.startup_timeout_s)
+    log(f"vllm: {', '.join(servers.urls)} ready after {', '.join(f'{t:.0f}s' for t in took)}")
+    return servers
+
+
+def make_engine(cfg: RunConfig, model_dir: Path, device: str, tokenizer: Any, seed: int,
+                launched: Any = None) -> Any:
     """The engine `engine.backend` names, loaded with the model in `model_dir` (remote servers get it at the first
-    weight sync)."""
+    weight sync); `launched`: the `VLLMServers` rollwise started, when it did."""
     E = cfg.engine
     if E.backend == "local":
         from rollwise.engine.llm import LLM
@@ -77,8 +109,11 @@ def make_engine(cfg: RunConfig, model_dir: Path, device: str, tokenizer: Any, se
         from rollwise.engine.remote import MultiEngine, RemoteEngine
 
         key = os.environ.get(E.remote_api_key_env) or None
+        urls = launched.urls if launched is not None else list(E.remote_urls)
+        vocab = _vocab_size(model_dir)
         engines = [RemoteEngine(url, api_key=key, timeout_s=E.remote_timeout_s, backend=E.remote_server,
-                                tokenizer=tokenizer) for url in E.remote_urls]
+                                tokenizer=tokenizer, weights_dir=E.remote_weights_dir, vocab_size=vocab)
+                   for url in urls]
         return engines[0] if len(engines) == 1 else MultiEngine(engines)
     from rollwise.run.ray_engines import RayEngines
 
@@ -106,6 +141,21 @@ def make_trainer(cfg: RunConfig, model_dir: Path, device: str) -> Any:
     tr = Trainer(model_dir, cfg.train, device=device, temperature=temp, top_p=R.top_p, top_k=R.top_k,
                  reference=A.kl_coef > 0, total_steps=cfg.train.steps, tokenizer_path=cfg.model.tokenizer)
     return LocalTrainer(tr, cfg.train.micro_batch_tokens, A.loss, loss_cfg)
+
+
+def make_sync_check(cfg: RunConfig, encode: Callable[[Task], list[int]], tasks: list[Task]) -> Any:
+    """The weight-sync check (`run.sync_check`) on two of the run's own prompts, or None when it is off."""
+    E, R = cfg.engine, cfg.rollout
+    on = E.sync_check == "on" or (E.sync_check == "auto" and E.backend != "local")
+    if not on:
+        return None
+    from rollwise.run.sync_check import SyncCheck, probe_prompts
+
+    where = ", ".join(E.remote_urls) if E.backend == "remote" and E.remote_urls else f"the {E.backend} engine"
+    if E.backend == "remote" and E.remote_server == "vllm" and E.vllm.launch:
+        where = "the launched vLLM server(s)"
+    return SyncCheck(probe_prompts([encode(t) for t in tasks[:8]]), temperature=R.temperature, top_p=R.top_p,
+                     top_k=R.top_k, tol=E.sync_check_tol, engine_name=where)
 
 
 def make_scorer(cfg: RunConfig, env: Any) -> tuple[Callable[[list[tuple[Task, str]]], list[Score]] | None, Any]:
@@ -181,6 +231,8 @@ class RunParts:
     controller: Any
     t_start: float
     closers: list[Callable[[], None]] = field(default_factory=list)
+    sync_check: Any = None
+    """`run.sync_check.SyncCheck` when engine.sync_check is on for this backend, else None."""
 
     def close(self) -> None:
         for c in reversed(self.closers):
@@ -246,7 +298,11 @@ def build_run(cfg: RunConfig, log: Log) -> RunParts:
     if multi_turn:
         parts.episodes = make_episode_runner(cfg, env, tokenizer, parts.encode)
     try:
-        parts.engine = make_engine(cfg, init_dir, device, tokenizer, seed)
+        launched = None
+        if cfg.engine.backend == "remote" and cfg.engine.remote_server == "vllm" and cfg.engine.vllm.launch:
+            launched = launch_vllm(cfg, init_dir, run_dir, log)
+            parts.closers.append(launched.stop)
+        parts.engine = make_engine(cfg, init_dir, device, tokenizer, seed, launched)
         for name in ("shutdown", "close"):
             if callable(getattr(parts.engine, name, None)):
                 parts.closers.append(getattr(parts.engine, name))
@@ -256,6 +312,7 @@ def build_run(cfg: RunConfig, log: Log) -> RunParts:
             parts.closers.append(sc.shutdown)
         parts.trainer = make_trainer(cfg, init_dir, device)
         parts.closers.append(parts.trainer.shutdown)
+        parts.sync_check = make_sync_check(cfg, parts.encode, train_tasks)
         from rollwise.control.drafts import DraftStore
 
         parts.controller = make_controller(cfg.control, env, tokenizer, seed=seed, encode=parts.encode,

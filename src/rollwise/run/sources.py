@@ -86,22 +86,39 @@ class _StepMaker:
         return StepBatch(step, res, self.order.state())
 
 
+class _Checked:
+    """The weight-sync check (`run.sync_check`) bound to the trainer that makes its references; none = no check."""
+
+    def __init__(self, check: Any = None, trainer: Any = None) -> None:
+        self.check, self.trainer = check, trainer
+
+    def reference(self) -> Any:
+        return self.check.reference(self.trainer) if self.check is not None else None
+
+    def verify(self, engine: Any, ref: Any) -> None:
+        if self.check is not None and ref is not None:
+            self.check.verify(engine, ref)
+
+
 class SyncSource:
     """Generate each step when the loop asks for it."""
 
     staleness_bound = 0
 
-    def __init__(self, maker: _StepMaker) -> None:
+    def __init__(self, maker: _StepMaker, checked: _Checked | None = None) -> None:
         self.maker = maker
         self.engine = maker.engine
+        self.checked = checked or _Checked()
 
     def next_batch(self, step: int) -> StepBatch:
         return self.maker.make(step)
 
     def sync(self, weights: Any, version: int) -> float:
-        """Load the trainer's new weights now; returns the seconds it took."""
+        """Load the trainer's new weights now (then prove they landed, when checked); returns the seconds."""
         t0 = time.perf_counter()
+        ref = self.checked.reference()
         self.engine.load_weights(weights, version)
+        self.checked.verify(self.engine, ref)
         return time.perf_counter() - t0
 
     @contextlib.contextmanager
@@ -122,9 +139,12 @@ def _snapshot(weights: Any) -> Any:
 class AsyncSource:
     """Generate in a background thread, at most `staleness_bound` (K >= 1) weight versions ahead of training."""
 
-    def __init__(self, maker: _StepMaker, k: int, first_step: int, last_step: int, trained_version: int) -> None:
+    def __init__(self, maker: _StepMaker, k: int, first_step: int, last_step: int, trained_version: int,
+                 checked: _Checked | None = None) -> None:
         if k < 1:
             raise ValueError(f"AsyncSource needs K >= 1 (K = 0 is SyncSource), got {k}")
+        self.checked = checked or _Checked()
+        self._ref: Any = None
         self.maker = maker
         self.engine = maker.engine
         self.staleness_bound = k
@@ -146,9 +166,10 @@ class AsyncSource:
     def _load_newest(self) -> None:
         """Bring the engine to the newest published weights (caller holds the engine lock)."""
         with self._cond:
-            version, weights = self._version, self._weights
+            version, weights, ref = self._version, self._weights, self._ref
         if weights is not None and version > self.engine.weight_version:
             self.engine.load_weights(weights, version)
+            self.checked.verify(self.engine, ref)  # the reference was made when these weights were published
 
     def _produce(self) -> None:
         try:
@@ -182,8 +203,9 @@ class AsyncSource:
         seconds spent copying."""
         t0 = time.perf_counter()
         snap = _snapshot(weights)
+        ref = self.checked.reference()  # the trainer is at `version` now: later it is not
         with self._cond:
-            self._version, self._weights = version, snap
+            self._version, self._weights, self._ref = version, snap, ref
             self._cond.notify_all()
         return time.perf_counter() - t0
 
@@ -204,9 +226,12 @@ class AsyncSource:
 
 def make_source(controller: Any, engine: Any, tasks: list[Task], order: DataOrder,
                 params: Callable[[int], SamplingParams], batch_groups: int, *, staleness: int, first_step: int,
-                last_step: int, trained_version: int) -> SyncSource | AsyncSource:
-    """SyncSource for K = 0, else AsyncSource(K)."""
+                last_step: int, trained_version: int, sync_check: Any = None,
+                trainer: Any = None) -> SyncSource | AsyncSource:
+    """SyncSource for K = 0, else AsyncSource(K); `sync_check` (with the `trainer` that makes its references)
+    proves every weight sync."""
     maker = _StepMaker(controller, engine, tasks, order, params, batch_groups)
+    checked = _Checked(sync_check, trainer)
     if staleness == 0:
-        return SyncSource(maker)
-    return AsyncSource(maker, staleness, first_step, last_step, trained_version)
+        return SyncSource(maker, checked)
+    return AsyncSource(maker, staleness, first_step, last_step, trained_version, checked)

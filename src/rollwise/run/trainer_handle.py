@@ -26,6 +26,10 @@ class TrainerHandle(Protocol):
 
     def weights(self) -> Any: ...
 
+    def probe_logprobs(self, prompts: list[list[int]]) -> Any:
+        """[P, V] next-token log-probs as the engine samples them (the weight-sync check's reference)."""
+        ...
+
     def save(self, run_dir: str | Path, step: int, data_position: dict[str, Any], keep: int | None,
              tokenizer: Any = None) -> Path: ...
 
@@ -59,6 +63,9 @@ class LocalTrainer:
     def weights(self) -> Any:
         """The live HF-named state dict (LoRA merged); copy it before handing it to another thread."""
         return self.trainer.state_dict_for_sync()
+
+    def probe_logprobs(self, prompts: list[list[int]]) -> Any:
+        return self.trainer.probe_logprobs(prompts).numpy()
 
     def save(self, run_dir: str | Path, step: int, data_position: dict[str, Any], keep: int | None,
              tokenizer: Any = None) -> Path:
@@ -109,6 +116,9 @@ class TrainerWorker:
     def weights(self) -> dict[str, Any]:
         return {k: v.detach().cpu().numpy() for k, v in self.local.weights().items()}
 
+    def probe_logprobs(self, prompts: list[list[int]]) -> Any:
+        return self.local.probe_logprobs(prompts)
+
     def save(self, run_dir: str, step: int, data_position: dict[str, Any], keep: int | None) -> str:
         return str(self.local.save(run_dir, step, data_position, keep))
 
@@ -146,6 +156,9 @@ class RayTrainer:
 
     def weights(self) -> Any:
         return self.actor.weights.remote()
+
+    def probe_logprobs(self, prompts: list[list[int]]) -> Any:
+        return self._get(self.actor.probe_logprobs.remote(prompts), "compute the sync probe")
 
     def save(self, run_dir: str | Path, step: int, data_position: dict[str, Any], keep: int | None,
              tokenizer: Any = None) -> Path:
