@@ -179,9 +179,9 @@ class EngineConfig(_Section):
     filesystem when they run elsewhere); None = a temporary directory on this machine."""
     vllm: VLLMConfig = Field(default_factory=VLLMConfig)
     """backend 'remote', remote_server 'vllm': servers rollwise launches itself (`engine.vllm.launch`)."""
-    sync_check: Literal["auto", "on", "off"] = "auto"
+    sync_check: Literal["auto"] | bool = "auto"
     """After every weight sync (and at start), compare the engine's log-probs of a probe with the trainer's and
-    stop the run on a gap over `sync_check_tol` (run.sync_check). 'auto' = on for remote and Ray engines, off for
+    stop the run on a gap over `sync_check_tol` (run.sync_check). 'auto' = true for remote and Ray engines, false for
     the in-process engine (its load is a tensor copy; the per-step log-prob gap metric covers it)."""
     sync_check_tol: float = Field(1e-3, gt=0)
     """The largest |engine - trainer| log-prob gap the sync check accepts (float32; bfloat16 rollouts need ~5e-2)."""

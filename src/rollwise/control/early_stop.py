@@ -56,11 +56,16 @@ class EarlyStopPolicy:
             for gid in {req.group_id for req, _ in done}:
                 g = by_id[gid]
                 if self._decided(g, ctx.prior(g.task.id)):
+                    late = []
                     for j, o in enumerate(g.outputs):
                         if o is None:
                             got = drv.abort(f"{gid}/{j}")
                             if got is not None:
                                 ctx.place(g, *got)
+                                late.append((g, j))
+                    # NOTE: a streaming (remote) engine may have finished a sample between the step and its abort:
+                    # such a sample is a real completion and is scored like any other (aborted ones are skipped).
+                    ctx.score(late)
         return [build_group(g, ctx.step, ctx.params.max_tokens) for g in groups]
 
     def _decided(self, g: PendingGroup, prior: tuple[float, float]) -> bool:

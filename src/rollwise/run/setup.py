@@ -146,7 +146,7 @@ def make_trainer(cfg: RunConfig, model_dir: Path, device: str) -> Any:
 def make_sync_check(cfg: RunConfig, encode: Callable[[Task], list[int]], tasks: list[Task]) -> Any:
     """The weight-sync check (`run.sync_check`) on two of the run's own prompts, or None when it is off."""
     E, R = cfg.engine, cfg.rollout
-    on = E.sync_check == "on" or (E.sync_check == "auto" and E.backend != "local")
+    on = E.sync_check is True or (E.sync_check == "auto" and E.backend != "local")
     if not on:
         return None
     from rollwise.run.sync_check import SyncCheck, probe_prompts

@@ -1,0 +1,118 @@
+"""Weight syncs go through each server's own API in the right order, and a sync that fails stops loudly with
+the server resumed (a paused vLLM would hang every later request)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from fake_server import FakeServer
+from safetensors.torch import load_file
+
+from rollwise.engine.remote import RemoteEngine, RemoteEngineError
+
+STATE = {"model.embed_tokens.weight": torch.arange(12.0).reshape(4, 3), "lm_head.weight": None,
+         "model.norm.weight": torch.ones(3)}
+STATE["lm_head.weight"] = STATE["model.embed_tokens.weight"]  # tied: shares storage, as in SmolLM2
+
+
+def _routes(srv: FakeServer) -> list[str]:
+    return [p for p in srv.paths() if not p.startswith("/v1/models")]
+
+
+def test_vllm_sync_is_pause_load_reset_version_resume(tmp_path):
+    seen: dict[str, dict] = {}
+
+    def load(path, body):
+        if body["method"] == "rollwise_load_weights":
+            d = body["kwargs"]["path"]
+            seen["tensors"] = load_file(os.path.join(d, "model.safetensors"))
+            return 200, {"results": [{"loaded": len(seen["tensors"]), "reprocessed": ["lm_head"]}]}
+        return 200, {"results": [{"sum": 0.0}]}
+
+    srv = FakeServer(routes={"/collective_rpc": load}).start()
+    try:
+        eng = RemoteEngine(srv.url, backend="vllm", weights_dir=tmp_path)
+        assert eng.load_weights(STATE, version=3) == 3 == eng.weight_version
+        assert _routes(srv) == ["/collective_rpc", "/pause?mode=wait", "/collective_rpc", "/reset_prefix_cache",
+                                "/update_weight_version", "/resume", "/weight_info"]
+        assert srv.calls[-3][1] == {"new_version": "3"}
+        assert torch.equal(seen["tensors"]["lm_head.weight"], STATE["model.embed_tokens.weight"])
+        assert eng.last_sync.detail["reprocessed"] == ["lm_head"] and eng.last_sync.detail["extension"] is True
+        eng.load_weights(STATE, version=4)  # the previous sync's folder is removed once the server moved on
+        assert len(list(next(tmp_path.iterdir()).iterdir())) == 1
+        eng.close()
+        assert list(tmp_path.iterdir()) == []
+    finally:
+        srv.stop()
+
+
+def test_vllm_without_the_extension_falls_back_to_reload_weights(tmp_path):
+    def rpc(path, body):
+        if body["method"] == "rollwise_weight_fingerprint":
+            return 500, {"error": "AttributeError: no method rollwise_weight_fingerprint"}
+        return 200, {"results": [None]}
+
+    srv = FakeServer(routes={"/collective_rpc": rpc}).start()
+    try:
+        eng = RemoteEngine(srv.url, backend="vllm", weights_dir=tmp_path)
+        eng.load_weights(STATE, version=1)
+        body = [b for p, b in srv.calls if p == "/collective_rpc"][-1]
+        assert body["method"] == "reload_weights" and os.path.isfile(
+            os.path.join(body["kwargs"]["weights_path"], "model.safetensors"))
+        assert eng.last_sync.detail["extension"] is False
+    finally:
+        srv.stop()
+
+
+def test_a_failed_load_still_resumes_the_server_and_changes_no_version(tmp_path):
+    def rpc(path, body):
+        if body["method"] == "rollwise_load_weights":
+            return 500, {"error": "RuntimeError: shape mismatch for model.norm.weight"}
+        return 200, {"results": [{}]}
+
+    srv = FakeServer(routes={"/collective_rpc": rpc}).start()
+    try:
+        eng = RemoteEngine(srv.url, backend="vllm", weights_dir=tmp_path)
+        with pytest.raises(RemoteEngineError, match="HTTP 500: RuntimeError: shape mismatch"):
+            eng.load_weights(STATE, version=1)
+        assert _routes(srv)[-1] == "/resume" and eng.weight_version == 0
+        assert list(next(tmp_path.iterdir()).iterdir()) == []  # the failed sync's folder is gone
+    finally:
+        srv.stop()
+
+
+def test_vllm_without_dev_mode_is_one_clear_line(tmp_path):
+    srv = FakeServer(routes={"/collective_rpc": lambda p, b: (404, {"detail": "Not Found"})}).start()
+    try:
+        eng = RemoteEngine(srv.url, backend="vllm", weights_dir=tmp_path)
+        with pytest.raises(RemoteEngineError, match="VLLM_SERVER_DEV_MODE=1"):
+            eng.load_weights(STATE, version=1)
+    finally:
+        srv.stop()
+
+
+def test_a_server_that_does_not_adopt_the_version_is_refused(tmp_path):
+    srv = FakeServer(routes={"/update_weight_version": lambda p, b: (200, {"success": True})}).start()
+    try:  # it answers 200 but /weight_info still says 0: the sync did not take
+        eng = RemoteEngine(srv.url, backend="vllm", weights_dir=tmp_path)
+        with pytest.raises(RemoteEngineError, match="reports weight version .* after loading version 2"):
+            eng.load_weights(STATE, version=2)
+    finally:
+        srv.stop()
+
+
+def test_sglang_sync_loads_from_disk_then_flushes(tmp_path):
+    srv = FakeServer().start()
+    try:
+        eng = RemoteEngine(srv.url, backend="sglang", weights_dir=tmp_path)
+        assert eng.load_weights(STATE, version=5) == 5
+        assert _routes(srv) == ["/update_weights_from_disk", "/flush_cache"]
+        assert srv.calls[-2][1]["weight_version"] == "5"
+        srv.routes["/update_weights_from_disk"] = lambda p, b: (200, {"success": False, "message": "bad dtype"})
+        with pytest.raises(RemoteEngineError, match="refused the weights: bad dtype"):
+            eng.load_weights(STATE, version=6)
+        assert eng.weight_version == 5
+    finally:
+        srv.stop()
