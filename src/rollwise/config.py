@@ -152,6 +152,16 @@ class VLLMConfig(_Section):
     """Extra command-line arguments for every server (e.g. ['--enforce-eager'])."""
     log_dir: str | None = None
     """Where each server's output goes (default RUN_DIR/vllm/)."""
+    weight_transfer: Literal["disk", "nccl"] = "disk"
+    """How weights reach the servers: 'disk' (safetensors in engine.remote_weights_dir, then vLLM's reload; one
+    machine or a shared filesystem; tested live) or 'nccl' (GPU trainer and servers: vLLM's NCCL weight transfer,
+    `engine.vllm_nccl`; needs vLLM in the trainer's interpreter; not run live here)."""
+    nccl_address: str = "127.0.0.1"
+    """weight_transfer 'nccl': the trainer's address as the servers reach it (NCCL rendezvous)."""
+    nccl_port: int = Field(29600, ge=1, le=65535)
+    """weight_transfer 'nccl': rendezvous port for server 0 (server i uses nccl_port + i)."""
+    server_world_size: int = Field(1, ge=1)
+    """weight_transfer 'nccl': GPU workers per server (its tensor x pipeline parallel size)."""
 
 
 class EngineConfig(_Section):
@@ -648,6 +658,9 @@ def cross_section_problems(cfg: RunConfig) -> list[str]:
     if c.engine.backend == "remote" and not c.engine.remote_urls and not launching:
         out.append("engine.backend 'remote' needs engine.remote_urls (e.g. ['http://127.0.0.1:8000']) or, for vLLM, "
                    "engine.vllm.launch: true")
+    if c.engine.vllm.weight_transfer == "nccl" and c.model.device == "cpu":
+        out.append("engine.vllm.weight_transfer 'nccl' sends CUDA tensors: it needs model.device cuda (use 'disk' "
+                   "on a CPU trainer)")
     if launching and c.engine.remote_urls:
         out.append("engine.vllm.launch starts the servers itself: leave engine.remote_urls empty")
     if c.engine.backend == "ray":

@@ -29,7 +29,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence as Seq
 from rollwise.engine.http_client import HttpClient
 from rollwise.engine.protocol import Engine  # noqa: F401 - re-exported: the protocol both classes implement
 from rollwise.engine.remote_check import ChoiceLimits, RemoteEngineError, ordered_choices, parse_choice
-from rollwise.engine.weight_sync import SyncReport, cpu_tensors, make_server_sync
+from rollwise.engine.weight_sync import ServerSync, SyncReport, make_server_sync
 from rollwise.types import CompletionOutput, RequestOutput, SamplingParams
 
 __all__ = ["Engine", "MultiEngine", "RemoteEngine", "RemoteEngineError"]
@@ -47,7 +47,7 @@ class RemoteEngine:
     def __init__(self, base_url: str, model: str | None = None, api_key: str | None = None, timeout_s: float = 600.0,
                  backend: str = "rollwise", max_concurrency: int = 64, tokenizer: Any = None,
                  weights_dir: str | os.PathLike | None = None, connect_timeout_s: float = 10.0,
-                 vocab_size: int | None = None) -> None:
+                 vocab_size: int | None = None, sync: ServerSync | None = None) -> None:
         """
         base_url: the server root, e.g. http://127.0.0.1:8000 (a trailing /v1 is accepted).
         model: the served model name; default: the first entry of GET /v1/models.
@@ -59,6 +59,8 @@ class RemoteEngine:
         weights_dir: vllm/sglang: where weight syncs write their safetensors (a directory the server can read;
             default a temporary directory on this machine).
         vocab_size: token ids must be below this (default: the tokenizer's length).
+        sync: how weights reach the server (default: `make_server_sync(backend, weights_dir)`; the NCCL path for
+            vLLM on GPUs is `engine.vllm_nccl.VLLMNcclSync`).
         """
         if backend not in SERVER_KINDS:
             raise ValueError(f"backend must be one of {', '.join(SERVER_KINDS)}, got {backend!r}")
@@ -76,7 +78,7 @@ class RemoteEngine:
         self._ids = itertools.count()
         self._version = 0
         self._version_lock = threading.Lock()
-        self._sync = make_server_sync(backend, weights_dir)
+        self._sync = sync if sync is not None else make_server_sync(backend, weights_dir)
         self.last_sync: SyncReport | None = None
         self.model = model or self._default_model()
 
@@ -202,7 +204,7 @@ class RemoteEngine:
         returns the new version."""
         version = self._next_version(version)
         state = state_dict if isinstance(state_dict, Mapping) else dict(state_dict)
-        return self._adopt(self._sync.push(self.http, cpu_tensors(state), version, self.timeout_s))
+        return self._adopt(self._sync.push(self.http, state, version, self.timeout_s))
 
     def _next_version(self, version: int | None) -> int:
         if version is None:

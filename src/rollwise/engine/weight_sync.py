@@ -41,7 +41,8 @@ class SyncReport:
 
 
 class ServerSync(Protocol):
-    """Sends HF-named weights (a dict of CPU tensors) or a checkpoint directory to one server as `version`."""
+    """Sends HF-named weights (torch tensors or numpy arrays, on any device: each strategy moves them where it
+    needs them) or a checkpoint directory to one server as `version`."""
 
     route: str
 
@@ -74,7 +75,7 @@ class RollwiseServeSync:
         from safetensors.torch import save
 
         t0 = time.perf_counter()
-        r = http.request("POST", f"{self.route}?weight_version={version}", save(dict(tensors)),
+        r = http.request("POST", f"{self.route}?weight_version={version}", save(cpu_tensors(tensors)),
                          deadline_s=deadline_s, content_type="application/octet-stream")
         return self._check(http, r.status, r.json(), r.body, version, t0)
 
@@ -124,7 +125,7 @@ class _DirSync:
         t0 = time.perf_counter()
         d = self._root / f"v{version}-{time.monotonic_ns()}"
         d.mkdir()
-        save_file(dict(tensors), str(d / "model.safetensors"))
+        save_file(cpu_tensors(tensors), str(d / "model.safetensors"))
         write_s = time.perf_counter() - t0
         try:
             rep = self.push_dir(http, str(d), version, deadline_s)

@@ -65,6 +65,15 @@ def engine_kwargs(engine_cfg: Any, seed: int) -> dict[str, Any]:
     return {**{k: getattr(engine_cfg, k) for k in sizing}, "seed": seed}
 
 
+def _nccl_sync(E: Any, i: int) -> Any:
+    """vLLM's NCCL weight transfer for server i when `engine.vllm.weight_transfer` is 'nccl', else None (disk)."""
+    if E.remote_server != "vllm" or E.vllm.weight_transfer != "nccl":
+        return None
+    from rollwise.engine.vllm_nccl import VLLMNcclSync
+
+    return VLLMNcclSync(E.vllm.nccl_address, E.vllm.nccl_port + i, E.vllm.server_world_size)
+
+
 def _vocab_size(model_dir: Path) -> int | None:
     """The model's vocabulary size from its config.json (remote token ids must be below it)."""
     try:
@@ -84,9 +93,10 @@ def launch_vllm(cfg: RunConfig, model_dir: Path, run_dir: Path, log: Log) -> Any
     specs, port = [], V.port
     for i in range(V.num_servers):
         port = free_port(V.host, port)
+        extra = ("--weight-transfer-config", '{"backend": "nccl"}') if V.weight_transfer == "nccl" else ()
         specs.append(VLLMLaunchSpec(python=V.python, model=str(model_dir), port=port, host=V.host, dtype=dtype,
                                     max_model_len=V.max_model_len or cfg.engine.max_model_len or 2048,
-                                    kv_cache_gb=V.kv_cache_gb, cpu_threads=V.cpu_threads, args=tuple(V.args),
+                                    kv_cache_gb=V.kv_cache_gb, cpu_threads=V.cpu_threads, args=(*extra, *V.args),
                                     log_path=str(log_dir / f"server-{i}.log"), seed=cfg.train.seed))
         port += 1
     servers = VLLMServers(specs)
@@ -112,8 +122,8 @@ def make_engine(cfg: RunConfig, model_dir: Path, device: str, tokenizer: Any, se
         urls = launched.urls if launched is not None else list(E.remote_urls)
         vocab = _vocab_size(model_dir)
         engines = [RemoteEngine(url, api_key=key, timeout_s=E.remote_timeout_s, backend=E.remote_server,
-                                tokenizer=tokenizer, weights_dir=E.remote_weights_dir, vocab_size=vocab)
-                   for url in urls]
+                                tokenizer=tokenizer, weights_dir=E.remote_weights_dir, vocab_size=vocab,
+                                sync=_nccl_sync(E, i)) for i, url in enumerate(urls)]
         return engines[0] if len(engines) == 1 else MultiEngine(engines)
     from rollwise.run.ray_engines import RayEngines
 
