@@ -152,6 +152,11 @@ class VLLMConfig(_Section):
     """Extra command-line arguments for every server (e.g. ['--enforce-eager'])."""
     log_dir: str | None = None
     """Where each server's output goes (default RUN_DIR/vllm/)."""
+    lora_adapters: bool = False
+    """LoRA runs (train.lora.enabled): send the adapter each sync (/v1/load_lora_adapter, in place) instead of the
+    merged weights; the servers need LoRA on (--enable-lora, VLLM_ALLOW_RUNTIME_LORA_UPDATING=1: launch sets both)."""
+    max_lora_rank: int = Field(16, ge=1)
+    """lora_adapters with launch: vLLM's --max-lora-rank (at least train.lora.r)."""
     weight_transfer: Literal["disk", "nccl"] = "disk"
     """How weights reach the servers: 'disk' (safetensors in engine.remote_weights_dir, then vLLM's reload; one
     machine or a shared filesystem; tested live) or 'nccl' (GPU trainer and servers: vLLM's NCCL weight transfer,
@@ -658,6 +663,13 @@ def cross_section_problems(cfg: RunConfig) -> list[str]:
     if c.engine.backend == "remote" and not c.engine.remote_urls and not launching:
         out.append("engine.backend 'remote' needs engine.remote_urls (e.g. ['http://127.0.0.1:8000']) or, for vLLM, "
                    "engine.vllm.launch: true")
+    if c.engine.vllm.lora_adapters and not c.train.lora.enabled:
+        out.append("engine.vllm.lora_adapters sends LoRA adapters: it needs train.lora.enabled")
+    if c.engine.vllm.lora_adapters and c.engine.vllm.weight_transfer == "nccl":
+        out.append("engine.vllm.lora_adapters sends adapter files: it does not combine with weight_transfer 'nccl'")
+    if c.engine.vllm.lora_adapters and c.train.lora.r > c.engine.vllm.max_lora_rank:
+        out.append(f"train.lora.r ({c.train.lora.r}) is above engine.vllm.max_lora_rank "
+                   f"({c.engine.vllm.max_lora_rank}): vLLM would refuse the adapter")
     if c.engine.vllm.weight_transfer == "nccl" and c.model.device == "cpu":
         out.append("engine.vllm.weight_transfer 'nccl' sends CUDA tensors: it needs model.device cuda (use 'disk' "
                    "on a CPU trainer)")

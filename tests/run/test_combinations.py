@@ -1,7 +1,8 @@
 """Every policy x rollout source x replay on/off: a 2-step tiny run, or refused at config load with one line.
 
 Sources: the in-process engine (local), the same with generation one version ahead (async K=1), Ray engine
-actors (ray), and a `rollwise serve` server started here (remote). docs/loop.md has the resulting table.
+actors (ray), and a `rollwise serve` server started here (remote, and remote with async K=1). docs/loop.md has the
+resulting table.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ POLICIES = {
     "early_stop": ["control.policy=early_stop", "control.confidence=0.6"],
     "partial": ["control.policy=partial", "control.over_provision=1.0", "algo.tis_cap=2.0"],
 }
-SOURCES = ["local", "async", "ray", "remote"]
+SOURCES = ["local", "async", "ray", "remote", "remote_async"]
 REFUSED = {("early_stop", "ray"), ("partial", "ray")}  # remote servers stream and abort; Ray actors do not
 KEY = "combo-admin-key"
 
@@ -79,7 +80,10 @@ def _source_overrides(source: str, request) -> list[str]:
     if source == "ray":
         request.getfixturevalue("ray_cluster")
         return ["engine.backend=ray", "engine.num_engines=1", "run.num_scorers=1", "run.ray_timeout_s=300"]
-    return ["engine.backend=remote", f"engine.remote_urls=[{request.getfixturevalue('served')}]"]
+    remote = ["engine.backend=remote", f"engine.remote_urls=[{request.getfixturevalue('served')}]"]
+    if source == "remote_async":
+        return [*remote, "control.async_staleness=1", "algo.tis_cap=2.0"]
+    return remote
 
 
 @pytest.mark.slow
@@ -107,9 +111,9 @@ def test_policy_source_replay(policy, source, replay, tmp_path, run_cfg, request
     assert all(v <= r.step - 1 for r in rows for v in r.weight_versions)  # sampled before that step's update
     for m in lines:
         assert m["control_generated_tokens"] == m["gen_tokens"]
-        if "logprob_mismatch_mean" in m and policy != "partial" and source != "async":
+        if "logprob_mismatch_mean" in m and policy != "partial" and not source.endswith("async"):
             assert m["logprob_mismatch_mean"] < 1e-3  # the engine had the trainer's weights
         if replay:
             assert "replay_used" in m
-    assert summary["engine_backend"] == ("local" if source == "async" else source)
+    assert summary["engine_backend"] == {"async": "local", "remote_async": "remote"}.get(source, source)
     assert 0.0 <= summary["eval_after"]["accuracy"] <= 1.0

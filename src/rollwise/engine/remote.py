@@ -47,7 +47,7 @@ class RemoteEngine:
     def __init__(self, base_url: str, model: str | None = None, api_key: str | None = None, timeout_s: float = 600.0,
                  backend: str = "rollwise", max_concurrency: int = 64, tokenizer: Any = None,
                  weights_dir: str | os.PathLike | None = None, connect_timeout_s: float = 10.0,
-                 vocab_size: int | None = None, sync: ServerSync | None = None) -> None:
+                 vocab_size: int | None = None, sync: ServerSync | None = None, lora_adapters: bool = False) -> None:
         """
         base_url: the server root, e.g. http://127.0.0.1:8000 (a trailing /v1 is accepted).
         model: the served model name; default: the first entry of GET /v1/models.
@@ -61,6 +61,8 @@ class RemoteEngine:
         vocab_size: token ids must be below this (default: the tokenizer's length).
         sync: how weights reach the server (default: `make_server_sync(backend, weights_dir)`; the NCCL path for
             vLLM on GPUs is `engine.vllm_nccl.VLLMNcclSync`).
+        lora_adapters: vLLM with LoRA on: syncs send the trainer's LoRA adapter (`bind_trainer` gives it), not
+            merged weights.
         """
         if backend not in SERVER_KINDS:
             raise ValueError(f"backend must be one of {', '.join(SERVER_KINDS)}, got {backend!r}")
@@ -78,7 +80,7 @@ class RemoteEngine:
         self._ids = itertools.count()
         self._version = 0
         self._version_lock = threading.Lock()
-        self._sync = sync if sync is not None else make_server_sync(backend, weights_dir)
+        self._sync = sync if sync is not None else make_server_sync(backend, weights_dir, lora_adapters=lora_adapters)
         self.last_sync: SyncReport | None = None
         self.model = model or self._default_model()
 
@@ -216,8 +218,16 @@ class RemoteEngine:
     def _adopt(self, rep: SyncReport) -> int:
         with self._version_lock:
             self._version = rep.version
+            if isinstance(rep.detail.get("model"), str):  # a LoRA adapter sync: requests now name the adapter
+                self.model = rep.detail["model"]
         self.last_sync = rep
         return rep.version
+
+    def bind_trainer(self, trainer: Any) -> None:
+        """Give the sync strategy the trainer it takes weights from directly (LoRA adapters); a no-op otherwise."""
+        bind = getattr(self._sync, "bind_trainer", None)
+        if callable(bind):
+            bind(trainer)
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
@@ -304,6 +314,11 @@ class MultiEngine:
     def abort(self, request_id: str) -> RequestOutput | None:
         """Generation is split into synchronous per-engine calls: no request is in flight between calls."""
         return None
+
+    def bind_trainer(self, trainer: Any) -> None:
+        for e in self.engines:
+            if callable(getattr(e, "bind_trainer", None)):
+                e.bind_trainer(trainer)
 
     def stepwise(self) -> Any:
         """The step-level engine over every engine's streaming requests (remote engines only)."""

@@ -67,6 +67,8 @@ class VLLMLaunchSpec:
         if self.cpu_threads:
             env["VLLM_CPU_OMP_THREADS_BIND"] = self.cpu_threads
         env["PYTHONPATH"] = os.pathsep.join([str(PLUGIN_DIR)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+        if "--enable-lora" in self.args:
+            env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "1"  # /v1/load_lora_adapter exists only with it
         env.setdefault("VLLM_NO_USAGE_STATS", "1")
         env.setdefault("DO_NOT_TRACK", "1")
         return env

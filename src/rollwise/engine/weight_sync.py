@@ -2,6 +2,7 @@
 
     rollwise   POST /admin/load_weights?weight_version=V with the safetensors bytes as the body (no shared disk)
     sglang     safetensors into a directory the server reads -> POST /update_weights_from_disk -> /flush_cache
+    vllm-lora  LoRA runs on a vLLM with LoRA on: the adapter (PEFT format) reloaded in place under one name
     vllm       safetensors into a directory the server reads, then vLLM's own RL API in order:
                /pause?mode=wait -> /collective_rpc rollwise_load_weights (the worker extension in
                engine/vllm_plugin; vLLM's plain reload_weights when the server runs without it) ->
@@ -211,12 +212,67 @@ class VLLMSync(_DirSync):
         return SyncReport(version, time.perf_counter() - t0, self.route, times)
 
 
-def make_server_sync(backend: str, weights_dir: str | os.PathLike | None = None) -> ServerSync:
-    """The strategy for `backend` ('rollwise', 'vllm', 'sglang')."""
+class VLLMLoraSync(_DirSync):
+    """LoRA runs on a vLLM with LoRA on (`--enable-lora`, `VLLM_ALLOW_RUNTIME_LORA_UPDATING=1`): each sync writes the
+    trainer's adapter (PEFT format, a few MB instead of the whole model) and reloads it in place under one name,
+    between a pause and a prefix-cache reset; requests then name the adapter as their model (`detail["model"]`).
+
+    `write_adapter(dir)` is the trainer's `save_adapter`, bound after the trainer exists (`bind_trainer`)."""
+
+    route = "/v1/load_lora_adapter"
+    NAME = "rollwise-lora"
+
+    def __init__(self, weights_dir: str | os.PathLike | None) -> None:
+        super().__init__(weights_dir)
+        self.write_adapter: Any = None
+        self._loaded = False
+
+    def bind_trainer(self, trainer: Any) -> None:
+        self.write_adapter = trainer.save_adapter
+
+    def push(self, http: HttpClient, tensors: Mapping[str, Any], version: int, deadline_s: float) -> SyncReport:
+        if self.write_adapter is None:
+            raise RemoteEngineError("LoRA adapter sync has no trainer to take the adapter from (bind_trainer)")
+        t0 = time.perf_counter()
+        d = self._root / f"v{version}-{time.monotonic_ns()}"
+        d.mkdir()
+        self.write_adapter(str(d))
+        write_s = time.perf_counter() - t0
+        try:
+            rep = self.push_dir(http, str(d), version, deadline_s)
+        except BaseException:
+            shutil.rmtree(d, ignore_errors=True)
+            raise
+        if self._last is not None:
+            shutil.rmtree(self._last, ignore_errors=True)
+        self._last = d
+        rep.detail["write_s"] = write_s
+        rep.seconds = time.perf_counter() - t0
+        return rep
+
+    def push_dir(self, http: HttpClient, path: str, version: int, deadline_s: float) -> SyncReport:
+        t0 = time.perf_counter()
+        if not (Path(path) / "adapter_config.json").is_file():
+            raise RemoteEngineError(f"{path} is not a PEFT adapter directory (no adapter_config.json)")
+        http.json("POST", "/pause?mode=wait", None, deadline_s=deadline_s)
+        try:
+            http.json("POST", self.route, {"lora_name": self.NAME, "lora_path": path, "load_inplace": self._loaded},
+                      deadline_s=deadline_s)
+            self._loaded = True
+            http.json("POST", "/reset_prefix_cache", None, deadline_s=deadline_s)
+            http.json("POST", "/update_weight_version", {"new_version": str(version)}, deadline_s=deadline_s)
+        finally:
+            http.json("POST", "/resume", None, deadline_s=deadline_s)
+        return SyncReport(version, time.perf_counter() - t0, self.route, {"model": self.NAME, "adapter": path})
+
+
+def make_server_sync(backend: str, weights_dir: str | os.PathLike | None = None, *,
+                     lora_adapters: bool = False) -> ServerSync:
+    """The strategy for `backend` ('rollwise', 'vllm', 'sglang'); `lora_adapters`: vLLM gets LoRA adapters."""
     if backend == "rollwise":
         return RollwiseServeSync()
     if backend == "sglang":
         return SGLangSync(weights_dir)
     if backend == "vllm":
-        return VLLMSync(weights_dir)
+        return VLLMLoraSync(weights_dir) if lora_adapters else VLLMSync(weights_dir)
     raise ValueError(f"unknown remote server kind {backend!r} (rollwise, vllm or sglang)")

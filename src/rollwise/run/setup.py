@@ -93,7 +93,9 @@ def launch_vllm(cfg: RunConfig, model_dir: Path, run_dir: Path, log: Log) -> Any
     specs, port = [], V.port
     for i in range(V.num_servers):
         port = free_port(V.host, port)
-        extra = ("--weight-transfer-config", '{"backend": "nccl"}') if V.weight_transfer == "nccl" else ()
+        extra: tuple[str, ...] = ("--weight-transfer-config", '{"backend": "nccl"}') if V.weight_transfer == "nccl" else ()
+        if V.lora_adapters:
+            extra += ("--enable-lora", "--max-lora-rank", str(V.max_lora_rank), "--max-loras", "1")
         specs.append(VLLMLaunchSpec(python=V.python, model=str(model_dir), port=port, host=V.host, dtype=dtype,
                                     max_model_len=V.max_model_len or cfg.engine.max_model_len or 2048,
                                     kv_cache_gb=V.kv_cache_gb, cpu_threads=V.cpu_threads, args=(*extra, *V.args),
@@ -123,7 +125,9 @@ def make_engine(cfg: RunConfig, model_dir: Path, device: str, tokenizer: Any, se
         vocab = _vocab_size(model_dir)
         engines = [RemoteEngine(url, api_key=key, timeout_s=E.remote_timeout_s, backend=E.remote_server,
                                 tokenizer=tokenizer, weights_dir=E.remote_weights_dir, vocab_size=vocab,
-                                sync=_nccl_sync(E, i)) for i, url in enumerate(urls)]
+                                sync=_nccl_sync(E, i),
+                                lora_adapters=E.remote_server == "vllm" and E.vllm.lora_adapters)
+                   for i, url in enumerate(urls)]
         return engines[0] if len(engines) == 1 else MultiEngine(engines)
     from rollwise.run.ray_engines import RayEngines
 
@@ -322,6 +326,8 @@ def build_run(cfg: RunConfig, log: Log) -> RunParts:
             parts.closers.append(sc.shutdown)
         parts.trainer = make_trainer(cfg, init_dir, device)
         parts.closers.append(parts.trainer.shutdown)
+        if callable(getattr(parts.engine, "bind_trainer", None)):  # LoRA adapter syncs read the trainer directly
+            parts.engine.bind_trainer(parts.trainer)
         parts.sync_check = make_sync_check(cfg, parts.encode, train_tasks)
         from rollwise.control.drafts import DraftStore
 

@@ -67,6 +67,9 @@ class LocalTrainer:
     def probe_logprobs(self, prompts: list[list[int]]) -> Any:
         return self.trainer.probe_logprobs(prompts).numpy()
 
+    def save_adapter(self, path: str) -> None:
+        self.trainer.save_adapter(path)
+
     def save(self, run_dir: str | Path, step: int, data_position: dict[str, Any], keep: int | None,
              tokenizer: Any = None) -> Path:
         from rollwise.train.checkpoint import save_checkpoint
@@ -119,6 +122,9 @@ class TrainerWorker:
     def probe_logprobs(self, prompts: list[list[int]]) -> Any:
         return self.local.probe_logprobs(prompts)
 
+    def save_adapter(self, path: str) -> None:
+        self.local.save_adapter(path)
+
     def save(self, run_dir: str, step: int, data_position: dict[str, Any], keep: int | None) -> str:
         return str(self.local.save(run_dir, step, data_position, keep))
 
@@ -159,6 +165,9 @@ class RayTrainer:
 
     def probe_logprobs(self, prompts: list[list[int]]) -> Any:
         return self._get(self.actor.probe_logprobs.remote(prompts), "compute the sync probe")
+
+    def save_adapter(self, path: str) -> None:
+        self._get(self.actor.save_adapter.remote(path), "save its LoRA adapter")
 
     def save(self, run_dir: str | Path, step: int, data_position: dict[str, Any], keep: int | None,
              tokenizer: Any = None) -> Path:

@@ -626,6 +626,13 @@ class Trainer:
                 sd[key] = sd[key] + mod.get_delta_weight(adapter).to(sd[key].dtype)
         return sd
 
+    def save_adapter(self, path: str | Path) -> None:
+        """The LoRA adapter in PEFT format (adapter_model.safetensors + adapter_config.json) at `path`: what a vLLM
+        with LoRA on loads (`engine.vllm.lora_adapters`), a few MB instead of the merged model."""
+        if not self.lora:
+            raise TrainerError("save_adapter needs train.lora.enabled (a full-weight trainer has no adapter)")
+        self.model.save_pretrained(str(path))
+
     def trainable_state_dict(self) -> dict[str, torch.Tensor]:
         """What a resume must restore besides the HF weights: the LoRA adapter tensors (empty without LoRA)."""
         if not self.lora:
