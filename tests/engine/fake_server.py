@@ -86,6 +86,8 @@ class FakeServer:
                     if body.get("stream"):
                         return self._stream(body)
                     return self._send(200, fake.completion(body))
+                if base == "/v1/load_lora_adapter":  # vLLM answers plain text here
+                    return self._send(200, f"Success: LoRA adapter '{body['lora_name']}' added successfully.".encode())
                 if base == "/update_weight_version":
                     fake.weight_version = str(body["new_version"])
                     return self._send(200, {"success": True})

@@ -116,3 +116,39 @@ def test_sglang_sync_loads_from_disk_then_flushes(tmp_path):
         assert eng.weight_version == 5
     finally:
         srv.stop()
+
+
+class _AdapterTrainer:
+    def __init__(self) -> None:
+        self.saved: list[str] = []
+
+    def save_adapter(self, path: str) -> None:
+        from safetensors.torch import save_file
+
+        save_file({"base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight": torch.ones(2, 3)},
+                  os.path.join(path, "adapter_model.safetensors"))
+        with open(os.path.join(path, "adapter_config.json"), "w") as f:
+            f.write('{"r": 2, "peft_type": "LORA"}')
+        self.saved.append(path)
+
+
+def test_lora_runs_send_the_adapter_in_place_and_requests_name_it(tmp_path):
+    srv = FakeServer().start()
+    try:
+        eng = RemoteEngine(srv.url, backend="vllm", weights_dir=tmp_path, lora_adapters=True)
+        with pytest.raises(RemoteEngineError, match="no trainer to take the adapter from"):
+            eng.load_weights(STATE, version=0)
+        tr = _AdapterTrainer()
+        eng.bind_trainer(tr)
+        assert eng.load_weights(STATE, version=0) == 0 and eng.model == "rollwise-lora"
+        eng.load_weights(STATE, version=1)
+        loads = [b for p, b in srv.calls if p == "/v1/load_lora_adapter"]
+        assert [b["load_inplace"] for b in loads] == [False, True]  # first load, then in place under one name
+        assert {b["lora_name"] for b in loads} == {"rollwise-lora"} and loads[1]["lora_path"] == tr.saved[1]
+        routes = [p for p in srv.paths() if p not in ("/v1/models",)]
+        assert routes[-5:] == ["/pause?mode=wait", "/v1/load_lora_adapter", "/reset_prefix_cache",
+                               "/update_weight_version", "/resume"]
+        eng.generate([[1, 2]], __import__("rollwise").SamplingParams(max_tokens=2))
+        assert [b for p, b in srv.calls if p == "/v1/completions"][-1]["model"] == "rollwise-lora"
+    finally:
+        srv.stop()

@@ -138,3 +138,14 @@ def test_policies_on_a_shared_vllm(policy, server, smollm2_dir, data, tmp_path):
         lines = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
         assert sum(m["control_generated_tokens"] for m in lines) > 0
         assert c["total"] == sum(c[s] for s in ("kept", "filtered", "errored", "truncated", "aborted"))
+
+
+def test_lora_adapters_reach_a_vllm_with_lora_on(vllm_python, smollm2_dir, data, tmp_path):
+    # The adapter, not the merged model, goes to the server each sync; the sync check proves it landed.
+    out = tmp_path / "lora"
+    summary = train(_cfg(smollm2_dir, data, out, "engine.vllm.launch=true", f"engine.vllm.python={vllm_python}",
+                         "engine.vllm.kv_cache_gb=1", "engine.vllm.max_model_len=1024", "engine.vllm.dtype=float32",
+                         "engine.vllm.lora_adapters=true", "train.lora.enabled=true", "train.lora.r=8",
+                         "train.lr=1e-3"),
+                    log=print)
+    _check_run(out, summary, _stop_ids(smollm2_dir))

@@ -157,6 +157,15 @@ class HttpClient:
             raise RemoteEngineError(f"{method} {self.base_url}{path} -> HTTP {r.status} with a body that is not JSON")
         return data
 
+    def ok(self, method: str, path: str, payload: Any = None, *, deadline_s: float) -> bytes:
+        """`request` with a JSON body whose answer need not be JSON (vLLM's LoRA routes answer plain text); HTTP
+        errors raise RemoteEngineError with the server's message. Returns the body."""
+        body = None if payload is None else json.dumps(payload).encode()
+        r = self.request(method, path, body, deadline_s=deadline_s)
+        if r.status >= 400:
+            raise RemoteEngineError(f"{method} {self.base_url}{path} -> HTTP {r.status}: {error_message(r.json(), r.body)}")
+        return r.body
+
     def stream(self, path: str, payload: Any, *, deadline_s: float, headers: dict[str, str] | None = None) -> "Stream":
         """POST `payload` and return its SSE stream (the status is checked here; events are read by iterating)."""
         conn = self._new_conn(min(self.connect_timeout_s, deadline_s))

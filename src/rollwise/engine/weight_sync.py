@@ -256,8 +256,8 @@ class VLLMLoraSync(_DirSync):
             raise RemoteEngineError(f"{path} is not a PEFT adapter directory (no adapter_config.json)")
         http.json("POST", "/pause?mode=wait", None, deadline_s=deadline_s)
         try:
-            http.json("POST", self.route, {"lora_name": self.NAME, "lora_path": path, "load_inplace": self._loaded},
-                      deadline_s=deadline_s)
+            http.ok("POST", self.route, {"lora_name": self.NAME, "lora_path": path, "load_inplace": self._loaded},
+                    deadline_s=deadline_s)
             self._loaded = True
             http.json("POST", "/reset_prefix_cache", None, deadline_s=deadline_s)
             http.json("POST", "/update_weight_version", {"new_version": str(version)}, deadline_s=deadline_s)
