@@ -1,4 +1,4 @@
-"""`LLM`: the batch API of ARCHITECTURE.md's public contract, a thin loop over `EngineCore`; implements
+"""`LLM`: the batch API of the public contract (docs/architecture.md), a thin loop over `EngineCore`; implements
 `engine.protocol.Engine` (and exposes the step-level `EngineCore` as `.engine`).
 
 Thread safety: `generate`, `load_weights` and `abort` may be called from many threads at once (an `LLMJudge`

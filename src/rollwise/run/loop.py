@@ -13,7 +13,7 @@ The variants are objects built by `run/setup.py` from the config and handed in: 
 asynchronous with staleness K), the engine behind it (local, remote servers, Ray actors), the scorer and the
 trainer (in-process or a Ray actor). The loop never asks which one it has.
 
-Everything the run writes lives in `RUN_DIR` (see ARCHITECTURE.md). `run.resume` continues from the latest
+Everything the run writes lives in `RUN_DIR` (see docs/architecture.md). `run.resume` continues from the latest
 complete checkpoint: model, optimiser, step, RNG, data position and weight version, and rewrites the rollouts
 and metrics of any step after it, so each completed step is stored exactly once.
 

@@ -11,7 +11,7 @@ real reward and must neither pull the group baseline nor receive a gradient. Mas
 Deliberately left out: per-token advantages (GAE, a value model) and reward shaping. The one shaping term the
 advantages see is DAPO's soft overlong penalty (`train/overlong.py`), kept apart from the task reward in
 `reward_parts` so accuracy and the store still report the task's own score. Advantages are computed before the trainer; the
-trainer only sees the numbers (ARCHITECTURE.md: the trainer is algorithm-blind).
+trainer only sees the numbers (docs/architecture.md: the trainer is algorithm-blind).
 """
 
 from __future__ import annotations
