@@ -152,6 +152,11 @@ class VLLMConfig(_Section):
     """Extra command-line arguments for every server (e.g. ['--enforce-eager'])."""
     log_dir: str | None = None
     """Where each server's output goes (default RUN_DIR/vllm/)."""
+    placement: Literal["local", "ray"] = "local"
+    """Where launched servers run: 'local' (subprocesses of this run) or 'ray' (one Ray actor per server, on any
+    node of the cluster at run.ray_address with gpus_per_server GPUs; refused at start when the cluster is short)."""
+    gpus_per_server: float = Field(0, ge=0)
+    """placement 'ray': GPUs each server's actor asks Ray for (0 on CPU servers)."""
     lora_adapters: bool = False
     """LoRA runs (train.lora.enabled): send the adapter each sync (/v1/load_lora_adapter, in place) instead of the
     merged weights; the servers need LoRA on (--enable-lora, VLLM_ALLOW_RUNTIME_LORA_UPDATING=1: launch sets both)."""
@@ -579,7 +584,8 @@ _APPLIES_WHEN: list[tuple[str, Any, str]] = [
      "engine.backend is 'remote' and engine.remote_server is 'vllm'"),
     ("engine.num_engines", lambda c: c.engine.backend == "ray", "engine.backend is 'ray'"),
     ("run.num_scorers", lambda c: c.engine.backend == "ray", "engine.backend is 'ray'"),
-    ("run.ray_address", lambda c: c.engine.backend == "ray", "engine.backend is 'ray'"),
+    ("run.ray_address", lambda c: c.engine.backend == "ray" or c.engine.vllm.placement == "ray",
+     "engine.backend is 'ray' or engine.vllm.placement is 'ray'"),
     ("run.ray_timeout_s", lambda c: c.engine.backend == "ray", "engine.backend is 'ray'"),
     ("model.builtin", lambda c: c.model.path == "builtin:tiny", "model.path is 'builtin:tiny'"),
     ("warmup", lambda c: c.model.path == "builtin:tiny", "model.path is 'builtin:tiny'"),

@@ -35,7 +35,7 @@ FAKE = textwrap.dedent('''\
         def log_message(self, *a): pass
         def do_GET(self):
             self.send_response(200); self.send_header("Content-Length", "0"); self.end_headers()
-    HTTPServer(("127.0.0.1", port), H).serve_forever()
+    HTTPServer((args[args.index("--host") + 1], port), H).serve_forever()
 ''')
 
 
@@ -131,3 +131,35 @@ def test_launch_config_is_checked_at_load():
                            "engine.remote_urls=[http://h:1]"])
     with pytest.raises(ConfigError, match="engine.vllm.launch. is set but has no effect unless engine.backend is .remote."):
         load_config(None, ["engine.vllm.launch=true"])  # not a vLLM run: refused, not silently ignored
+
+
+@pytest.mark.slow
+def test_servers_in_ray_actors_report_their_node_url_and_stop(fake_python, tmp_path):
+    ray = pytest.importorskip("ray")
+    from rollwise.run.ray_vllm import RayVLLMServers
+
+    started = ray.is_initialized()
+    if not started:
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+                 runtime_env={"env_vars": {"FAKE_RECORD": os.environ["FAKE_RECORD"]}})
+    try:
+        with pytest.raises(VLLMLaunchError, match=r"need 4 GPU\(s\) and 2 CPU\(s\); the Ray cluster has 0 GPU\(s\)"):
+            RayVLLMServers([_spec(fake_python, tmp_path, 18900)] * 2, gpus_per_server=2)
+        servers = RayVLLMServers([_spec(fake_python, tmp_path, 18900)], cpus_per_server=1, timeout_s=120)
+        servers.start(timeout_s=60)
+        (url,) = servers.urls
+        assert url.startswith("http://") and ":" in url.rsplit("/", 1)[-1]
+        import urllib.request
+
+        assert urllib.request.urlopen(url + "/health", timeout=5).status == 200
+        port = int(url.rsplit(":", 1)[1])
+        pid = json.loads((tmp_path / f"record.{port}").read_text())["pid"]
+        servers.check_alive()
+        servers.stop()
+        deadline = time.time() + 10
+        while _alive(pid) and time.time() < deadline:
+            time.sleep(0.1)
+        assert not _alive(pid)
+    finally:
+        if not started:
+            ray.shutdown()

@@ -101,8 +101,14 @@ def launch_vllm(cfg: RunConfig, model_dir: Path, run_dir: Path, log: Log) -> Any
                                     kv_cache_gb=V.kv_cache_gb, cpu_threads=V.cpu_threads, args=(*extra, *V.args),
                                     log_path=str(log_dir / f"server-{i}.log"), seed=cfg.train.seed))
         port += 1
-    servers = VLLMServers(specs)
-    log(f"vllm: starting {len(specs)} server(s) with {V.python} (logs in {log_dir})")
+    if V.placement == "ray":
+        from rollwise.run.ray_vllm import RayVLLMServers
+
+        servers: Any = RayVLLMServers(specs, address=cfg.run.ray_address, gpus_per_server=V.gpus_per_server,
+                                      timeout_s=V.startup_timeout_s + 60)
+    else:
+        servers = VLLMServers(specs)
+    log(f"vllm: starting {len(specs)} server(s) with {V.python} ({V.placement}; logs in {log_dir})")
     took = servers.start(V.startup_timeout_s)
     log(f"vllm: {', '.join(servers.urls)} ready after {', '.join(f'{t:.0f}s' for t in took)}")
     return servers
