@@ -46,6 +46,7 @@ from rollwise.serve.framing import FramingError, HeadRecorder, body_length, chec
 from rollwise.serve.protocol import (APIError, GenerationRequest, ModelInfo, parse_chat, parse_completion,
                                      resolve_max_tokens)
 from rollwise.serve.respond import GenerationRun
+from rollwise.serve.weights import check_upload
 from rollwise.serve.worker import EngineWorker, Event
 
 log = logging.getLogger("rollwise.serve")
@@ -196,16 +197,23 @@ class OpenAIServer:
             raise APIError(401, "invalid admin key")
 
     def load_weights(self, tensors: dict[str, Any], version: int | None = None) -> int:
-        """Copy HF-named tensors into the engine between two steps as `version` (the caller's number, see
-        `engine.protocol`; None: current + 1); returns the new weight version."""
+        """Check the whole upload (serve/weights.py: a bad one is a 400 and nothing is copied), then copy it into
+        the engine between two steps as `version` (the caller's number, see `engine.protocol`; None: current + 1).
+
+        Returns the version this load set, as the engine thread returned it: never `engine.weight_version` read
+        afterwards, which a concurrent load may already have moved on."""
+        check_upload(self.engine.model, tensors)
         fut = self.worker.call(lambda eng: eng.load_weights(tensors, version))
+        timeout = self.config.weight_load_timeout_s
         try:
-            fut.result(timeout=self.config.weight_load_timeout_s)
+            return int(fut.result(timeout=timeout))
         except TimeoutError:
-            raise APIError(503, f"weight load did not finish within {self.config.weight_load_timeout_s:.0f}s") from None
-        except ValueError as e:  # CheckpointError: names or shapes do not fit this model
+            if fut.cancel():  # still queued behind the engine's work: it will not run
+                raise APIError(503, f"weight load did not start within {timeout:.0f}s; nothing was loaded") from None
+            raise APIError(503, f"weight load did not finish within {timeout:.0f}s; it is still running and "
+                                "will apply (see /health's weight_version)") from None
+        except ValueError as e:  # CheckpointError the checks above did not foresee
             raise APIError(400, f"cannot load these weights: {e}") from None
-        return self.engine.weight_version
 
 
 def _version_arg(query: dict[str, list[str]]) -> int | None:
