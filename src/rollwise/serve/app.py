@@ -5,8 +5,9 @@ of `EngineWorker` that runs the continuous batch. Handlers never touch the engin
 is bounded by conn.py: read deadlines per phase, a write timeout, a connection cap that closes idle
 connections first, a byte budget for request bodies, and an accept loop that backs off when descriptors
 run out. Each request is framed by exactly one unambiguous Content-Length (serve/framing.py: no request
-smuggling behind a proxy); weight uploads are checked whole before the engine sees them (serve/weights.py). Every error answer, the stdlib's own (400 bad request line, 414, 431, 501, 505) included, is
-OpenAI's error JSON; JSON bodies nested deeper than `max_json_depth` are a 400.
+smuggling behind a proxy); weight uploads are checked whole before the engine sees them (serve/weights.py).
+Every error answer, the stdlib's own (400 bad request line, 414, 431, 501, 505) included, is OpenAI's error
+JSON; JSON bodies nested deeper than `max_json_depth` are a 400.
 
 Routes:
     POST /v1/completions            POST /v1/chat/completions      GET /v1/models      GET /health
