@@ -114,27 +114,44 @@ def test_tensorboard_writes_scalar_events(tmp_path):
     assert "note" not in acc.Tags()["scalars"]
 
 
-def _wandb_history(run_dir: Path) -> list[dict]:
-    """The history records of the offline W&B run under run_dir (its .wandb file: LevelDB-log framing of
-    protobuf `Record`s, 7-byte file header, 32 KiB blocks)."""
+def _wandb_history(run_dir: Path, wait_s: float = 30.0) -> list[dict]:
+    """The history records of the offline W&B run under run_dir, read once the run's exit record is on disk
+    (wandb's service process writes the file after `finish()` returns)."""
+    import time
+
+    deadline = time.monotonic() + wait_s
+    while True:
+        hist, done = _read_wandb_file(run_dir)
+        if done or time.monotonic() > deadline:
+            return hist
+        time.sleep(0.2)
+
+
+def _read_wandb_file(run_dir: Path) -> tuple[list[dict], bool]:
+    """(history records, whether the exit record was seen) of the run's .wandb file: LevelDB-log framing of
+    protobuf `Record`s, 7-byte file header, 32 KiB blocks."""
     from wandb.proto import wandb_internal_pb2 as pb
 
     [path] = list((run_dir / "wandb").glob("offline-run-*/run-*.wandb"))
-    data, pos, buf, out = path.read_bytes(), 7, b"", []
+    data, pos, buf, out, done = path.read_bytes(), 7, b"", [], False
     while pos + 7 <= len(data):
         left = 32768 - pos % 32768
         if left < 7:
             pos += left
             continue
         _, n, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        if pos + 7 + n > len(data):  # a record still being written
+            break
         buf, pos = buf + data[pos + 7:pos + 7 + n], pos + 7 + n
         if kind in (1, 4):  # a full record, or the last piece of one
             rec = pb.Record()
             rec.ParseFromString(buf)
             buf = b""
-            if rec.WhichOneof("record_type") == "history":
+            kind_name = rec.WhichOneof("record_type")
+            if kind_name == "history":
                 out.append({i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in rec.history.item})
-    return out
+            done = done or kind_name == "exit"
+    return out, done
 
 
 @pytest.fixture
