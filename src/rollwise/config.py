@@ -23,6 +23,7 @@ import copy
 import difflib
 import hashlib
 import json
+import os
 import sys
 from importlib import resources
 from pathlib import Path
@@ -431,6 +432,10 @@ class RunOptions(_Section):
             if module and importlib.util.find_spec(module) is None:
                 raise ValueError(f"logger '{name}' needs the {module} package, which is not installed: "
                                  f"pip install {pip} (or drop '{name}' from run.loggers)")
+        if "mlflow" in out and not os.environ.get("MLFLOW_TRACKING_URI") and importlib.util.find_spec("sqlalchemy") is None:
+            raise ValueError("logger 'mlflow' has no tracking store: set MLFLOW_TRACKING_URI (an http:// server, or "
+                             "file:DIR with MLFLOW_ALLOW_FILE_STORE=true), or pip install mlflow for the default "
+                             "sqlite store RUN_DIR/mlflow.db")
         return out
 
 

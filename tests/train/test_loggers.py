@@ -50,6 +50,17 @@ def test_a_logger_whose_package_is_missing_is_one_line_at_load(monkeypatch, name
     assert f"'{name}'" in msg and f"pip install {pip}" in msg and "run.loggers" in msg and "\n" not in msg, msg
 
 
+def test_mlflow_without_a_usable_tracking_store_is_one_line_at_load(monkeypatch):
+    pytest.importorskip("mlflow", reason="mlflow is not installed (pip install mlflow-skinny)")
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.setitem(sys.modules, "sqlalchemy", None)  # mlflow-skinny: no sqlite store
+    with pytest.raises(ConfigError) as e:
+        load_config(None, ["run.loggers=[mlflow]"])
+    assert "set MLFLOW_TRACKING_URI" in str(e.value) and "\n" not in str(e.value)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:5000")
+    assert load_config(None, ["run.loggers=[mlflow]"]).run.loggers == ["jsonl", "mlflow"]
+
+
 def test_cli_refuses_a_missing_logger_before_any_work(monkeypatch, tmp_path, capsys):
     from rollwise.cli.main import main
 
