@@ -47,7 +47,7 @@ def test_user_file_and_overrides(tmp_path):
     assert cfg.train.lr == 1e-4 and isinstance(cfg.train.lr, float)
     assert cfg.train.lora.enabled and cfg.train.lora.r == 4 and cfg.train.lora.target_modules == ["q_proj"]
     assert cfg.algo.loss == "dapo" and cfg.env.name == "gsm8k" and cfg.env.kwargs == {"data": "/x.jsonl"}
-    assert cfg.train.grad_clip is None and cfg.train.betas == (0.9, 0.95) and cfg.run.tensorboard is False
+    assert cfg.train.grad_clip is None and cfg.train.betas == (0.9, 0.95) and cfg.run.loggers == ["jsonl"]
     assert cfg.rollout.max_tokens == 64
     assert cfg.model.path == "builtin:tiny"  # sections left out take field defaults
 

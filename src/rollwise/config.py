@@ -23,6 +23,8 @@ import copy
 import difflib
 import hashlib
 import json
+import os
+import sys
 from importlib import resources
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
@@ -416,6 +418,12 @@ class TrainConfig(_Section):
         return v
 
 
+LOGGER_PACKAGES: dict[str, tuple[str, str]] = {
+    "tensorboard": ("tensorboard", "tensorboard"), "wandb": ("wandb", "wandb"), "mlflow": ("mlflow", "mlflow-skinny"),
+}
+"""run.loggers name -> (the module it imports, the pip package that provides it); 'jsonl' needs nothing."""
+
+
 class RunOptions(_Section):
     """Where the run writes and how often it checkpoints and evaluates."""
 
@@ -429,8 +437,13 @@ class RunOptions(_Section):
     """Evaluate on held-out problems every N RL steps (and before and after training); 0 = before and after only."""
     eval_size: int | None = Field(None, ge=1)
     """Held-out problems per evaluation; None = env.eval_size."""
-    tensorboard: bool = True
-    """Also log metrics to TensorBoard when `tensorboard` is installed."""
+    loggers: list[str] = Field(default_factory=lambda: ["jsonl"])
+    """Where each step's metrics go (train/loggers.py): 'jsonl' (RUN_DIR/metrics.jsonl, the run's record: always
+    on, listed or not), 'tensorboard' (RUN_DIR/tensorboard), 'wandb' (W&B; files under RUN_DIR/wandb,
+    WANDB_MODE=offline for no network), 'mlflow' (MLFLOW_TRACKING_URI, default sqlite RUN_DIR/mlflow.db). A
+    logger whose package is not installed is refused at load."""
+    tensorboard: bool | None = None
+    """Deprecated alias (one line on stderr when set): true adds 'tensorboard' to run.loggers, false removes it."""
     resume: bool = False
     """Continue from the latest complete checkpoint in out_dir."""
     num_scorers: int = Field(2, ge=1)
@@ -442,6 +455,52 @@ class RunOptions(_Section):
     cpu_threads: int | None = Field(None, ge=1)
     """torch CPU threads; None = torch's default. Tiny models run faster on 1: per-op overhead dominates, and
     oversubscribed OpenMP threads on a busy machine slow everything down by an order of magnitude."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _tensorboard_alias(cls, data: Any) -> Any:
+        """Fold the deprecated `tensorboard: bool` into `loggers` (so config.yaml carries `loggers` only)."""
+        if not isinstance(data, dict) or data.get("tensorboard") is None:
+            return data
+        data = dict(data)
+        on = data.pop("tensorboard")
+        given = data.get("loggers")
+        if not isinstance(on, bool) or not isinstance(given, (list, type(None))):
+            data["tensorboard"] = on  # leave the type error to the field's own validation
+            return data
+        loggers = list(given) if given is not None else ["jsonl"]
+        if not on and "tensorboard" in loggers and given is not None:
+            raise ValueError("run.tensorboard: false contradicts run.loggers, which lists 'tensorboard'; drop "
+                             "run.tensorboard (deprecated)")
+        loggers = [x for x in loggers if x != "tensorboard"] + (["tensorboard"] if on else [])
+        data["loggers"] = loggers
+        sys.stderr.write(f"rollwise: config key 'run.tensorboard' is deprecated; use run.loggers: "
+                         f"[{', '.join(dict.fromkeys(['jsonl', *map(str, loggers)]))}]\n")
+        return data
+
+    @field_validator("loggers")
+    @classmethod
+    def _loggers(cls, v: list[str]) -> list[str]:
+        """'jsonl' first and always, no repeats; a logger whose package is missing fails here, before any work."""
+        import importlib.util
+
+        known = ["jsonl", *LOGGER_PACKAGES]
+        for name in v:
+            if name not in known:
+                near = difflib.get_close_matches(name, known, n=1, cutoff=0.5)
+                raise ValueError(f"unknown logger {name!r}; known: {', '.join(known)}"
+                                 + (f" (did you mean '{near[0]}'?)" if near else ""))
+        out = ["jsonl", *[x for x in dict.fromkeys(v) if x != "jsonl"]]
+        for name in out:
+            module, pip = LOGGER_PACKAGES.get(name, ("", ""))
+            if module and importlib.util.find_spec(module) is None:
+                raise ValueError(f"logger '{name}' needs the {module} package, which is not installed: "
+                                 f"pip install {pip} (or drop '{name}' from run.loggers)")
+        if "mlflow" in out and not os.environ.get("MLFLOW_TRACKING_URI") and importlib.util.find_spec("sqlalchemy") is None:
+            raise ValueError("logger 'mlflow' has no tracking store: set MLFLOW_TRACKING_URI (an http:// server, or "
+                             "file:DIR with MLFLOW_ALLOW_FILE_STORE=true), or pip install mlflow for the default "
+                             "sqlite store RUN_DIR/mlflow.db")
+        return out
 
 
 class WarmupConfig(_Section):
@@ -718,7 +777,7 @@ def inert_keys(cfg: RunConfig, given: set[str] | list[str]) -> list[str]:
 # Keys that may differ between a run's saved config.yaml and the config given with --resume: they change where
 # and how fast the run goes, not what it computes.
 RESUME_MAY_DIFFER: tuple[str, ...] = (
-    "run.out_dir", "run.resume", "run.tensorboard", "run.checkpoint_every", "run.keep_checkpoints",
+    "run.out_dir", "run.resume", "run.tensorboard", "run.loggers", "run.checkpoint_every", "run.keep_checkpoints",
     "run.eval_every", "run.cpu_threads", "run.ray_timeout_s", "run.ray_address", "run.num_scorers",
     "train.steps", "engine.max_num_seqs", "engine.max_num_batched_tokens", "engine.num_kv_blocks",
     "engine.kv_cache_gb", "engine.remote_timeout_s", "warmup.cache", "warmup.cache_dir", "model.device",

@@ -1,4 +1,5 @@
-"""MetricsLogger: metrics.jsonl lines, JSON-safe values, resume truncation, TensorBoard hook, TTY-only display."""
+"""MetricsLogger: metrics.jsonl lines, JSON-safe values, resume truncation, TensorBoard hook, TTY-only display.
+(The loggers of run.loggers, a missing package, and the progress bar's fields: tests/train/test_loggers.py.)"""
 
 from __future__ import annotations
 
@@ -19,9 +20,8 @@ def _quiet():
     return Console(file=io.StringIO(), force_terminal=False)
 
 
-def test_lines_are_written_at_once_and_json_safe(tmp_path, monkeypatch):
-    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # tensorboard absent: skipped silently
-    log = MetricsLogger(tmp_path / "run", tensorboard=True, console=_quiet())
+def test_lines_are_written_at_once_and_json_safe(tmp_path):
+    log = MetricsLogger(tmp_path / "run", console=_quiet())
     log.log(1, {"loss": torch.tensor(0.5), "reward": np.float32(0.25), "n": np.int64(3), "kl": float("nan"),
                 "time": {"train": 1.5, "generate": 2}, "note": "ok", "flag": True})
     # visible on disk before close (flushed + fsynced per line)
@@ -30,9 +30,10 @@ def test_lines_are_written_at_once_and_json_safe(tmp_path, monkeypatch):
     assert rec["kl"] is None and rec["time/train"] == 1.5 and rec["time/generate"] == 2
     assert rec["note"] == "ok" and rec["flag"] is True and "wall_s" in rec
     log.log(2, {"loss": 0.25})
+    assert [lg.name for lg in log.loggers] == ["jsonl"]  # the default: no tracker, nothing written elsewhere
     log.close()
     assert [r["step"] for r in read_metrics(tmp_path / "run")] == [1, 2]
-    assert log._tb is None
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["metrics.jsonl"]
     pd = pytest.importorskip("pandas")
     df = pd.read_json(tmp_path / "run" / "metrics.jsonl", lines=True)
     assert list(df["step"]) == [1, 2]
@@ -69,7 +70,7 @@ def test_tensorboard_receives_numeric_scalars(tmp_path, monkeypatch):
     fake = types.ModuleType("torch.utils.tensorboard")
     fake.SummaryWriter = FakeWriter
     monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", fake)
-    with MetricsLogger(tmp_path, console=_quiet()) as log:
+    with MetricsLogger(tmp_path, loggers=["jsonl", "tensorboard"], console=_quiet()) as log:
         log.log(7, {"loss": 1.0, "note": "x", "flag": True, "kl": float("inf")})
     assert ("loss", 1.0, 7) in calls and calls[0] == ("init", str(tmp_path / "tensorboard"))
     assert not any(c[0] in ("note", "flag", "kl", "step") for c in calls)
@@ -85,7 +86,7 @@ def test_terminal_display_only_on_a_tty(tmp_path):
 
     tty = Console(file=io.StringIO(), force_terminal=True, width=120)
     with MetricsLogger(tmp_path / "b", total_steps=4, tensorboard=False, console=tty) as log:
-        log.log(1, {"reward": 0.5, "loss": 0.125})
+        log.log(1, {"reward_mean": 0.5, "loss": 0.125})
         log.print_table("eval", {"accuracy": 0.9})
     out = tty.file.getvalue()
     assert "reward=0.5" in out and "accuracy" in out

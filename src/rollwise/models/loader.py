@@ -162,29 +162,46 @@ class WeightMapper:
                 return ".".join(parts[:i] + ["gate_up_proj"] + parts[i + 1 :]), off, n
         return name, 0, -1
 
+    def _destination(self, hf_name: str, t: torch.Tensor, source: str) -> tuple[str, torch.Tensor] | None:
+        """(rollwise parameter name, the view `t` is copied into), None when `t` needs no copy; CheckpointError
+        for a name this architecture lacks or a shape that does not fit."""
+        tgt = self._target(hf_name)
+        if tgt is None:
+            return None
+        name, off, n = tgt
+        if name == "lm_head.weight" and self.model.spec.tie_word_embeddings:
+            return None  # tied: lm_head shares embed_tokens
+        p = self.params.get(name)
+        if p is None:
+            raise CheckpointError(f"{source}unexpected parameter {hf_name!r} (not part of this architecture)")
+        dst = p if n < 0 else p.narrow(0, off, n)
+        if tuple(dst.shape) != tuple(t.shape):
+            raise CheckpointError(
+                f"{source}shape mismatch for {hf_name!r}: checkpoint has {tuple(t.shape)}, config expects {tuple(dst.shape)}"
+            )
+        return name, dst
+
+    def check(self, tensors: Iterable[tuple[str, torch.Tensor]], source: str = "") -> dict[str, torch.dtype]:
+        """What `load` would check, without copying anything: CheckpointError on the first bad name or shape.
+        Returns {HF name: the dtype it would be stored in} for the tensors that would be copied."""
+        return {hf_name: found[1].dtype for hf_name, t in tensors
+                if (found := self._destination(hf_name, t, source)) is not None}
+
     @torch.no_grad()
     def load(self, tensors: Iterable[tuple[str, torch.Tensor]], strict: bool = True, source: str = "") -> int:
+        """Copy tensors in as they come (a stream is never held whole). NOTE: not atomic: a bad tensor raises
+        after the ones before it were copied; a caller taking untrusted input runs `check` on all of it first."""
         seen: set[str] = set()
         rows_filled: dict[str, int] = {}
         count = 0
         for hf_name, t in tensors:
-            tgt = self._target(hf_name)
-            if tgt is None:
+            found = self._destination(hf_name, t, source)
+            if found is None:
                 continue
-            name, off, n = tgt
-            if name == "lm_head.weight" and self.model.spec.tie_word_embeddings:
-                continue  # tied: lm_head shares embed_tokens
-            p = self.params.get(name)
-            if p is None:
-                raise CheckpointError(f"{source}unexpected parameter {hf_name!r} (not part of this architecture)")
-            dst = p if n < 0 else p.narrow(0, off, n)
-            if tuple(dst.shape) != tuple(t.shape):
-                raise CheckpointError(
-                    f"{source}shape mismatch for {hf_name!r}: checkpoint has {tuple(t.shape)}, config expects {tuple(dst.shape)}"
-                )
-            dst.copy_(t.to(dtype=p.dtype, device=p.device))
+            name, dst = found
+            dst.copy_(t.to(dtype=dst.dtype, device=dst.device))
             seen.add(name)
-            rows_filled[name] = rows_filled.get(name, 0) + (t.shape[0] if n >= 0 else p.shape[0])
+            rows_filled[name] = rows_filled.get(name, 0) + dst.shape[0]  # a fused slice fills its rows only
             count += 1
         if strict:
             missing = []

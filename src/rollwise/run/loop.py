@@ -77,8 +77,8 @@ def _run_steps(run: Any, log: Log, stop_after: int | None) -> dict[str, Any] | N
     tok = run.tokenizer
     store = RolloutStore(run.run_dir, decode=(lambda ids: tok.decode(ids)) if tok is not None else None)
     store.truncate_after(start_step)
-    metrics = MetricsLogger(run.run_dir, total_steps=cfg.train.steps, tensorboard=cfg.run.tensorboard,
-                            resume_from_step=start_step)
+    metrics = MetricsLogger(run.run_dir, total_steps=cfg.train.steps, loggers=cfg.run.loggers,
+                            resume_from_step=start_step, run_config=cfg.model_dump(mode="json"))
     eval_kw = dict(temperature=R.temperature, samples=EVAL_SAMPLES, max_tokens=R.max_tokens, seed=run.seed + 7919,
                    scorer=run.scorer, stop_token_ids=run.stop_token_ids, pass_threshold=cfg.env.pass_threshold,
                    episodes=run.episodes)

@@ -4,8 +4,10 @@ Threads: one per connection for HTTP (parsing, tokenizing, waiting, writing), an
 of `EngineWorker` that runs the continuous batch. Handlers never touch the engine. What one client can hold
 is bounded by conn.py: read deadlines per phase, a write timeout, a connection cap that closes idle
 connections first, a byte budget for request bodies, and an accept loop that backs off when descriptors
-run out. Every error answer, the stdlib's own (400 bad request line, 414, 431, 501, 505) included, is
-OpenAI's error JSON; JSON bodies nested deeper than `max_json_depth` are a 400.
+run out. Each request is framed by exactly one unambiguous Content-Length (serve/framing.py: no request
+smuggling behind a proxy); weight uploads are checked whole before the engine sees them (serve/weights.py).
+Every error answer, the stdlib's own (400 bad request line, 414, 431, 501, 505) included, is OpenAI's error
+JSON; JSON bodies nested deeper than `max_json_depth` are a 400.
 
 Routes:
     POST /v1/completions            POST /v1/chat/completions      GET /v1/models      GET /health
@@ -41,9 +43,11 @@ from urllib.parse import parse_qs
 from rollwise.serve.chat import render_chat
 from rollwise.serve.conn import (AcceptBackoff, ByteBudget, Connection, ConnectionTable, ConnLimits, Evicted,
                                  HeadTooLarge, ReadDeadline, fd_connection_cap, reject_busy)
+from rollwise.serve.framing import FramingError, HeadRecorder, body_length, check_head_lines
 from rollwise.serve.protocol import (APIError, GenerationRequest, ModelInfo, parse_chat, parse_completion,
                                      resolve_max_tokens)
 from rollwise.serve.respond import GenerationRun
+from rollwise.serve.weights import check_upload
 from rollwise.serve.worker import EngineWorker, Event
 
 log = logging.getLogger("rollwise.serve")
@@ -194,16 +198,23 @@ class OpenAIServer:
             raise APIError(401, "invalid admin key")
 
     def load_weights(self, tensors: dict[str, Any], version: int | None = None) -> int:
-        """Copy HF-named tensors into the engine between two steps as `version` (the caller's number, see
-        `engine.protocol`; None: current + 1); returns the new weight version."""
+        """Check the whole upload (serve/weights.py: a bad one is a 400 and nothing is copied), then copy it into
+        the engine between two steps as `version` (the caller's number, see `engine.protocol`; None: current + 1).
+
+        Returns the version this load set, as the engine thread returned it: never `engine.weight_version` read
+        afterwards, which a concurrent load may already have moved on."""
+        check_upload(self.engine.model, tensors)
         fut = self.worker.call(lambda eng: eng.load_weights(tensors, version))
+        timeout = self.config.weight_load_timeout_s
         try:
-            fut.result(timeout=self.config.weight_load_timeout_s)
+            return int(fut.result(timeout=timeout))
         except TimeoutError:
-            raise APIError(503, f"weight load did not finish within {self.config.weight_load_timeout_s:.0f}s") from None
-        except ValueError as e:  # CheckpointError: names or shapes do not fit this model
+            if fut.cancel():  # still queued behind the engine's work: it will not run
+                raise APIError(503, f"weight load did not start within {timeout:.0f}s; nothing was loaded") from None
+            raise APIError(503, f"weight load did not finish within {timeout:.0f}s; it is still running and "
+                                "will apply (see /health's weight_version)") from None
+        except ValueError as e:  # CheckpointError the checks above did not foresee
             raise APIError(400, f"cannot load these weights: {e}") from None
-        return self.engine.weight_version
 
 
 def _version_arg(query: dict[str, list[str]]) -> int | None:
@@ -318,19 +329,13 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _read_body(self, limit: int, budgeted: bool = True) -> bytes:
         """The body, read against its deadline and (unless `budgeted` is False) the server's byte budget."""
-        length = self.headers.get("Content-Length")
-        if length is None:
-            if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
-                raise APIError(411, "chunked request bodies are not supported; send Content-Length")
+        n = self._body_len  # framed before any route ran (serve/framing.py)
+        if n == 0:
+            self._consumed = True
             return b""
-        try:
-            n = int(length)
-        except ValueError:
-            raise APIError(400, f"bad Content-Length {length!r}") from None
-        if n < 0:
-            raise APIError(400, f"bad Content-Length {length!r}")
         if n > limit:
             raise APIError(413, f"request body of {n} bytes exceeds the limit of {limit} bytes")
+        self._body_started = True
         lim = self.server.limits
         self._reader.begin("request body", lim.body_deadline_s(n))
         chunks: list[bytes] = []
@@ -388,6 +393,7 @@ class _Handler(BaseHTTPRequestHandler):
         conn.waiting, conn.waiting_since = True, time.monotonic()
         self._reader.begin("request head", lim.header_timeout_s, limit=lim.max_header_bytes + io.DEFAULT_BUFFER_SIZE)
         self.command, self.request_version, self.requestline = "", "HTTP/1.1", ""
+        self._body_len, self._consumed, self._body_started, self._framed = 0, False, False, False
         try:
             self.raw_requestline = self.rfile.readline(lim.max_request_line + 1)
             if len(self.raw_requestline) > lim.max_request_line:
@@ -396,7 +402,7 @@ class _Handler(BaseHTTPRequestHandler):
             if not self.raw_requestline:
                 self.close_connection = True
                 return
-            if not self.parse_request():  # 400/431/505 already answered, as JSON (see send_error)
+            if not self._parse_head():  # 400/411/431/501/505 already answered, as JSON (see send_error)
                 return
         except ReadDeadline as e:
             self.close_connection = True
@@ -417,6 +423,7 @@ class _Handler(BaseHTTPRequestHandler):
                 self.send_error(501, f"unsupported method {self.command[:32]!r}")
                 return
             method()
+            self._finish_body()
             self.wfile.flush()
         except (TimeoutError, Evicted, OSError):  # a write timed out or the client went away
             self.close_connection = True
@@ -424,6 +431,57 @@ class _Handler(BaseHTTPRequestHandler):
             if self._held:
                 self.server.budget.give(self._held)
                 self._held = 0
+
+    def _parse_head(self) -> bool:
+        """The stdlib's `parse_request`, with the raw header lines kept, then the request framed (framing.py)."""
+        stream = self.rfile
+        self._recorder = HeadRecorder(stream)
+        self.rfile = self._recorder  # type: ignore[assignment] - parse_headers only calls readline
+        try:
+            if not self.parse_request():
+                return False
+        finally:
+            self.rfile = stream
+        return self._frame()
+
+    def _frame(self) -> bool:
+        """Decide the body's length from the head, or answer the framing error (and close); True when framed."""
+        if self._framed:
+            return True
+        try:
+            check_head_lines(self._recorder.lines)
+            self._body_len = body_length(self.headers)
+        except FramingError as e:
+            self.send_error(e.status, e.message)
+            return False
+        self._framed = True
+        return True
+
+    def handle_expect_100(self) -> bool:
+        """Grant `Expect: 100-continue` only to a request that frames (else its error answers instead)."""
+        return self._frame() and super().handle_expect_100()
+
+    def _finish_body(self) -> None:
+        """Read and drop a body the route did not read, so the next request starts where the client put it and
+        the body is never parsed as one; close instead when part of it was read or it is over the JSON limit."""
+        n = self._body_len
+        if self._consumed or n == 0 or self.close_connection:
+            return
+        if self._body_started or n > int(self.app.config.max_body_mb * 2**20):
+            self.close_connection = True
+            return
+        self._reader.begin("request body", self.server.limits.body_deadline_s(n))
+        left = n
+        try:
+            while left:
+                chunk = self.rfile.read1(min(left, 1 << 20))
+                if not chunk:
+                    break
+                left -= len(chunk)
+        except (ReadDeadline, Evicted, OSError):
+            pass
+        self._consumed = left == 0
+        self.close_connection = self.close_connection or left > 0
 
     def _send_quietly(self, status: int, message: str) -> None:
         try:
@@ -451,7 +509,6 @@ class _Handler(BaseHTTPRequestHandler):
     def _dispatch(self, routes: dict[str, Callable[[], None]]) -> None:
         path = self.path.split("?", 1)[0].rstrip("/") or "/"
         fn = routes.get(path)
-        self._consumed = False
         try:
             if fn is None:
                 other = {"GET": ("/health", "/v1/models"), "POST": ("/v1/completions", "/v1/chat/completions")}
@@ -459,9 +516,7 @@ class _Handler(BaseHTTPRequestHandler):
                     raise APIError(405, f"{self.command} is not allowed on {path}")
                 raise APIError(404, f"no route {self.command} {path}")
             fn()
-        except APIError as e:
-            if not self._consumed and self.headers.get("Content-Length", "0") not in ("", "0"):
-                self.close_connection = True  # an unread body would be parsed as the next request
+        except APIError as e:  # an unread body is read and dropped after the answer (_finish_body)
             self._send_error(e)
         except (BrokenPipeError, ConnectionResetError, TimeoutError):  # TimeoutError: a write past write_timeout_s
             self.close_connection = True

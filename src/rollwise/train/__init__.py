@@ -11,7 +11,8 @@ Modules, in the order a step uses them (nothing is imported here, so `import rol
   loss_cfg)`, `.compute_logprobs(batch)`, `.state_dict_for_sync()` for `engine.load_weights`.
 - `checkpoint`: `save_checkpoint(trainer, run_dir, step, data_position=)`, `load_checkpoint(run_dir)`,
   `restore_checkpoint(trainer, ckpt)`.
-- `metrics`: `MetricsLogger(run_dir)` -> metrics.jsonl, TensorBoard, terminal progress.
+- `metrics`: `MetricsLogger(run_dir, loggers=)` -> metrics.jsonl, the other `run.loggers`, terminal progress.
+- `loggers`: one class per `run.loggers` name (jsonl, tensorboard, wandb, mlflow) behind the `MetricLogger` Protocol.
 
 The RL loop that wires them with the engine and environments is `train.loop` (and the recipes).
 """

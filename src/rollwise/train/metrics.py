@@ -1,15 +1,15 @@
-"""`MetricsLogger`: one JSON object per step in RUN_DIR/metrics.jsonl, TensorBoard when installed, and a rich
-progress bar on a terminal.
+"""`MetricsLogger`: one JSON object per step in RUN_DIR/metrics.jsonl, the other loggers of `run.loggers`
+(train/loggers.py: tensorboard, wandb, mlflow), and a rich progress bar on a terminal.
 
 metrics.jsonl is the record of a run (the report, `pandas.read_json(lines=True)` and DuckDB read it), so each line
 is flushed and fsynced as it is written: a run killed at step N has N complete lines, at most followed by one torn
 line, which a resume drops (`resume_from_step`). Non-finite numbers are written as null (JSON has no NaN) and
 tensors / numpy scalars as plain numbers. Nested dicts are flattened with '/' ("time/generate").
 
-The terminal display is a convenience: it stays silent when stdout is not a TTY (CI logs, pipes), and TensorBoard
-is skipped silently when the `tensorboard` package is absent.
-
-Deliberately left out: wandb/mlflow sinks (another small sink class when someone needs one).
+The terminal display is a convenience: it stays silent when stdout is not a TTY (CI logs, pipes). Next to the
+bar (which counts steps) it shows `PROGRESS_FIELDS`: reward, accuracy, tokens/s and the log-prob gap between
+the engine and the trainer, read from the keys `run.loop.step_metrics` writes. A logger asked for whose
+package is missing is an error, never a silent skip.
 """
 
 from __future__ import annotations
@@ -17,12 +17,19 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-DEFAULT_SHOW = ("reward", "accuracy", "loss", "kl", "entropy", "grad_norm", "logprob_diff_mean", "tokens_per_s")
+from rollwise.train.loggers import LoggerContext, MetricLogger, open_loggers, write_all
+
+PROGRESS_FIELDS: tuple[tuple[str, str], ...] = (
+    ("reward_mean", "reward"), ("accuracy", "acc"), ("tokens_per_s", "tok/s"), ("logprob_mismatch_mean", "logprob gap"),
+)
+"""(metrics key, label) shown next to the progress bar; every key is one `run.loop.step_metrics` writes
+(tests/train/test_loggers.py checks), so a renamed metric cannot leave the bar silently blank."""
 
 
 def _scalar(v: Any) -> Any:
@@ -57,29 +64,30 @@ def flatten_metrics(metrics: Mapping[str, Any], prefix: str = "") -> dict[str, A
 class MetricsLogger:
     """Append-only per-step metrics. Use as a context manager or call `close()`."""
 
-    def __init__(self, run_dir: str | Path, *, total_steps: int | None = None, tensorboard: bool = True,
-                 console: Any = None, show: Sequence[str] = DEFAULT_SHOW, resume_from_step: int | None = None) -> None:
-        """run_dir: created if missing. total_steps: length of the progress bar. console: a rich Console (default:
-        stdout); the bar shows only when it is a terminal. show: metric keys displayed next to the bar.
-        resume_from_step: keep only lines with step <= this (a resumed run re-logs the steps after its checkpoint)."""
+    def __init__(self, run_dir: str | Path, *, total_steps: int | None = None, loggers: Sequence[str] = ("jsonl",),
+                 tensorboard: bool | None = None, console: Any = None,
+                 show: Sequence[tuple[str, str]] = PROGRESS_FIELDS, resume_from_step: int | None = None,
+                 run_config: Mapping[str, Any] | None = None) -> None:
+        """run_dir: created if missing. total_steps: length of the progress bar. loggers: `run.loggers` names
+        (jsonl is always on); tensorboard: deprecated alias, True adds 'tensorboard', False removes it.
+        console: a rich Console (default: stdout); the bar shows only when it is a terminal. show: (metric key,
+        label) pairs displayed next to the bar. resume_from_step: keep only lines with step <= this (a resumed
+        run re-logs the steps after its checkpoint). run_config: the resolved config, for W&B and MLflow.
+        Raises LoggerError (one line) when a logger cannot start."""
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.path = self.run_dir / "metrics.jsonl"
         if resume_from_step is not None:
             self._truncate_after(resume_from_step)
-        self._file = open(self.path, "a", encoding="utf-8")
+        names = list(loggers)
+        if tensorboard is not None:
+            names = [n for n in names if n != "tensorboard"] + (["tensorboard"] if tensorboard else [])
+        ctx = LoggerContext(self.run_dir, run_name=self.run_dir.name, config=dict(run_config or {}),
+                            resumed=bool(resume_from_step))
+        self.loggers: list[MetricLogger] = open_loggers(names, ctx)  # chosen once, here
         self._t0 = time.time()
         self.show = tuple(show)
         self.last: dict[str, Any] = {}
-
-        self._tb = None
-        if tensorboard:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-
-                self._tb = SummaryWriter(log_dir=str(self.run_dir / "tensorboard"))
-            except ImportError:  # tensorboard not installed: skip silently, metrics.jsonl is the record
-                self._tb = None
 
         from rich.console import Console
 
@@ -114,16 +122,9 @@ class MetricsLogger:
         rec: dict[str, Any] = {"step": int(step)}
         rec["wall_s"] = round(time.time() - self._t0, 3)
         rec.update(flatten_metrics(metrics))
-        self._file.write(json.dumps(rec, allow_nan=False) + "\n")
-        self._file.flush()
-        os.fsync(self._file.fileno())
-        if self._tb is not None:
-            for k, v in rec.items():
-                if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool):
-                    self._tb.add_scalar(k, v, global_step=int(step))
-            self._tb.flush()
+        self.loggers = write_all(self.loggers, int(step), rec)
         if self._progress is not None:
-            shown = "  ".join(f"{k}={_fmt(rec[k])}" for k in self.show if rec.get(k) is not None)
+            shown = "  ".join(f"{label}={_fmt(rec[k])}" for k, label in self.show if rec.get(k) is not None)
             self._progress.update(self._task, completed=int(step), description=shown)
         self.last = rec
         return rec
@@ -145,11 +146,12 @@ class MetricsLogger:
         if self._progress is not None:
             self._progress.stop()
             self._progress = None
-        if self._tb is not None:
-            self._tb.close()
-            self._tb = None
-        if not self._file.closed:
-            self._file.close()
+        loggers, self.loggers = self.loggers, []
+        for lg in loggers:  # metrics.jsonl is first: closed even if a tracker's close fails
+            try:
+                lg.close()
+            except Exception as e:  # noqa: BLE001 - a tracker failing to close must not hide the run's result
+                sys.stderr.write(f"rollwise: logger '{lg.name}' failed to close: {type(e).__name__}: {e}\n")
 
     def __enter__(self) -> MetricsLogger:
         return self
