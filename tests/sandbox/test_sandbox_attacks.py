@@ -287,7 +287,7 @@ def test_candidate_cannot_find_the_test_or_the_expected_answers(tasks):
 # -- the kernel surface (seccomp), keyrings, IPC, tmpfs inodes, capabilities, /proc/1 ----------------------
 PROBE_SYSCALLS = ["add_key", "request_key", "keyctl", "ptrace", "bpf", "perf_event_open", "userfaultfd", "mount",
                   "umount2", "unshare", "setns", "init_module", "finit_module", "delete_module", "io_uring_setup",
-                  "kexec_load", "memfd_create", "shmget", "pivot_root", "process_vm_readv"]
+                  "kexec_load", "memfd_create", "shmget", "semget", "msgget", "mq_open", "pivot_root", "process_vm_readv"]
 
 
 def _syscall_probe() -> str:
