@@ -6,7 +6,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup sysdeps run test bench clean
+.PHONY: setup sysdeps run lint test bench clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -23,7 +23,11 @@ sysdeps:
 run: setup
 	$(BIN)/rollwise train --out runs/default
 
-test: setup sysdeps
+# Lint first: a finding fails CI before the (longer) test run.
+lint: setup
+	$(BIN)/ruff check .
+
+test: setup sysdeps lint
 	$(BIN)/python -m pytest tests
 
 clean:

@@ -56,7 +56,7 @@ def served(tiny_model):
         except OSError:
             if proc.poll() is not None or time.time() > deadline:
                 proc.kill()
-                raise RuntimeError(f"rollwise serve did not start: {proc.stderr.read().decode()[-500:]}")
+                raise RuntimeError(f"rollwise serve did not start: {proc.stderr.read().decode()[-500:]}") from None
             time.sleep(0.3)
     yield url
     proc.terminate()

@@ -6,8 +6,6 @@ import json
 import subprocess
 import sys
 
-import pytest
-import torch
 from safetensors.torch import load_file
 
 from rollwise.envs import register_env
