@@ -152,15 +152,19 @@ class SandboxLimits:
         }
 
     def memory_plan(self, cgroup: bool, default_sample_mb: int) -> tuple[int, int]:
-        """(per-sample budget, per-process RLIMIT_AS) in MiB. Without a cgroup the budget is nproc x RLIMIT_AS.
+        """(per-sample bound, per-process RLIMIT_AS) in MiB. Without a cgroup the bound is nproc x RLIMIT_AS.
 
-        Raises ValueError when the budget cannot give each of `nproc` processes MIN_PROCESS_MB.
+        Raises ValueError when an explicit `sample_memory_mb` cannot give each of `nproc` processes
+        MIN_PROCESS_MB (a default one, on a small machine, gives MIN_PROCESS_MB and reports the larger bound).
         """
         sample = self.sample_memory_mb or default_sample_mb
         if cgroup:
             return sample, self.memory_mb
         per_process = min(self.memory_mb, sample // self.nproc)
-        if per_process < MIN_PROCESS_MB:
+        if per_process < MIN_PROCESS_MB and self.sample_memory_mb is None:
+            # A budget derived from a small machine: keep Python startable; the bound reported is the real one.
+            per_process = min(self.memory_mb, MIN_PROCESS_MB)
+        elif per_process < MIN_PROCESS_MB:
             raise ValueError(
                 f"SandboxLimits: sample_memory_mb={sample} over nproc={self.nproc} processes leaves "
                 f"{sample // self.nproc} MiB per process on a machine without a memory cgroup; a jailed Python "
