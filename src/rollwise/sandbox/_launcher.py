@@ -298,7 +298,7 @@ def _build_root(cfg: dict) -> None:
     for name, text in cfg["files"].items():
         dst = f"{root}/work/{name}"
         with open(dst, "wb") as fout:
-            fout.write(text.encode("utf-8"))
+            fout.write(text.encode("utf-8", "surrogatepass"))  # a lone surrogate is the program's bug, not the jail's
         os.chown(dst, uid, uid)
     # SysV IPC objects outlive detaching and are not address space: cap them in this IPC namespace (seccomp
     # also denies shmget, semget, msgget, mq_open). In a user namespace whose uid 0 is unmapped these files

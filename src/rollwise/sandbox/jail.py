@@ -3,10 +3,11 @@
 The idea: one short-lived jail per program, built from Linux namespaces by `_launcher.py` (a stdlib-only
 script the host starts as a child): private mount namespace with an inode- and size-capped tmpfs root,
 read-only system dirs, an empty network namespace (not even loopback is up), its own PID namespace
-(killing pid 1 kills all), an IPC namespace with 1 MiB of SysV shared memory, a per-sandbox uid with no
-groups, a fresh session keyring, an empty capability bounding set, `no_new_privs`, a seccomp deny-list
-(libseccomp: keyrings, ptrace, bpf, perf, userfaultfd, io_uring, mounts, namespaces, modules, memfd...),
-rlimits, and a scrubbed environment. The host side here enforces wall time and output size, and kills the
+(killing pid 1 kills all), an IPC namespace with 1 MiB of SysV shared memory and no semaphores or message
+queues, a per-sandbox uid with no groups, a fresh session keyring, an empty capability bounding set,
+`no_new_privs`, a seccomp deny-list (libseccomp: keyrings, ptrace, bpf, perf, userfaultfd, io_uring, mounts,
+namespaces, modules, memfd, SysV and POSIX IPC, socket families no namespace scopes such as AF_VSOCK...),
+rlimits, a memory cgroup per sample where the machine offers one, and a scrubbed environment. The host side here enforces wall time and output size, and kills the
 launcher, which brings the whole namespace down. Jail failures come back on a status pipe the program never
 holds (never inferred from exit codes or from anything the program can print).
 
@@ -479,6 +480,14 @@ class Jail:
         if self._slot is not None:
             self._slot.release()
             self._slot = None
+
+    def __del__(self) -> None:
+        # A Jail dropped without close() must not hold its slot (or its processes) forever.
+        if getattr(self, "_slot", None) is not None:
+            try:
+                self.close()
+            except Exception:  # noqa: BLE001 - best effort at garbage collection
+                pass
 
     def __enter__(self) -> Jail:
         return self
