@@ -10,7 +10,7 @@ BIN := $(VENV)/bin
 # ("operator torchvision::nms does not exist"), and text models do not need it: removed.
 VLLM_VENV := .venv-vllm
 
-.PHONY: setup sysdeps run test bench clean vllm-venv
+.PHONY: setup sysdeps run lint test bench clean vllm-venv
 
 $(BIN)/.installed: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -36,7 +36,11 @@ sysdeps:
 run: setup
 	$(BIN)/rollwise train --out runs/default
 
-test: setup sysdeps vllm-venv
+# Lint first: a finding fails CI before the (longer) test run.
+lint: setup
+	$(BIN)/ruff check .
+
+test: setup sysdeps lint vllm-venv
 	ROLLWISE_REQUIRE_VLLM=1 $(BIN)/python -m pytest tests
 
 clean:

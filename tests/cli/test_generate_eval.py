@@ -37,7 +37,10 @@ def test_eval_reports_accuracy(ckpt, capsys):
     assert main(["eval", "--model", str(ckpt), "--env", "arithmetic", "--n", "8", "--samples", "2",
                  "--max-tokens", "4", "--device", "cpu", "--json"]) == 0
     res = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert res["n"] == 8 and 0.0 <= res["accuracy"] <= 1.0 and 0.0 <= res["accuracy_greedy"] <= 1.0
+    assert res["n"] == 8 and res["errored"] == res["errored_greedy"] == 0
+    # arithmetic's reward is 1 or 0: the pass rate is the mean reward, over 8 x 2 sampled and 8 greedy answers
+    assert res["accuracy"] == res["reward_mean"] and (res["accuracy"] * 16).is_integer()
+    assert res["accuracy_greedy"] == res["reward_mean_greedy"] and (res["accuracy_greedy"] * 8).is_integer()
 
 
 def test_bad_inputs_are_one_line_errors(ckpt, tmp_path, capsys):

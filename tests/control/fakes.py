@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from rollwise.engine.core import sample_seed
 from rollwise.envs.base import Task
-from rollwise.types import CompletionOutput, RequestOutput, SamplingParams, Score
+from rollwise.types import CompletionOutput, RequestOutput, Score
 
 
 class FakeTokenizer:

@@ -143,8 +143,10 @@ def test_sample_kernel_left_out_where_it_does_not_apply():
 
 def test_engine_same_outputs_with_and_without_sample_kernel(tiny_ckpts, monkeypatch):
     sp = SamplingParams(n=3, temperature=0.8, max_tokens=16, seed=9, ignore_eos=True)
+    if cpu_kernels.sample_kernel() is None:
+        pytest.skip(f"CPU kernels unavailable here: {cpu_kernels._failed}")
     llm = LLM(tiny_ckpts["llama"], block_size=4)
-    assert llm.engine.runner._sample_kernel is not None or cpu_kernels._failed
+    assert llm.engine.runner._sample_kernel is not None
     with_k = llm.generate(PROMPTS, sp)
     monkeypatch.setattr(cpu_kernels, "sample_kernel", lambda: None)
     llm = LLM(tiny_ckpts["llama"], block_size=4)

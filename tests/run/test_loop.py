@@ -6,8 +6,6 @@ import json
 import subprocess
 import sys
 
-import pytest
-import torch
 from safetensors.torch import load_file
 
 from rollwise.envs import register_env
@@ -29,7 +27,9 @@ def test_run_writes_everything_and_accounts_for_every_rollout(tmp_path, run_cfg)
     assert s == json.loads(json.dumps(summary, default=str))
     for k in ("eval_before", "eval_after", "steps", "wall_s", "rollouts"):
         assert k in s
-    assert 0.0 <= s["eval_before"]["accuracy"] <= 1.0 and "accuracy_greedy" in s["eval_after"]
+    for ev in (s["eval_before"], s["eval_after"]):  # arithmetic's 0/1 reward: the pass rate is the mean reward
+        assert ev["n"] == 8 and ev["errored"] == 0 and ev["accuracy"] == ev["reward_mean"]
+        assert ev["accuracy_greedy"] == ev["reward_mean_greedy"] and (ev["accuracy_greedy"] * 8).is_integer()
     c = s["rollouts"]
     assert c["total"] == 4 * 4 * 4
     assert c["kept"] + c["filtered"] + c["errored"] + c["truncated"] + c["aborted"] == c["total"]

@@ -9,6 +9,7 @@ so a test cannot pass merely because the attack was broken. Attacks run in batch
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import errno
 import gzip
 import json
@@ -38,9 +39,9 @@ class CodeTask:
     def __init__(self, name: str, spec, right: str, prefix: str = "", fn: str = ""):
         self.name, self.spec, self.right, self.prefix, self.fn = name, spec, right, prefix, fn
 
-    def score(self, module_code: str) -> str:
+    def score(self, module_code: str, limits: SandboxLimits = HACK_LIMITS) -> str:
         """Score a candidate given as module-level code defining the function `self.fn`."""
-        return run_tests(self.prefix + module_code, self.spec, limits=HACK_LIMITS)
+        return run_tests(self.prefix + module_code, self.spec, limits=limits)
 
 
 def _inline_tasks() -> list[CodeTask]:
@@ -238,7 +239,13 @@ def test_a_wrong_solution_never_passes(tasks):
     assert by_hack["hang_in_call"] == "timed out" and by_hack["sleep_at_load"] == "timed out"
     assert by_hack["print_flood"] == "failed: output limit exceeded"
     assert "not plain data" in by_hack["always_equal_object"] and "not plain data" in by_hack["return_generator"]
-    assert "deeper than" in by_hack["recursion_bomb_nested_list"] and "over" in by_hack["huge_answer"]
+    assert "deeper than" in by_hack["recursion_bomb_nested_list"]
+    # Encoding 20 MiB can outlast the 3 s limit when six scorers share two loaded cores: the size cap is
+    # checked on its own, with time to reach it.
+    assert "over" in by_hack["huge_answer"] or by_hack["huge_answer"] == "timed out", by_hack["huge_answer"]
+    add = next(t for t in tasks if t.name == "add")
+    huge = add.score(HACKS["huge_answer"].format(fn=add.fn), limits=dataclasses.replace(HACK_LIMITS, wall_s=15.0, cpu_s=15))
+    assert huge == "failed: the candidate's answer is over 16777216 bytes", huge
 
 
 def test_per_call_timeout_is_separate_from_the_total():
@@ -287,7 +294,7 @@ def test_candidate_cannot_find_the_test_or_the_expected_answers(tasks):
 # -- the kernel surface (seccomp), keyrings, IPC, tmpfs inodes, capabilities, /proc/1 ----------------------
 PROBE_SYSCALLS = ["add_key", "request_key", "keyctl", "ptrace", "bpf", "perf_event_open", "userfaultfd", "mount",
                   "umount2", "unshare", "setns", "init_module", "finit_module", "delete_module", "io_uring_setup",
-                  "kexec_load", "memfd_create", "shmget", "pivot_root", "process_vm_readv"]
+                  "kexec_load", "memfd_create", "shmget", "semget", "msgget", "mq_open", "pivot_root", "process_vm_readv"]
 
 
 def _syscall_probe() -> str:

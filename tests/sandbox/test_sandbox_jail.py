@@ -158,3 +158,13 @@ def test_unread_large_stdin_does_not_block_and_unicode_survives(sandbox):
     assert res.timed_out and res.wall_s < 4
     uni = sandbox.run_python("print('héllo → 世界')")
     assert uni.ok and uni.stdout.strip() == "héllo → 世界"
+
+
+def test_files_larger_than_a_pipe_reach_the_jail(sandbox):
+    """The files travel in the launcher's configuration pipe (never the host's disk): more than its 64 KiB works."""
+    big = "".join(f"{i:07d}\n" for i in range(40_000))  # 320 KB
+    res = sandbox.run_python("import hashlib\nprint(hashlib.sha256(open('big.txt', 'rb').read()).hexdigest())",
+                             files={"big.txt": big})
+    import hashlib
+
+    assert res.ok and res.stdout.strip() == hashlib.sha256(big.encode()).hexdigest(), res.stderr

@@ -4,7 +4,6 @@ update, temperature, KL reference, LoRA merge, gradient checkpointing, schedules
 from __future__ import annotations
 
 import copy
-import random
 import sys
 
 import pytest
@@ -14,7 +13,6 @@ from rollwise.config import LoraConfig, TrainConfig
 from rollwise.train.batch import TrainBatch
 from rollwise.train.losses import LOSSES, LossConfig
 from rollwise.train.trainer import Trainer, TrainerError, lr_lambda, token_logprobs
-from rollwise.types import Rollout
 
 from .synthetic import make_rollouts
 

@@ -19,7 +19,6 @@ import torch
 from rollwise.config import EngineConfig  # the one definition of the engine knobs; the sizing fields are read here
 from rollwise.engine.block_manager import BlockManager
 from rollwise.engine.model_runner import ModelRunner, resolve_dtype
-from rollwise.engine.sampler import LOGPROBS_MODES
 from rollwise.engine.scheduler import Scheduler, SchedulerConfig
 from rollwise.engine.sequence import Sequence, SeqStatus
 from rollwise.engine.speculative import DraftSpec, RequestDrafter, SpecStats, StepCost, accepted_prefix

@@ -4,10 +4,11 @@ Process tree (host view):
 
     scorer (any thread) ──Popen──> launcher ──fork──> init (pid 1 of a new PID namespace) ──fork──> program
 
-- launcher: sets PDEATHSIG so it dies with the scorer, unshares the namespaces, forks init, relays its status.
+- launcher: sets PDEATHSIG so it dies with the scorer, joins the sample's memory cgroup (where the host made
+  one), unshares the namespaces, forks init, relays its status.
 - init: pid 1 of the new PID namespace, root in a private mount namespace with no network. It mounts a
   size- and inode-capped tmpfs as the new root, bind-mounts the system directories read-only (nosuid,
-  nodev), mounts a fresh /proc, caps SysV shared memory in its IPC namespace, clears the capability
+  nodev), mounts a fresh /proc, caps SysV IPC in its IPC namespace, clears the capability
   bounding set, chroots into the root, then forks the program. When init exits (or is killed), the kernel
   SIGKILLs every process left in the namespace: nothing the program started can outlive it.
 - program: inherits init's root; joins a fresh anonymous session keyring, drops every group and to a
@@ -72,7 +73,9 @@ _libc = ctypes.CDLL(None, use_errno=True)
 
 # -- seccomp (libseccomp through ctypes: the maintained library compiles the BPF, we only list rules) ------
 SCMP_ACT_ALLOW = 0x7FFF0000
-SCMP_CMP_MASKED_EQ = 7
+SCMP_CMP_NE, SCMP_CMP_MASKED_EQ = 1, 7
+INT_MASK = 0xFFFFFFFF
+"""`int` arguments are compared on their low 32 bits, the bits the kernel reads: set high bits cannot dodge a rule."""
 EPERM, ENOSYS = 1, 38
 
 DENIED_SYSCALLS = (
@@ -90,10 +93,26 @@ DENIED_SYSCALLS = (
     "init_module", "finit_module", "delete_module", "kexec_load", "kexec_file_load", "reboot",
     "settimeofday", "clock_settime", "clock_adjtime", "adjtimex", "sethostname", "setdomainname",
     "acct", "syslog", "iopl", "ioperm", "personality", "vhangup", "nfsservctl",
-    # memory outside RLIMIT_AS: an anonymous file in page cache, SysV segments that outlive detaching
-    "memfd_create", "shmget",
+    # memory outside RLIMIT_AS: an anonymous file in page cache; SysV shared memory, semaphore sets and
+    # message queues, and POSIX message queues, all kernel memory held by the IPC namespace, not a process
+    "memfd_create", "shmget", "semget", "semop", "semtimedop", "semctl", "msgget", "msgsnd", "msgrcv", "msgctl",
+    "mq_open", "mq_unlink", "mq_timedsend", "mq_timedreceive", "mq_notify", "mq_getsetattr",
 )
 """System calls that fail with EPERM in the program (and everything it starts)."""
+
+AF_UNIX, AF_INET, AF_INET6, AF_NETLINK = 1, 2, 10, 16
+NETLINK_ROUTE = 0
+ALLOWED_SOCKET_FAMILIES = (AF_UNIX, AF_INET, AF_INET6, AF_NETLINK)
+"""Socket families the program may create (socket, socketpair); every other one below 64 fails with EPERM.
+
+Each allowed one is scoped by the jail's own namespaces: AF_UNIX by its file system (and its network
+namespace for abstract names), AF_INET/AF_INET6 by the empty network namespace (not even loopback is up),
+AF_NETLINK for NETLINK_ROUTE only (the namespace's own, empty interface list; glibc's getaddrinfo asks it).
+Families that are not network-namespaced (AF_VSOCK reaches the hypervisor's host on a VM, AF_BLUETOOTH,
+AF_ALG's kernel crypto, AF_RDS, AF_KCM, ...) and raw ones (AF_PACKET) are denied. The kernel itself refuses
+families at or above its AF_MAX (46 on 6.x) with EAFNOSUPPORT."""
+SOCKET_FAMILY_LIMIT = 64
+"""Families 0..63 outside the allowed list are denied; the margin over AF_MAX covers families new kernels add."""
 
 CLONE_NS_FLAGS = (CLONE_NEWNS, CLONE_NEWCGROUP, CLONE_NEWUTS, CLONE_NEWIPC, CLONE_NEWUSER, CLONE_NEWPID,
                   CLONE_NEWNET, CLONE_NEWTIME)
@@ -170,6 +189,21 @@ def install_seccomp() -> None:
             rc = lib.seccomp_rule_add_array(ctx, _errno_action(EPERM), clone, 1, ctypes.byref(cmp))
             if rc < 0:
                 raise OSError(-rc, f"seccomp rule for clone: {os.strerror(-rc)}")
+        # socket families: deny by family number (never "allow unless"), on the int's 32 bits
+        for call in (b"socket", b"socketpair"):
+            nr = lib.seccomp_syscall_resolve_name(call)
+            for fam in range(SOCKET_FAMILY_LIMIT):
+                if fam in ALLOWED_SOCKET_FAMILIES:
+                    continue
+                cmp = _ArgCmp(0, SCMP_CMP_MASKED_EQ, INT_MASK, fam)
+                rc = lib.seccomp_rule_add_array(ctx, _errno_action(EPERM), nr, 1, ctypes.byref(cmp))
+                if rc < 0:
+                    raise OSError(-rc, f"seccomp rule for {call.decode()}: {os.strerror(-rc)}")
+            # netlink: the route family only (any other protocol, or high bits set, is denied)
+            cmps = (_ArgCmp * 2)(_ArgCmp(0, SCMP_CMP_MASKED_EQ, INT_MASK, AF_NETLINK), _ArgCmp(2, SCMP_CMP_NE, NETLINK_ROUTE, 0))
+            rc = lib.seccomp_rule_add_array(ctx, _errno_action(EPERM), nr, 2, cmps)
+            if rc < 0:
+                raise OSError(-rc, f"seccomp rule for {call.decode()} (netlink): {os.strerror(-rc)}")
         # clone3 passes its flags in memory a filter cannot read: say it does not exist, libc falls back to clone
         clone3 = lib.seccomp_syscall_resolve_name(b"clone3")
         if clone3 >= 0:
@@ -259,18 +293,22 @@ def _build_root(cfg: dict) -> None:
     for d, mode in (("/work", 0o700), ("/tmp", 0o700)):
         os.makedirs(root + d, mode=mode, exist_ok=True)
         os.chown(root + d, uid, uid)
-    src_dir = cfg["files_dir"]
-    for name in os.listdir(src_dir):
+    # The program's files come in the configuration (a pipe), never from the host's disk: nothing of the
+    # candidate is left in the host's /tmp even when the scorer is SIGKILLed.
+    for name, text in cfg["files"].items():
         dst = f"{root}/work/{name}"
-        with open(os.path.join(src_dir, name), "rb") as fin, open(dst, "wb") as fout:
-            fout.write(fin.read())
+        with open(dst, "wb") as fout:
+            fout.write(text.encode("utf-8", "surrogatepass"))  # a lone surrogate is the program's bug, not the jail's
         os.chown(dst, uid, uid)
-    # SysV shared memory outlives detaching and is not address space: cap it in this IPC namespace (seccomp
-    # also denies shmget). In a user namespace whose uid 0 is unmapped these files are read-only to us.
+    # SysV IPC objects outlive detaching and are not address space: cap them in this IPC namespace (seccomp
+    # also denies shmget, semget, msgget, mq_open). In a user namespace whose uid 0 is unmapped these files
+    # are read-only to us (seccomp alone then holds, and the memory cgroup where there is one).
     pages = max(1, SHM_BYTES // os.sysconf("SC_PAGE_SIZE"))
-    for name, value in (("shmmax", SHM_BYTES), ("shmall", pages), ("shmmni", 16)):
+    caps = (("kernel/shmmax", SHM_BYTES), ("kernel/shmall", pages), ("kernel/shmmni", 16), ("kernel/msgmni", 0),
+            ("kernel/sem", "0 0 0 0"), ("fs/mqueue/queues_max", 0))
+    for name, value in caps:
         try:
-            with open(f"{root}/proc/sys/kernel/{name}", "w") as fh:  # this namespace's own values
+            with open(f"{root}/proc/sys/{name}", "w") as fh:  # this namespace's own values
                 fh.write(str(value))
         except PermissionError:
             if not cfg["userns"]:
@@ -379,6 +417,14 @@ def main() -> None:
     _seccomp_lib()  # load libseccomp once here; init and the program inherit it with the fork
     if os.getppid() != cfg["parent_pid"]:  # the scorer died before PDEATHSIG was armed
         os._exit(137)
+    if cfg.get("cgroup_procs"):
+        # Join the sample's memory cgroup before anything forks: init, the program and all it starts are
+        # counted together (user memory, page tables, tmpfs pages, pipes, IPC objects), whatever their number.
+        try:
+            with open(cfg["cgroup_procs"], "w") as fh:
+                fh.write(str(os.getpid()))
+        except OSError as e:
+            _fail(f"cannot join the sample's memory cgroup {cfg['cgroup_procs']}: {e}")
     flags = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS
     euid, egid = os.geteuid(), os.getegid()
     cfg["userns"] = euid != 0
