@@ -77,7 +77,7 @@ class AdaptiveGroupPolicy:
                 if p.group_id not in full:  # a pilot-only group: drop the slots it never used
                     p.outputs, p.scores = p.outputs[: self.pilot], p.scores[: self.pilot]
                 g = build_group(p, ctx.step, ctx.params.max_tokens)
-                if informative(g):
+                if informative(g, ctx.rules):
                     n_info += 1
                 else:
                     mark(g, "filtered", "adaptive: zero-variance group" if p.group_id in full

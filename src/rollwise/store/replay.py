@@ -28,7 +28,8 @@ from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from rollwise.types import Rollout, RolloutGroup
+from rollwise.filter import REPLAYABLE, has_reward
+from rollwise.types import ROLLOUT_STATUSES, Rollout, RolloutGroup
 
 
 @dataclass
@@ -42,8 +43,9 @@ class ReplayConfig:
     max_reuse: int = 2
     """How many times `sample` may return the same rollout."""
     success_threshold: float = 1.0
-    """A rollout with reward >= this is a success (a rescue candidate); a group with none has all failed."""
-    statuses: tuple[str, ...] = ("kept", "filtered")
+    """A rollout with reward >= this is a success (a rescue candidate); a group with none has all failed. The loop
+    passes `env.pass_threshold`, so rescue and accuracy agree on what a success is."""
+    statuses: tuple[str, ...] = REPLAYABLE
     """Statuses admitted by `add`. Filtered rollouts are admitted on purpose: a zero-variance group that
     dynamic sampling filtered out because every sample succeeded is exactly what rescue needs."""
     seed: int = 0
@@ -55,7 +57,7 @@ class ReplayConfig:
             raise ValueError(f"ReplayConfig.max_age must be >= 0 weight versions, got {self.max_age}")
         if self.max_reuse < 1:
             raise ValueError(f"ReplayConfig.max_reuse must be >= 1, got {self.max_reuse}")
-        bad = [s for s in self.statuses if s not in ("kept", "filtered", "errored", "truncated", "aborted")]
+        bad = [s for s in self.statuses if s not in ROLLOUT_STATUSES]
         if bad:
             raise ValueError(f"ReplayConfig.statuses has unknown status(es) {bad}")
 
@@ -158,15 +160,16 @@ class ReplayBuffer:
         found = [
             (key, e)
             for key, e in self._entries.items()
-            if e.rollout.prompt_id == prompt_id and e.rollout.reward is not None and e.rollout.reward >= self.config.success_threshold
+            if e.rollout.prompt_id == prompt_id and e.rollout.reward is not None
+            and e.rollout.reward >= self.config.success_threshold - 1e-9
         ]
         found.sort(key=lambda ke: -ke[1].version)
         return [self._hand_out(key, e, current_version, False) for key, e in found[:k]]
 
     def all_failed(self, group: RolloutGroup) -> bool:
         """True when no scored, non-errored sample of the group reached the success threshold."""
-        scored = [r for r in group.rollouts if r.reward is not None and r.status != "errored"]
-        return bool(scored) and all(r.reward < self.config.success_threshold for r in scored)  # type: ignore[operator]
+        scored = [r for r in group.rollouts if has_reward(r)]
+        return bool(scored) and all(r.reward < self.config.success_threshold - 1e-9 for r in scored)  # type: ignore[operator]
 
     def rescue(self, groups: Sequence[RolloutGroup], current_version: int, k: int = 1) -> dict[str, list[ReplaySample]]:
         """For each group whose samples all failed: up to `k` past successes of its prompt, by group_id.
