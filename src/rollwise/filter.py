@@ -33,6 +33,8 @@ NO_REWARD: tuple[str, ...] = ("errored", "aborted")
 REPLAYABLE: tuple[str, ...] = ("kept", "filtered")
 """Statuses the replay buffer admits by default: filtered ones on purpose, since an all-correct group that
 dynamic sampling dropped is exactly what rescue needs."""
+REPLAYED = "kept"
+"""Status of a replayed copy (store/replay.py): it trains like a kept rollout of the step it joins."""
 FINISHED: tuple[str, ...] = ("stop", "length", "max_turns")
 """Finish reasons of a completion generated in full: the only errored rollouts that may train (an episode whose
 environment step raised ends 'abort' and is left out, as is anything a generation failure may mark errored)."""

@@ -28,7 +28,7 @@ from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from rollwise.filter import REPLAYABLE, has_reward
+from rollwise.filter import REPLAYABLE, REPLAYED, has_reward
 from rollwise.types import ROLLOUT_STATUSES, Rollout, RolloutGroup
 
 
@@ -220,7 +220,7 @@ def rescue_groups(buf: ReplayBuffer, groups: Sequence[RolloutGroup], version: in
     for gid, samples in buf.rescue(groups, version, k).items():
         g = by_id[gid]
         for s in samples:
-            c = _copy(s.rollout, group_id=gid, sample_index=len(g.rollouts), status="kept",
+            c = _copy(s.rollout, group_id=gid, sample_index=len(g.rollouts), status=REPLAYED,
                       status_reason=f"replayed success from step {s.rollout.step} (age {s.age})", advantage=None)
             g.rollouts.append(c)
             added.append(c)
@@ -232,5 +232,5 @@ def reuse_rollouts(buf: ReplayBuffer, n: int, version: int) -> list[Rollout]:
     out = []
     for s in buf.sample(n, version):
         if s.rollout.advantage is not None and abs(s.rollout.advantage) > 0:
-            out.append(_copy(s.rollout, status="kept", status_reason=f"reused from step {s.rollout.step} (age {s.age})"))
+            out.append(_copy(s.rollout, status=REPLAYED, status_reason=f"reused from step {s.rollout.step} (age {s.age})"))
     return out
