@@ -110,6 +110,15 @@ def test_tool_calc_episode_answer_tower_is_wrong_with_a_reason():
     assert env.score_episode(EpisodeState(task=T_MATH, data={"answer": "3", "calls": 1})).value == 1.0
 
 
+def test_tool_calc_turns_on_hostile_text_answer_fast_with_an_error_observation():
+    env = ToolCalcEnv()
+    for text in ("<calc>" * 66_000, "<calc>1+" + "(" * 400_000, "</calc><calc>" * 30_000, "<calc>9**9**9**9</calc>"):
+        st = env.reset(T_MATH)
+        t0 = time.perf_counter()
+        obs = env.step(st, text)
+        assert time.perf_counter() - t0 < 1.0 and obs.startswith("<error>"), obs
+
+
 def test_arithmetic_answer_past_the_int_string_limit_is_wrong():
     for digits in ("9" * 4301, "-" + "1" * 10_000, "12" * 60):
         s = ArithmeticEnv().score(T_ARITH, digits + " rest")

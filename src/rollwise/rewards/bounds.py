@@ -136,7 +136,7 @@ def _powers(text: str, start: int, end: int, match: dict[int, int]) -> tuple[int
         # a^b^c is a^(b^c): a `^` right after the previous exponent continues the same tower
         chain = (chain if k == chain_end else 0) + 1 + inner
         best = max(best, chain)
-        k = chain_end = after
+        k = after
         while k < end and text[k].isspace():
             k += 1
         chain_end = k

@@ -53,12 +53,12 @@ def train(cfg: RunConfig, log: Log = print, *, stop_after: int | None = None) ->
 
 
 def _run_steps(run: Any, log: Log, stop_after: int | None) -> dict[str, Any] | None:
+    from rollwise.filter import select
     from rollwise.run.evaluate import evaluate
     from rollwise.run.sources import DataOrder, make_source
     from rollwise.store.replay import ReplayBuffer, ReplayConfig, is_replayed, rescue_groups, reuse_rollouts
     from rollwise.store.writer import RolloutStore
     from rollwise.train.metrics import MetricsLogger
-    from rollwise.filter import select
     from rollwise.train.advantages import assign_advantages
     from rollwise.train.overlong import overlong_options, shape_overlong
 
