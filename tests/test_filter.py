@@ -155,3 +155,14 @@ def test_the_room_is_what_everyone_imports():
     assert overlong.is_overlong(replayed_truncation) and room.is_overlong(replayed_truncation)
     loop = (SRC / "run" / "loop.py").read_text()
     assert "select(groups, rules)" in loop and "def assign_advantages" not in loop and "def _mark" not in loop
+
+
+def test_generation_time_decisions_see_errored_samples_as_the_loop_will():
+    """Adaptive pilots and early stop decide on raw Scores: the room gives them the values training will use."""
+    from rollwise.filter import differ, score_values
+    from rollwise.types import Score
+
+    scores = [Score(1.0), Score(0.0, error="fn raised"), None]
+    assert score_values(scores) == [1.0, 0.0] and differ(score_values(scores))
+    assert score_values(scores, FilterRules(errored_reward=None)) == [1.0]
+    assert not differ(score_values(scores, FilterRules(errored_reward=None)))

@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from rollwise.types import ROLLOUT_STATUSES, Rollout, RolloutGroup
+from rollwise.types import ROLLOUT_STATUSES, Rollout, RolloutGroup, Score
 
 TRAINED: tuple[str, ...] = ("kept", "truncated")
 """Statuses whose rollouts go into the loss (unless their group is dropped, or a rule filters them)."""
@@ -101,10 +101,24 @@ def advantage_values(group: RolloutGroup, rules: FilterRules = DEFAULT_RULES,
     return vals
 
 
+def score_values(scores: Sequence[Score | None], rules: FilterRules = DEFAULT_RULES) -> list[float]:
+    """What a pending group's finished Scores stand for, for decisions taken before they become Rollouts (adaptive
+    pilots, early stop): real values, plus each errored one as the wrong answer `advantage_values` will make it."""
+    real = [s.value for s in scores if s is not None and s.error is None]
+    errored = sum(s is not None and s.error is not None for s in scores)
+    if rules.errored_reward is None or not errored:
+        return real
+    return real + [min([rules.errored_reward, *real])] * errored
+
+
+def differ(values: Sequence[float]) -> bool:
+    """At least two values, and not all equal (within TOL)."""
+    return len(values) > 1 and max(values) - min(values) > TOL
+
+
 def informative(group: RolloutGroup, rules: FilterRules = DEFAULT_RULES) -> bool:
     """At least two advantage values that differ: the group carries a GRPO signal."""
-    vals = [v for v in advantage_values(group, rules) if v is not None]
-    return len(vals) > 1 and max(vals) - min(vals) > TOL
+    return differ([v for v in advantage_values(group, rules) if v is not None])
 
 
 def zero_variance(group: RolloutGroup, rules: FilterRules = DEFAULT_RULES) -> bool:
