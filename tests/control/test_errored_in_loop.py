@@ -8,10 +8,10 @@ import json
 
 from rollwise.envs import register_env
 from rollwise.envs.arithmetic import ArithmeticEnv
+from rollwise.run.loop import train
 from rollwise.store import replay as replay_mod
 from rollwise.store.writer import RolloutStore
 from rollwise.types import Score
-from rollwise.run.loop import train
 
 
 class _FragileGraded(ArithmeticEnv):
@@ -38,7 +38,7 @@ def test_errored_rollouts_count_as_wrong_and_pass_threshold_reaches_rescue(tmp_p
     train(run_cfg(out, "env.name=fragile_graded_test", "env.pass_threshold=0.5", "replay.enabled=true",
                   "train.steps=2", "train.lr=1e-3"), log=lambda s: None)
     assert seen and seen[0].success_threshold == 0.5  # was 1.0 whatever env.pass_threshold said
-    lines = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
+    lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert sum(m["score_errors"] for m in lines) > 0
     rows = RolloutStore(out).read()
     errored = [r for r in rows if r.status == "errored"]

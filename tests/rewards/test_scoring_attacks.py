@@ -10,11 +10,11 @@ import time
 import pytest
 
 from rollwise.envs.arithmetic import ArithmeticEnv
+from rollwise.envs.base import EpisodeState
 from rollwise.envs.countdown import CountdownEnv
 from rollwise.envs.gsm8k import GSM8KEnv
 from rollwise.envs.mbpp import strip_fence
 from rollwise.envs.tool_calc import ToolCalcEnv
-from rollwise.envs.base import EpisodeState
 from rollwise.rewards.base import call_reward
 from rollwise.rewards.bounds import answer_problem
 from rollwise.rewards.code import mbpp_test, run_tests

@@ -521,7 +521,8 @@ class RolloutController:
                  scorer: Callable[[list[tuple[Task, str]]], list[Score]] | None = None, episodes: Any = None,
                  drafts: Any = None, rules: room.FilterRules | None = None) -> None:
         """rules: the Filter room's rules the run applies (which groups are informative; default
-        `filter.DEFAULT_RULES`); encode: a task's prompt token ids (default: the tokenizer's plain encoding of `task.prompt`);
+        `filter.DEFAULT_RULES`); encode: a task's prompt token ids (default: the tokenizer's plain encoding of
+        `task.prompt`);
         scorer: `scorer(items) -> scores` in input order (default: `score_many` over `env` in this process; the
         Ray backend passes its scoring actors); episodes: a `control.episodes.EpisodeRunner` when the environment is
         multi-turn (samples are then whole episodes, scored by the environment); drafts: a `control.drafts.DraftStore`
@@ -614,7 +615,8 @@ class RolloutController:
             sel.observe(groups)
         return ControlStep(groups, acc)
 
-    def finalize(self, result: ControlStep, trained_version: int, trained: Sequence[Rollout] | None = None) -> Accounting:
+    def finalize(self, result: ControlStep, trained_version: int,
+                 trained: Sequence[Rollout] | None = None) -> Accounting:
         """After the loop assigned advantages and statuses: useful tokens and staleness of what trains.
 
         trained: the rollouts the Filter room selected (`filter.select`); default: ask it (`filter.trains`)."""

@@ -95,8 +95,8 @@ class ArithmeticEnv:
         """1.0 when the completion's leading integer is the answer (trailing text is ignored)."""
         digits = leading_int_text(completion)
         if digits is not None and len(digits.lstrip("-")) > MAX_INT_DIGITS:  # int() would refuse past 4,300 digits
-            return wrong(f"answer has {len(digits.lstrip('-'))} digits (limit {MAX_INT_DIGITS})", parts={"correct": 0.0},
-                         parsed=None)
+            n = len(digits.lstrip("-"))
+            return wrong(f"answer has {n} digits (limit {MAX_INT_DIGITS})", parts={"correct": 0.0}, parsed=None)
         got = leading_int(completion)
         ok = got is not None and got == int(task.answer)
         return Score(float(ok), parts={"correct": float(ok)}, info={"parsed": got})

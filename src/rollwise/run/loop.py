@@ -58,8 +58,8 @@ def _run_steps(run: Any, log: Log, stop_after: int | None) -> dict[str, Any] | N
     from rollwise.run.sources import DataOrder, make_source
     from rollwise.store.replay import ReplayBuffer, ReplayConfig, is_replayed, rescue_groups, reuse_rollouts
     from rollwise.store.writer import RolloutStore
-    from rollwise.train.metrics import MetricsLogger
     from rollwise.train.advantages import assign_advantages
+    from rollwise.train.metrics import MetricsLogger
     from rollwise.train.overlong import overlong_options, shape_overlong
 
     cfg, trainer, engine = run.cfg, run.trainer, run.engine
@@ -124,7 +124,8 @@ def _run_steps(run: Any, log: Log, stop_after: int | None) -> dict[str, Any] | N
                 reused = reuse_rollouts(replay, P.reuse_per_step, policy_version)
                 trainable += reused
                 replayed += reused
-            books = run.controller.finalize(batch.result, policy_version, selection.trainable)  # useful tokens, staleness
+            # useful tokens, staleness of what trains
+            books = run.controller.finalize(batch.result, policy_version, selection.trainable)
             train_m = trainer.train_step(trainable)
             sync_s = source.sync(trainer.weights(), trainer.version)
             own = [r for g in groups for r in g.rollouts if not is_replayed(r)]  # this step's own rollouts

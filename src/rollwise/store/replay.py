@@ -232,5 +232,6 @@ def reuse_rollouts(buf: ReplayBuffer, n: int, version: int) -> list[Rollout]:
     out = []
     for s in buf.sample(n, version):
         if s.rollout.advantage is not None and abs(s.rollout.advantage) > 0:
-            out.append(_copy(s.rollout, status=REPLAYED, status_reason=f"reused from step {s.rollout.step} (age {s.age})"))
+            out.append(_copy(s.rollout, status=REPLAYED,
+                             status_reason=f"reused from step {s.rollout.step} (age {s.age})"))
     return out

@@ -187,9 +187,10 @@ def assign_advantages(groups: Sequence[RolloutGroup], name: str, *, rules: Filte
                       **knobs: Any) -> np.ndarray:
     """Compute advantages with estimator `name` and write them into each `Rollout.advantage` (invalid: 0.0).
 
-    `rules`: the Filter room's (which entries count, and as what). Knobs from the config (`eps=algo.adv_eps`, `baseline=algo.reinforce_baseline`) go to the estimators that take
-    them and are ignored by the others, so a loop calls every estimator the same way; any other unknown keyword is
-    an error. Returns the `[G, K_max]` advantage table.
+    `rules`: the Filter room's (which entries count, and as what). Knobs from the config (`eps=algo.adv_eps`,
+    `baseline=algo.reinforce_baseline`) go to the estimators that take them and are ignored by the others, so a
+    loop calls every estimator the same way; any other unknown keyword is an error. Returns the `[G, K_max]`
+    advantage table.
     """
     if name not in ADVANTAGES:
         raise ValueError(f"unknown advantage estimator {name!r}; known: {', '.join(sorted(ADVANTAGES))}")

@@ -438,7 +438,7 @@ class Trainer:
         """The generator this RL step's mini-batch split is drawn from: a function of (`cfg.seed`, `rl_step`) only,
         so the split differs from step to step, repeats across identical runs, and survives a resume (rl_step is
         checkpointed) without carrying any RNG state. NOTE: a fixed split (every updates_per_step-th sequence, each
-        step) would pair the same sequences in every mini-batch of a step's batch order, which PPO-style epochs avoid."""
+        step) would put the same sequences together in every step's mini-batches; PPO-style epochs shuffle."""
         return torch.Generator().manual_seed((int(self.cfg.seed) * 1_000_003 + 7919 * int(self.rl_step)) % 2**63)
 
     def train_step(self, batch: TrainBatch, loss_fn: LossFn, loss_cfg: LossConfig, *,
