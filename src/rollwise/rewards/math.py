@@ -63,7 +63,7 @@ def _last_boxed(text: str) -> str | None:
 
 
 def _clean_tail(s: str) -> str:
-    # NOTE: rstrip, not re.sub(r"[.\s]+$"): that regex is quadratic on a long run of dots and spaces
+    # NOTE: a backwards scan, not re.sub(r"[.\s]+$"): that regex is quadratic on a long run of dots and spaces
     s = s.strip()
     i = len(s)
     while i and (s[i - 1] == "." or s[i - 1].isspace()):  # sentence-final period(s), any mix of dots and spaces
