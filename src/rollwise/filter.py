@@ -7,6 +7,8 @@ Everything after that is decided here, and every other module asks here:
 - what the advantages see (`advantage_values`): real rewards, plus errored rollouts at the wrong-answer
   score when `FilterRules.errored_reward` says so;
 - which groups carry a signal (`informative`, `zero_variance`): at least two advantage values that differ;
+  before a group's Scores become Rollouts (adaptive pilots, early stop), `score_values` and `differ` give the
+  same values and the same rule;
 - how a group or rollout leaves training (`mark`, `drop_zero_variance`, `drop_overlong`): trainable rollouts
   become 'filtered' with a reason, and the group remembers why it was dropped;
 - what trains (`trains`, `select`): kept and truncated rollouts of groups not dropped, and errored ones when
@@ -15,8 +17,9 @@ Everything after that is decided here, and every other module asks here:
 Errored rollouts keep their status whatever the rules (they stay loud, counted and shown); the rules only say
 whether they also count as wrong answers in advantages and the loss.
 
-Deliberately left out: advantage arithmetic (train/advantages.py) and generation-time choices (control/):
-they call this module and decide nothing about statuses themselves.
+Deliberately left out: advantage arithmetic (train/advantages.py), and what to generate next (control/):
+both call this module and decide nothing about statuses themselves. The first status, at scoring, stays in
+`types.rollout_status`; the status vocabulary is `types.ROLLOUT_STATUSES`.
 """
 
 from __future__ import annotations
