@@ -3,7 +3,7 @@
 Every `import rollwise...` counts, at module level or inside a function (a lazy import is still a dependency).
 Layers, bottom to top; a package may import only packages of lower layers (or itself):
 
-    types, config_yaml  <  config  <  models  <  engine, train, sandbox  <  rewards  <  envs  <  store
+    types, config_yaml  <  config, filter  <  models  <  engine, train, sandbox  <  rewards  <  envs  <  store
                         <  report, control  <  run, serve  <  cli
 
 The root package `rollwise` is the public facade (it re-exports `LLM` and the types); only `cli` may use it.
@@ -20,7 +20,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "rollwise"
 
 LAYERS: dict[str, int] = {
     "types": 0, "config_yaml": 0,
-    "config": 1,
+    "config": 1, "filter": 1,
     "models": 2,
     "engine": 3, "train": 3, "sandbox": 3,
     "rewards": 4,

@@ -347,6 +347,15 @@ class AlgoConfig(_Section):
     """Dr. GRPO's constant length normaliser; None = rollout.max_tokens."""
     skip_zero_variance: bool = True
     """Drop groups whose rewards are all equal (they carry no GRPO signal) from the train batch."""
+    errored_reward: float | None = 0.0
+    """What an errored rollout (a user's reward function raised, the sandbox could not be built; never an output
+    the built-in verifiers can blame on the policy: those are wrong answers) counts as in advantages. A number: a
+    wrong answer with this reward (or its group's lowest, if lower), trained on with the advantage that gives it,
+    so a policy never gains by making the scorer fail. null: left out of the advantages and the loss. Default 0.0
+    (the built-in verifiers' wrong-answer value): a user's reward most often raises on the odd outputs a policy
+    learns to produce, and leaving those out would pay the policy for finding them; the cost, a correct answer
+    penalised when infrastructure failed, is noise no policy can exploit, and errored rollouts are still counted
+    (score_errors) and shown. See rollwise/filter.py and README, "Reliability"."""
     overlong_filter: bool | None = None
     """DAPO overlong filtering: truncated samples (hit rollout.max_tokens) are left out of the loss; they still
     count in their group's advantage baseline. None = on for `loss: dapo`, off otherwise."""

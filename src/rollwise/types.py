@@ -186,12 +186,10 @@ class RolloutGroup:
     prompt_id: str
     group_id: str
     rollouts: list[Rollout]
+    dropped: str = ""
+    """Why the group was dropped from training ('' = it was not); set by `rollwise.filter.mark`, which, like every
+    decision after scoring (zero variance, what trains), lives in the Filter room, not here."""
 
     @property
     def rewards(self) -> list[float]:
         return [r.reward if r.reward is not None else 0.0 for r in self.rollouts]
-
-    @property
-    def zero_variance(self) -> bool:
-        rs = [r.reward for r in self.rollouts if r.status != "errored" and r.reward is not None]
-        return len(rs) > 0 and max(rs) - min(rs) < 1e-9

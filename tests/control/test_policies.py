@@ -9,6 +9,7 @@ import pytest
 from rollwise.control import (AdaptiveGroupPolicy, DynamicSamplingPolicy, EarlyStopPolicy, PartialRolloutPolicy,
                               PassRatePosterior, RolloutController, UniformPolicy)
 from rollwise.control.base import beta_all_equal
+from rollwise.filter import zero_variance
 from rollwise.types import ROLLOUT_STATUSES, SamplingParams
 from tests.control.fakes import BatchOnlyEngine, FakeEngine, FakeEnv, FakeTokenizer, TaskStream, task
 
@@ -42,7 +43,7 @@ def test_uniform_samples_every_prompt_k_times_and_books_balance_against_the_engi
     assert [g.prompt_id for g in res.groups] == ["t0", "t1", "t2"] and all(len(g.rollouts) == 8 for g in res.groups)
     check_books(res, statuses={"kept"})
     assert res.accounting.generated_tokens == eng.produced
-    assert res.accounting.zero_variance_groups == 2 and not res.groups[2].zero_variance
+    assert res.accounting.zero_variance_groups == 2 and not zero_variance(res.groups[2])
     # Short samples leave their slots empty while the 9-token ones finish: idle time is measured.
     assert res.accounting.idle_s > 0
     assert {r.seed for g in res.groups for r in g.rollouts} == {SP.seed}  # the step seed, as the loop stores it
@@ -76,9 +77,9 @@ def test_dynamic_sampling_refills_until_the_batch_is_informative_and_counts_what
     res = controller(DynamicSamplingPolicy(oversample=1.5, max_rounds=10)).run_step(eng, src, SP, step=1, batch_groups=4)
     check_books(res, eng, statuses={"kept", "filtered"})
     kept = [g for g in res.groups if g.rollouts[0].status == "kept"]
-    assert len(kept) == 4 and all(not g.zero_variance for g in kept)
+    assert len(kept) == 4 and all(not zero_variance(g) for g in kept)
     for g in res.groups:
-        if g.zero_variance:
+        if zero_variance(g):
             assert {r.status_reason for r in g.rollouts} == {"dynamic sampling: zero-variance group"}
     assert res.accounting.rounds > 1 and res.accounting.prompts == src.pos == len(res.groups)
     assert res.accounting.generated_tokens == eng.produced
@@ -164,7 +165,7 @@ def test_adaptive_pilots_every_prompt_and_extends_only_mixed_ones_within_budget(
                     assert {r.status_reason for r in g.rollouts} == {"adaptive: unanimous pilot of 2"}
                 if len(g.rollouts) == 8 and isinstance(policy, AdaptiveGroupPolicy):
                     extended += 1
-                    assert not g.zero_variance and {r.status for r in g.rollouts} == {"kept"}
+                    assert not zero_variance(g) and {r.status for r in g.rollouts} == {"kept"}
         return tokens / max(useful, 1), extended
 
     adaptive, extended = run(AdaptiveGroupPolicy(pilot=2, oversample=2.0, max_rounds=4))
@@ -194,7 +195,7 @@ def test_early_stop_aborts_decided_groups_and_counts_aborted_tokens():
     by = {g.prompt_id: g for g in res.groups}
     for pid in ("t0", "t1"):
         st = [r.status for r in by[pid].rollouts]
-        assert "aborted" in st and by[pid].zero_variance
+        assert "aborted" in st and zero_variance(by[pid])
         assert all(r.reward is None for r in by[pid].rollouts if r.status == "aborted")
     # The mixed group's decision never fires once its finished samples disagree... unless they all agreed first:
     g2 = by["t2"]

@@ -157,14 +157,21 @@ def _in_thread(fn, timeout_s):
     return out.get("v"), time.monotonic() - t0, th.is_alive()
 
 
-def test_runaway_sympy_call_is_killed_at_its_deadline_and_scored_errored(small_pool):
+def test_runaway_sympy_call_is_killed_at_its_deadline_and_scored_wrong(small_pool):
+    """The worker's deadline is the backstop behind `rewards.bounds`: an answer that gets past the bounds and
+    holds the worker is a wrong answer saying so (the policy wrote it), never errored."""
+    from rollwise.rewards.math import symbolic_verdict
+
     assert math_equal("x^2+1", "1+x^2", pool=small_pool)  # the worker is up and answers
     (pid,) = small_pool.pids()
-    score, elapsed, alive = _in_thread(lambda: verify_math(PATHOLOGICAL, "3", pool=small_pool), 30)
+    verdict, elapsed, alive = _in_thread(lambda: symbolic_verdict("9^{9^{9^{9}}}", "3", pool=small_pool), 30)
     assert not alive, "the runaway call was not stopped"
     assert elapsed < 15
-    assert score.error is not None and "did not finish within 2s" in score.error and "9^{9^{9^{9}}}" in score.error
-    assert score.value == 0.0 and score.info["extracted"] == "9^{9^{9^{9}}}"
+    assert not verdict.correct and "did not finish within 2s" in verdict.reason and "9^{9^{9^{9}}}" in verdict.reason
+    # Through verify_math the same answer never reaches the worker: the bounds reject the tower at once.
+    score, elapsed, _ = _in_thread(lambda: verify_math(PATHOLOGICAL, "3", pool=small_pool), 30)
+    assert elapsed < 1 and score.error is None and score.value == 0.0 and "power tower" in score.info["reason"]
+    assert score.info["extracted"] == "9^{9^{9^{9}}}"
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)  # the worker that was burning CPU is gone (killed and reaped)
     assert small_pool.num_killed == 1 and small_pool.pids() == []

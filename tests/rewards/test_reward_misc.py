@@ -133,9 +133,11 @@ def test_llm_judge_reads_scores_and_reports_unreadable_replies():
     tok_engine = FakeEngine("")
     tok_engine.reply = ""  # text empty: the judge decodes token ids through the tokenizer
     s2 = LLMJudge(tok_engine, tokenizer=CharTok(), score_pattern=r"(\d+)")(T, "4")
-    assert isinstance(tok_engine.prompts[0], list) and s2.error and "no score" in s2.error
+    # An unreadable reply is a wrong answer with its reason, never errored: a completion that talks the judge out
+    # of grading must not escape the wrong answer's penalty.
+    assert isinstance(tok_engine.prompts[0], list) and s2.error is None and "no score" in s2.info["reason"]
     s3 = LLMJudge(FakeEngine("I refuse"))(T, "4")
-    assert s3.value == 0.0 and "no score" in s3.error
+    assert s3.value == 0.0 and s3.error is None and "no score" in s3.info["reason"]
     assert LLMJudge(FakeEngine("Score: 99"))(T, "4").value == 1.0  # clipped to [0, 1]
     with pytest.raises(TypeError, match="generate"):
         LLMJudge(object())

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from rollwise.config import AlgoConfig
+from rollwise.filter import FilterRules
 from rollwise.train.advantages import assign_advantages, grpo
 from rollwise.train.overlong import (overlong_options, shape_overlong, soft_overlong_penalty, trainable_rollouts)
 from rollwise.types import Rollout, RolloutGroup
@@ -49,7 +50,7 @@ def _group():
         _ro(1, 14, 1.0),  # in the cache zone (16 - 4 = 12 < 14 <= 16): penalty -0.5
         _ro(2, 16, 0.0, "truncated", "length"),  # truncated: penalty -1, filtered out of the loss
         _ro(3, 9, 0.0),
-        _ro(4, 15, None, "errored"),  # no reward: no penalty, no advantage
+        _ro(4, 15, None, "errored"),  # no reward: no penalty; in advantages only as a wrong answer (errored_reward)
     ])]
 
 
@@ -59,20 +60,27 @@ def test_penalty_shapes_advantages_but_not_the_task_reward():
     ros = groups[0].rollouts
     assert [r.reward_parts.get("overlong_penalty") for r in ros] == [0.0, -0.5, -1.0, 0.0, None]
     assert [r.reward for r in ros] == [1.0, 1.0, 0.0, 0.0, None]  # the stored task reward is untouched
-    adv = assign_advantages(groups, "grpo")
+    adv = assign_advantages(groups, "grpo", rules=FilterRules(errored_reward=None))  # errored left out
     shaped = np.array([[1.0, 0.5, -1.0, 0.0, 0.0]])
     ref = grpo(shaped, np.array([[True, True, True, True, False]]))
     assert np.allclose(adv, ref)
     assert adv[0, 1] < adv[0, 0]  # the long right answer is worth less than the short one
+    # By default the errored rollout counts as a wrong answer: min(0.0, the lowest shaped reward) = -1.0
+    adv = assign_advantages(groups, "grpo")
+    shaped[0, 4] = -1.0
+    assert np.allclose(adv, grpo(shaped, np.ones((1, 5), dtype=bool)))
 
 
 def test_overlong_filter_drops_truncated_from_the_loss_only():
     groups = _group()
     assign_advantages(groups, "grpo")
-    kept = trainable_rollouts(groups, drop_truncated=True)
+    skip = FilterRules(errored_reward=None)
+    kept = trainable_rollouts(groups, drop_truncated=True, rules=skip)
     assert [r.sample_index for r in kept] == [0, 1, 3]
     assert groups[0].rollouts[2].advantage != 0.0  # it still counted in the group's baseline
-    assert [r.sample_index for r in trainable_rollouts(groups, drop_truncated=False)] == [0, 1, 2, 3]
+    assert [r.sample_index for r in trainable_rollouts(groups, drop_truncated=False, rules=skip)] == [0, 1, 2, 3]
+    # by default the errored rollout trains too, as the wrong answer it is scored as
+    assert [r.sample_index for r in trainable_rollouts(groups, drop_truncated=True)] == [0, 1, 3, 4]
 
 
 def test_dapo_defaults_on_and_explicit_settings_win():

@@ -38,8 +38,10 @@ SELECTORS: dict[str, Callable[[Any, int], Selector | None]] = {
 
 
 def make_controller(control_cfg: Any, env: Any, tokenizer: Any, *, seed: int = 0, params_fn: ParamsFn | None = None,
-                    encode: Any = None, scorer: Any = None, episodes: Any = None, drafts: Any = None) -> RolloutController:
-    """Build the controller a `control` config section describes (duck-typed: no pydantic import here)."""
+                    encode: Any = None, scorer: Any = None, episodes: Any = None, drafts: Any = None,
+                    rules: Any = None) -> RolloutController:
+    """Build the controller a `control` config section describes (duck-typed: no pydantic import here); `rules`:
+    the run's `filter.FilterRules`."""
     if control_cfg.policy not in POLICIES:
         raise ValueError(f"unknown control.policy {control_cfg.policy!r}; known: {', '.join(sorted(POLICIES))}")
     if control_cfg.select not in SELECTORS:
@@ -47,7 +49,7 @@ def make_controller(control_cfg: Any, env: Any, tokenizer: Any, *, seed: int = 0
     return RolloutController(POLICIES[control_cfg.policy](control_cfg), env, tokenizer,
                              selector=SELECTORS[control_cfg.select](control_cfg, seed),
                              prior=(control_cfg.prior_a, control_cfg.prior_b), params_fn=params_fn,
-                             encode=encode, scorer=scorer, episodes=episodes, drafts=drafts)
+                             encode=encode, scorer=scorer, episodes=episodes, drafts=drafts, rules=rules)
 
 
 __all__ = ["Accounting", "AdaptiveGroupPolicy", "ControlStep", "Driver", "DynamicSamplingPolicy", "EarlyStopPolicy",

@@ -18,6 +18,7 @@ import math
 from dataclasses import dataclass
 
 from rollwise.control.base import PendingGroup, StepContext, beta_all_equal, build_group, informative, mark
+from rollwise.filter import DEFAULT_RULES, FilterRules, differ, score_values
 from rollwise.types import RolloutGroup
 
 
@@ -64,7 +65,7 @@ class AdaptiveGroupPolicy:
             ctx.generate(pend, [range(k) if p.group_id in direct else range(self.pilot) for p in pend])
             spent += self.pilot * len(pend) + (k - self.pilot) * len(direct)
             ctx.acc.direct_groups += len(direct)
-            mixed = [p for p in pend if p.group_id not in direct and _pilot_mixed(p, self.pilot)]
+            mixed = [p for p in pend if p.group_id not in direct and _pilot_mixed(p, self.pilot, ctx.rules)]
             ext: list[PendingGroup] = []
             for p in mixed[: max(0, missing - len(direct))]:
                 if budget - spent < k - self.pilot:
@@ -77,7 +78,7 @@ class AdaptiveGroupPolicy:
                 if p.group_id not in full:  # a pilot-only group: drop the slots it never used
                     p.outputs, p.scores = p.outputs[: self.pilot], p.scores[: self.pilot]
                 g = build_group(p, ctx.step, ctx.params.max_tokens)
-                if informative(g):
+                if informative(g, ctx.rules):
                     n_info += 1
                 else:
                     mark(g, "filtered", "adaptive: zero-variance group" if p.group_id in full
@@ -91,6 +92,5 @@ def _p_informative(belief: tuple[float, float], k: int) -> float:
     return 1.0 - beta_all_equal(a, b, k, True) - beta_all_equal(a, b, k, False)
 
 
-def _pilot_mixed(p: PendingGroup, pilot: int) -> bool:
-    rs = [s.value for s in p.scores[:pilot] if s is not None and s.error is None]
-    return len(rs) > 1 and max(rs) - min(rs) > 1e-9
+def _pilot_mixed(p: PendingGroup, pilot: int, rules: FilterRules = DEFAULT_RULES) -> bool:
+    return differ(score_values(p.scores[:pilot], rules))  # the Filter room's values and rule

@@ -39,10 +39,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from rollwise import filter as room
 from rollwise.engine.protocol import step_engine
 from rollwise.rewards.concurrent import score_many
-from rollwise.types import (ROLLOUT_STATUSES, CompletionOutput, RequestOutput, RolloutGroup, SamplingParams, Score,
-                            Task, make_rollout)
+from rollwise.types import (ROLLOUT_STATUSES, CompletionOutput, RequestOutput, Rollout, RolloutGroup, SamplingParams,
+                            Score, Task, make_rollout)
 
 TaskSource = Callable[[int], list[Task]]
 """`take(k)` -> the next k training tasks (the loop's seeded, resumable data order)."""
@@ -361,6 +362,8 @@ class StepContext:
     acc: Accounting
     prior: Callable[[str], tuple[float, float]]
     """Beta(a, b) belief about a prompt's pass rate (the posterior when enabled, else the config prior)."""
+    rules: room.FilterRules = room.DEFAULT_RULES
+    """The Filter room's rules (which groups are informative), the same the loop applies after the step."""
     episodes: Any = None
     """`control.episodes.EpisodeRunner` for a multi-turn environment: samples are whole episodes."""
     drafts: Callable[[str], Any] | None = None
@@ -480,17 +483,13 @@ def build_group(g: PendingGroup, step: int, max_tokens: int) -> RolloutGroup:
     return RolloutGroup(g.task.id, g.group_id, rollouts)
 
 
-def mark(group: RolloutGroup, status: str, reason: str) -> None:
-    """Re-mark a group's trainable rollouts (kept / truncated) with `status` and `reason`; others keep theirs."""
-    for r in group.rollouts:
-        if r.status in ("kept", "truncated"):
-            r.status, r.status_reason = status, reason  # type: ignore[assignment]
+mark = room.mark
+"""Re-mark a group's trainable rollouts and drop the group from training: the Filter room's `filter.mark`."""
 
 
-def informative(group: RolloutGroup) -> bool:
-    """A group with at least two valid rewards that differ: it carries a GRPO signal."""
-    rs = [r.reward for r in group.rollouts if r.reward is not None and r.status not in ("errored", "aborted")]
-    return len(rs) > 1 and max(rs) - min(rs) > 1e-9
+def informative(group: RolloutGroup, rules: room.FilterRules = room.DEFAULT_RULES) -> bool:
+    """A group that carries a GRPO signal, as the Filter room says (`filter.informative`)."""
+    return room.informative(group, rules)
 
 
 class Policy(Protocol):
@@ -530,8 +529,10 @@ class RolloutController:
                  score_timeout_s: float | None = 30.0, params_fn: ParamsFn | None = None,
                  encode: Callable[[Task], list[int]] | None = None,
                  scorer: Callable[[list[tuple[Task, str]]], list[Score]] | None = None, episodes: Any = None,
-                 drafts: Any = None) -> None:
-        """encode: a task's prompt token ids (default: the tokenizer's plain encoding of `task.prompt`);
+                 drafts: Any = None, rules: room.FilterRules | None = None) -> None:
+        """rules: the Filter room's rules the run applies (which groups are informative; default
+        `filter.DEFAULT_RULES`); encode: a task's prompt token ids (default: the tokenizer's plain encoding of
+        `task.prompt`);
         scorer: `scorer(items) -> scores` in input order (default: `score_many` over `env` in this process; the
         Ray backend passes its scoring actors); episodes: a `control.episodes.EpisodeRunner` when the environment is
         multi-turn (samples are then whole episodes, scored by the environment); drafts: a `control.drafts.DraftStore`
@@ -551,6 +552,7 @@ class RolloutController:
         self.score_timeout_s = score_timeout_s
         self.params_fn = params_fn
         self.drafts = drafts
+        self.rules = rules if rules is not None else room.DEFAULT_RULES
         self._driver: Driver | None = None
         self._version: int | None = None
 
@@ -598,7 +600,8 @@ class RolloutController:
         sel = self.selector
         ctx = StepContext(drv, self._selecting(source, acc, params.n), params, step, batch_groups, self.encode,
                           self._score, self.params_fn, acc,
-                          prior=(sel.belief if sel is not None else (lambda _tid: self.prior)), episodes=self.episodes,
+                          prior=(sel.belief if sel is not None else (lambda _tid: self.prior)), rules=self.rules,
+                          episodes=self.episodes,
                           drafts=self.drafts.for_task if self.drafts is not None and drv.speculative else None)
         groups = self.policy.run(ctx)
         acc.gen_s, acc.idle_s, acc.generated_tokens = drv.gen_s, drv.idle_s, drv.generated_tokens
@@ -608,7 +611,7 @@ class RolloutController:
         if self.drafts is not None:
             self.drafts.observe(groups)
         acc.groups = len(groups)
-        acc.zero_variance_groups = sum(not informative(g) for g in groups)
+        acc.zero_variance_groups = sum(room.zero_variance(g, self.rules) for g in groups)
         for g in groups:
             for r in g.rollouts:
                 if r.status not in acc.rollouts:
@@ -622,17 +625,20 @@ class RolloutController:
             sel.observe(groups)
         return ControlStep(groups, acc)
 
-    @staticmethod
-    def finalize(result: ControlStep, trained_version: int) -> Accounting:
-        """After the loop assigned advantages and statuses: useful tokens and staleness of what trains."""
+    def finalize(self, result: ControlStep, trained_version: int,
+                 trained: Sequence[Rollout] | None = None) -> Accounting:
+        """After the loop assigned advantages and statuses: useful tokens and staleness of what trains.
+
+        trained: the rollouts the Filter room selected (`filter.select`); default: ask it (`filter.trains`)."""
         acc = result.accounting
         ages: list[int] = []
         acc.useful_tokens = acc.trained_tokens = 0
         acc.rollouts = {s: 0 for s in ROLLOUT_STATUSES}
+        chosen = {id(r) for r in trained} if trained is not None else None
         for g in result.groups:
             for r in g.rollouts:
                 acc.rollouts[r.status] += 1
-                if r.status not in ("kept", "truncated"):
+                if not (id(r) in chosen if chosen is not None else room.trains(r, g, self.rules)):
                     continue
                 n = len(r.completion_token_ids)
                 acc.trained_tokens += n

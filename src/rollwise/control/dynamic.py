@@ -39,7 +39,7 @@ class DynamicSamplingPolicy:
             ctx.generate(pending)
             for p in pending:
                 g = build_group(p, ctx.step, ctx.params.max_tokens)
-                if not informative(g):
+                if not informative(g, ctx.rules):
                     mark(g, "filtered", "dynamic sampling: zero-variance group")
                 elif n_info >= ctx.batch_groups:
                     mark(g, "filtered", "dynamic sampling: batch already full")

@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rollwise.control.base import PendingGroup, StepContext, beta_all_equal, build_group
+from rollwise.filter import DEFAULT_RULES, FilterRules, score_values
 from rollwise.types import RolloutGroup
 
 
@@ -55,7 +56,7 @@ class EarlyStopPolicy:
             ctx.score([(by_id[req.group_id], req.start) for req, _ in done])
             for gid in {req.group_id for req, _ in done}:
                 g = by_id[gid]
-                if self._decided(g, ctx.prior(g.task.id)):
+                if self._decided(g, ctx.prior(g.task.id), ctx.rules):
                     late = []
                     for j, o in enumerate(g.outputs):
                         if o is None:
@@ -68,9 +69,9 @@ class EarlyStopPolicy:
                     ctx.score(late)
         return [build_group(g, ctx.step, ctx.params.max_tokens) for g in groups]
 
-    def _decided(self, g: PendingGroup, prior: tuple[float, float]) -> bool:
+    def _decided(self, g: PendingGroup, prior: tuple[float, float], rules: FilterRules = DEFAULT_RULES) -> bool:
         remaining = sum(o is None for o in g.outputs)
-        rs = [s.value for s in g.scores if s is not None and s.error is None]
+        rs = score_values(g.scores, rules)  # the Filter room's values: an errored sample counts as it will train
         if remaining == 0 or len(rs) < self.min_finished or max(rs) - min(rs) > 1e-9:
             return False
         succ = min(1.0, max(0.0, rs[0]))

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from rollwise.control.base import beta_all_equal
+from rollwise.filter import has_reward
 from rollwise.types import RolloutGroup
 
 
@@ -68,8 +69,8 @@ class PassRatePosterior:
         """Every scored rollout updates its prompt's belief (errored and aborted ones have no reward)."""
         for g in groups:
             for r in g.rollouts:
-                if r.reward is not None and r.status not in ("errored", "aborted"):
-                    self.update(g.prompt_id, r.reward)
+                if has_reward(r):
+                    self.update(g.prompt_id, r.reward)  # type: ignore[arg-type]
 
     def on_weights(self, versions_moved: int) -> None:
         f = self.decay ** max(versions_moved, 0)

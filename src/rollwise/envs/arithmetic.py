@@ -14,7 +14,8 @@ import random
 from dataclasses import dataclass, field
 
 from rollwise.envs.base import Task, split_of
-from rollwise.rewards.match import leading_int
+from rollwise.rewards.base import wrong
+from rollwise.rewards.match import MAX_INT_DIGITS, leading_int, leading_int_text
 from rollwise.types import Score
 
 LEVELS: dict[int, tuple[int, str, int]] = {
@@ -92,6 +93,10 @@ class ArithmeticEnv:
 
     def score(self, task: Task, completion: str) -> Score:
         """1.0 when the completion's leading integer is the answer (trailing text is ignored)."""
+        digits = leading_int_text(completion)
+        if digits is not None and len(digits.lstrip("-")) > MAX_INT_DIGITS:  # int() would refuse past 4,300 digits
+            n = len(digits.lstrip("-"))
+            return wrong(f"answer has {n} digits (limit {MAX_INT_DIGITS})", parts={"correct": 0.0}, parsed=None)
         got = leading_int(completion)
         ok = got is not None and got == int(task.answer)
         return Score(float(ok), parts={"correct": float(ok)}, info={"parsed": got})

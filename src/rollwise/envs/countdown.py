@@ -15,13 +15,12 @@ from fractions import Fraction
 
 from rollwise.envs.base import Task, split_of
 from rollwise.envs.calc import CalcError, evaluate
+from rollwise.rewards.text import tag_contents
 from rollwise.types import Score
 
-_ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
-
-
 def extract_equation(completion: str) -> str | None:
-    tags = _ANSWER.findall(completion)
+    """The equation in the last <answer></answer>, else the last line with a digit (linear time)."""
+    tags = tag_contents(completion, "<answer>", "</answer>")
     if tags:
         text = tags[-1]
     else:

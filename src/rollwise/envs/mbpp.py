@@ -11,22 +11,20 @@ from __future__ import annotations
 
 import json
 import random
-import re
 from dataclasses import dataclass, field
 
 from rollwise.envs.base import Task
 from rollwise.envs.data import dataset_file
 from rollwise.rewards.code import DEFAULT_CALL_TIMEOUT_S, DEFAULT_CODE_LIMITS, code_sandbox, code_score, mbpp_test, run_tests
+from rollwise.rewards.text import fenced_code
 from rollwise.sandbox import Sandbox, SandboxLimits
 from rollwise.types import Score
 
-_FENCE = re.compile(r"```(?:python|py)?\s*\n(.*?)```", re.DOTALL)
-
-
 def strip_fence(completion: str) -> str:
-    """The code inside the first ```python fence, or the completion itself when there is none."""
-    m = _FENCE.search(completion)
-    return m.group(1) if m else completion
+    """The code inside the first ```python fence, or the completion itself when there is none (linear time:
+    the regex this replaces, ```(?:python|py)?\\s*\\n(.*?)```, was quadratic on a fence followed by newlines)."""
+    code = fenced_code(completion)
+    return code if code is not None else completion
 
 
 @dataclass

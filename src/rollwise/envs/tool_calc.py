@@ -23,11 +23,17 @@ from typing import Any
 
 from rollwise.envs.base import EpisodeState, Task, split_of
 from rollwise.envs.calc import CalcError, evaluate, format_number
-from rollwise.rewards.math import extract_answer, math_equal
+from rollwise.rewards.base import wrong
+from rollwise.rewards.math import AUDIT_CHARS, check_answer, extract_answer
+from rollwise.rewards.text import tag_contents
 from rollwise.types import Score
 
-_CALL = re.compile(r"<(calc|python)>(.*?)(?:</\1>|$)", re.DOTALL)
-_ANSWER = re.compile(r"<answer>(.*?)(?:</answer>|$)", re.DOTALL)
+_CALL = re.compile(r"<(calc|python)>(.*?)(?:</\1>|$)", re.DOTALL)  # linear: an unclosed call runs to the end
+
+
+def _answers(text: str) -> list[str]:
+    """The contents of every <answer> tag (an unclosed last one runs to the end), in linear time."""
+    return tag_contents(text, "<answer>", "</answer>", to_end=True)
 MAX_OBSERVATION_CHARS = 400
 
 
@@ -86,7 +92,7 @@ class ToolCalcEnv:
         """The observation for the policy's turn, or None when it answered or made no call."""
         state.transcript.append(("policy", completion))
         state.turn += 1
-        ans = _ANSWER.findall(completion)
+        ans = _answers(completion)
         if ans:
             state.data["answer"] = ans[-1].strip()
             state.done = True
@@ -122,13 +128,20 @@ class ToolCalcEnv:
     def score_episode(self, state: EpisodeState) -> Score:
         """1.0 for the right answer; parts keep how many tool calls were made."""
         calls = float(state.data.get("calls", 0))
-        given = state.data.get("answer")
-        ok = given is not None and math_equal(given, str(state.task.answer))
-        return Score(float(ok), parts={"correct": float(ok), "tool_calls": calls}, info={"answer": given})
+        return _score_answer(state.data.get("answer"), state.task, {"tool_calls": calls})
 
     def score(self, task: Task, completion: str) -> Score:
         """Single-string form: the answer tag if present, else the final answer found in the text."""
-        ans = _ANSWER.findall(completion)
-        given = ans[-1].strip() if ans else extract_answer(completion)
-        ok = given is not None and math_equal(given, str(task.answer))
-        return Score(float(ok), parts={"correct": float(ok)}, info={"answer": given})
+        ans = _answers(completion)
+        return _score_answer(ans[-1].strip() if ans else extract_answer(completion), task, {})
+
+
+def _score_answer(given: str | None, task: Task, parts: dict[str, float]) -> Score:
+    """1.0 for the right answer; an answer that cannot be checked (`rewards.math.check_answer`: over the size
+    limits, math-verify timed out on it) is wrong with its reason, never errored."""
+    v = check_answer(given, str(task.answer)) if given is not None else None
+    ok = v is not None and v.correct
+    shown = given if given is None or len(given) <= AUDIT_CHARS else given[:AUDIT_CHARS] + "..."
+    if v is not None and v.reason:
+        return wrong(v.reason, parts={"correct": 0.0, **parts}, answer=shown)
+    return Score(float(ok), parts={"correct": float(ok), **parts}, info={"answer": shown})

@@ -2,6 +2,14 @@
 
 `call_reward` is the one place where a reward function's failure becomes data: an exception turns into
 `Score(value=0.0, error="<Type>: <message>")` so an errored rollout is never mistaken for a real zero.
+
+Two kinds of failure, kept apart on purpose (README, "Reliability"):
+- the policy's output is at fault (too long, too deep, too slow to verify, unparsable, over a cap): the
+  built-in verifiers score it as a wrong answer, `wrong(reason)`: `value = WRONG`, the reason in
+  `info["reason"]`. Never 'errored': an errored rollout would escape the wrong answer's penalty.
+- rollwise cannot blame the output (a user's reward function raised, the sandbox could not be built, a
+  scoring worker could not start): an errored Score, counted and shown (`filter.FilterRules.errored_reward`
+  decides what advantages make of it).
 """
 
 from __future__ import annotations
@@ -12,6 +20,14 @@ from typing import Any, Callable, Union
 from rollwise.types import Score, Task
 
 RewardFn = Callable[[Task, str], Union[Score, float, int, bool]]
+
+WRONG = 0.0
+"""The value every built-in verifier gives a wrong answer."""
+
+
+def wrong(reason: str, parts: dict[str, float] | None = None, **info: Any) -> Score:
+    """A wrong answer because of what the policy wrote, with the reason (in `info["reason"]`, one line)."""
+    return Score(WRONG, parts=dict(parts or {}), info={**info, "reason": reason})
 
 
 def as_score(value: Any, where: str = "reward function") -> Score:

@@ -98,14 +98,25 @@ def run_tests(
     limits: SandboxLimits | None = None,
     call_timeout_s: float | None = DEFAULT_CALL_TIMEOUT_S,
 ) -> str:
-    """"passed", "failed: <reason>" or "timed out" for `candidate` (Python source) against `spec`."""
+    """"passed", "failed: <reason>" or "timed out" for `candidate` (Python source) against `spec`.
+
+    A candidate that is not valid text (a lone surrogate cannot be written as UTF-8) fails here, before the
+    sandbox: it is the completion's fault, so a wrong answer, never an errored score."""
+    try:
+        candidate.encode("utf-8")
+    except UnicodeEncodeError as e:
+        return f"failed: the code is not valid UTF-8 text ({e.reason} at character {e.start})"
     sb = sandbox or code_sandbox()
     return run_call_test(candidate, spec, sb, limits or DEFAULT_CODE_LIMITS, call_timeout_s).result
 
 
 def code_score(result: str, name: str = "code_tests") -> Score:
+    """The Score of a test verdict: 1.0 when it passed; otherwise a wrong answer whose reason is the verdict."""
     ok = float(result == "passed")
-    return Score(ok, parts={name: ok}, info={"result": result, "passed": result == "passed"})
+    info = {"result": result, "passed": result == "passed"}
+    if not ok:
+        info["reason"] = result
+    return Score(ok, parts={name: ok}, info=info)
 
 
 @dataclass

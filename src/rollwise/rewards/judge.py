@@ -1,7 +1,10 @@
 """LLM judge: ask a model to grade a completion through any engine with `generate(prompts, SamplingParams)`.
 
 The judge fills a prompt template, generates once (greedy by default), and reads a score from the reply
-with a regex; a reply without a readable score is an errored Score naming what came back, not a zero.
+with a regex. A reply without a readable score is a wrong answer (0.0) whose reason quotes the reply, not an
+errored Score: the completion is the judge's input, and a completion that talks the judge out of grading it
+must not escape a wrong answer's penalty. An engine that fails to answer at all raises (errored: not the
+completion's fault).
 
 Deliberately left out: pairwise comparison and multi-sample voting (compose several judges instead).
 """
@@ -12,6 +15,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from rollwise.rewards.base import wrong
 from rollwise.types import SamplingParams, Score, Task
 
 DEFAULT_TEMPLATE = (
@@ -50,7 +54,7 @@ class LLMJudge:
         reply = out.text or (self.tokenizer.decode(out.token_ids) if self.tokenizer is not None else "")
         m = self._rx.search(reply)
         if m is None:
-            return Score(0.0, error=f"judge reply has no score: {reply[:120]!r}", info={"reply": reply})
+            return wrong(f"judge reply has no score: {reply[:120]!r}", parts={self.name: 0.0}, reply=reply[:2000])
         raw = float(m.group(1))
         value = min(max(raw / self.max_score, 0.0), 1.0)
         return Score(value, parts={self.name: value}, info={"reply": reply, "raw_score": raw})

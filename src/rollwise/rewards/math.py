@@ -5,11 +5,17 @@ Extraction tries, in order, the conventions models are trained on: `#### N` (GSM
 numeric first (commas, currency and unit words, trailing zeros, percents, fractions `3/4` and `\\frac`
 all normalise to an exact `Fraction`), and falls back to math-verify (sympy) for symbolic answers.
 
+Every step takes time linear in the text: extraction uses no pattern that backtracks over the whole text
+(40k and 400k characters of hostile text take milliseconds; tests/rewards/test_scoring_attacks.py).
+
 The symbolic fallback runs in a worker process (`rewards.procpool`) with a deadline: sympy can run for ever
 on some inputs (`9^{9^{9^{9}}}`), inside C code no signal interrupts, and math-verify's own timeouts only work
-in the main thread. A call that misses the deadline has its worker killed and raises `MathVerifyTimeout`;
-`verify_math` turns that into an errored Score naming the input, never a silent 0. Numeric answers (all of
-GSM8K) never leave the calling thread.
+in the main thread. Before any of that, `rewards.bounds.answer_problem` rejects answers too long, too deeply
+nested, or holding power towers, huge exponents or factorials. Whatever the policy's answer makes go wrong
+(rejected, the worker missed its deadline or failed on it) is a wrong answer with its reason
+(`check_answer`), never errored: an errored rollout would escape the wrong answer's penalty. Only a worker
+that cannot start at all (`WorkerStartError`: rollwise's setup, not the answer) gives an errored Score.
+Numeric answers (all of GSM8K) never leave the calling thread.
 
 Deliberately left out: multiple-choice letter answers and set/interval answers beyond what math-verify
 does by itself.
@@ -18,17 +24,21 @@ does by itself.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from fractions import Fraction
 
+from rollwise.rewards.base import wrong
+from rollwise.rewards.bounds import MAX_DIGITS, answer_problem
 from rollwise.types import Score, Task
 
 _HASHES = re.compile(r"####\s*([^\n]*)")
 _ANSWER_IS = re.compile(r"answer\s*(?:is|:|=)\s*:?\s*([^\n]*)", re.IGNORECASE)
-_A_LINE = re.compile(r"^\s*A:\s*([^\n]+)", re.MULTILINE)
+_A_LINE = re.compile(r"^[^\S\n]*A:\s*([^\n]+)", re.MULTILINE)  # NOTE: not ^\s*: that rescans blank lines (quadratic)
 _NUMBER = re.compile(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?|-?\d+(?:\.\d+)?(?:\s*/\s*\d+)?|-?\.\d+")
 _FRAC = re.compile(r"\\[dt]?frac\s*\{\s*(-?[\d.]+)\s*\}\s*\{\s*(-?[\d.]+)\s*\}")
 _BOXED = ("\\boxed", "\\fbox")
+_TEXT = re.compile(r"\\(?:text|mathrm|textbf)\s*\{[^{}]*\}")  # NOTE: [^{}], so an unclosed one stops at the next {
 
 
 def _last_boxed(text: str) -> str | None:
@@ -53,9 +63,12 @@ def _last_boxed(text: str) -> str | None:
 
 
 def _clean_tail(s: str) -> str:
+    # NOTE: a backwards scan, not re.sub(r"[.\s]+$"): that regex is quadratic on a long run of dots and spaces
     s = s.strip()
-    s = re.sub(r"[.\s]+$", "", s)  # sentence-final period
-    return s.strip().strip("*").strip()
+    i = len(s)
+    while i and (s[i - 1] == "." or s[i - 1].isspace()):  # sentence-final period(s), any mix of dots and spaces
+        i -= 1
+    return s[:i].strip("*").strip()
 
 
 def extract_answer(text: str) -> str | None:
@@ -89,7 +102,7 @@ def to_number(s: str) -> Fraction | None:
         return None
     t = s.strip().replace("\\$", "").replace("$", "").replace("\\!", "").replace("{,}", ",").replace("\\,", "")
     t = _FRAC.sub(lambda m: f"{m.group(1)}/{m.group(2)}", t)
-    t = re.sub(r"\\(?:text|mathrm|textbf)\s*\{[^}]*\}", " ", t)  # \text{ dollars}
+    t = _TEXT.sub(" ", t)  # \text{ dollars}
     t = t.replace("\\%", "").replace("%", "")  # a percent keeps its written value: "50%" == "50"
     m = _NUMBER.search(t)
     if not m:
@@ -99,6 +112,8 @@ def to_number(s: str) -> Fraction | None:
     if re.search(r"[\^*+=()\\]|(?<![a-zA-Z])[a-zA-Z](?![a-zA-Z])|sqrt|pi", rest):
         return None
     num = m.group(0).replace(",", "").replace(" ", "")
+    if len(num) > MAX_DIGITS:  # no answer is that long, and converting it costs superlinear time
+        return None
     try:
         if "/" in num:
             a, b = num.split("/")
@@ -186,18 +201,66 @@ def gold_of(answer: object) -> str:
     return _clean_tail(m[-1]) if m else s.strip()
 
 
+@dataclass(frozen=True)
+class Verdict:
+    """Whether an answer is right; when the answer itself is at fault, why (one line, '' otherwise)."""
+
+    correct: bool
+    reason: str = ""
+
+
+def symbolic_verdict(pred: str, gold: str, pool=None) -> Verdict:
+    """math-verify in a worker (after `rewards.bounds` passed the answer). A missed deadline or a failure on this
+    answer is a wrong answer saying so; only a worker that cannot start (`procpool.WorkerStartError`) raises."""
+    from rollwise.rewards.procpool import WorkerError, WorkerStartError
+
+    try:
+        return Verdict(_math_verify_equal(pred, gold, pool))
+    except MathVerifyTimeout as e:
+        return Verdict(False, str(e))
+    except WorkerStartError:
+        raise
+    except WorkerError as e:
+        return Verdict(False, f"math-verify failed on the answer {pred[:60]!r}: {e}")
+
+
+def check_answer(pred: str | None, gold: str, pool=None) -> Verdict:
+    """`math_equal` for scoring: the answer is checked by `rewards.bounds` first, and whatever the answer makes go
+    wrong is a wrong Verdict with its reason. Raises only `procpool.WorkerStartError` (not the answer's fault)."""
+    if pred is None:
+        return Verdict(False, "no final answer found")
+    problem = answer_problem(pred, gold)
+    if problem is not None:
+        return Verdict(False, problem)
+    a, b = to_number(pred), to_number(gold)
+    if a is not None and b is not None:
+        return Verdict(a == b or _rounds_to(pred, a, b) or _rounds_to(gold, b, a))
+    if a is None and b is None and pred.strip() == gold.strip():
+        return Verdict(True)
+    return symbolic_verdict(pred, gold, pool)
+
+
+AUDIT_CHARS = 200
+"""Longest extracted answer kept in a Score's info (it lands in the rollout store)."""
+
+
 def verify_math(completion: str, answer: object, pool=None) -> Score:
-    """1.0 when the completion's final answer equals the gold one; info keeps both for audit. A symbolic
-    comparison that times out or whose worker fails is an errored Score saying so."""
-    from rollwise.rewards.procpool import WorkerError
+    """1.0 when the completion's final answer equals the gold one; info keeps both for audit. An answer that
+    cannot be checked (no answer, over `rewards.bounds`' limits, math-verify timed out or failed on it) is wrong,
+    with `info["reason"]`; only a scoring worker that cannot start gives an errored Score."""
+    from rollwise.rewards.procpool import WorkerStartError
 
     gold = gold_of(answer)
     pred = extract_answer(completion)
+    info = {"extracted": pred if pred is None or len(pred) <= AUDIT_CHARS else pred[:AUDIT_CHARS] + "...",
+            "gold": gold}
     try:
-        ok = math_equal(pred, gold, pool)
-    except (MathVerifyTimeout, WorkerError) as e:
-        return Score(0.0, error=str(e), info={"extracted": pred, "gold": gold})
-    return Score(float(ok), parts={"correct": float(ok)}, info={"extracted": pred, "gold": gold})
+        v = check_answer(pred, gold, pool)
+    except WorkerStartError as e:
+        return Score(0.0, error=str(e), info=info)
+    if v.reason:
+        return wrong(v.reason, parts={"correct": 0.0}, **info)
+    return Score(float(v.correct), parts={"correct": float(v.correct)}, info=info)
 
 
 def math_reward(task: Task, completion: str) -> Score:

@@ -50,6 +50,10 @@ class WorkerError(RuntimeError):
     """The worker died or failed to start (not a timeout)."""
 
 
+class WorkerStartError(WorkerError):
+    """No worker could be started (an install or machine problem: no call was made, so no input is to blame)."""
+
+
 class _Worker:
     def __init__(self, memory_mb: int | None, start_timeout_s: float) -> None:
         env = dict(os.environ)
@@ -58,11 +62,15 @@ class _Worker:
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env,
                                      close_fds=True)
         self._buf = b""
-        ready = self._read(start_timeout_s)
+        try:
+            ready = self._read(start_timeout_s)
+        except WorkerError as e:  # died while starting: the install's fault, never a scored input's
+            self.kill()
+            raise WorkerStartError(f"scoring worker failed to start ({e})") from None
         if ready is None or ready.get("ready") is not True:
             self.kill()
             why = "timed out" if ready is None else f"answered {ready!r}"
-            raise WorkerError(f"scoring worker failed to start ({why}; exit code {self.proc.poll()})")
+            raise WorkerStartError(f"scoring worker failed to start ({why}; exit code {self.proc.poll()})")
 
     @property
     def pid(self) -> int:

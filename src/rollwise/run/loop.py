@@ -2,8 +2,8 @@
 
     batch    = source.next_batch(step)        # select prompts -> generate -> score (the rollout controller)
     rescue   = replay: past successes into all-failed groups (optional)
-    advantages per group (GRPO & co); zero-variance groups filtered, and counted
-    trainable = kept + truncated rollouts (+ replayed ones, optional)
+    advantages per group (GRPO & co), then the Filter room (rollwise/filter.py): zero-variance groups and
+    overlong samples filtered and counted, trainable = what it selects (+ replayed ones, optional)
     metrics  = trainer.train_step(trainable)  # trainer.version += 1
     source.sync(trainer.weights(), trainer.version)   # weights -> engine(s), under the trainer's version
     store.write_step(step, every rollout of the step, any status)
@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from rollwise.config import RunConfig, config_hash
-from rollwise.types import ROLLOUT_STATUSES, Rollout, RolloutGroup, SamplingParams
+from rollwise.types import ROLLOUT_STATUSES, Rollout, SamplingParams
 
 Log = Callable[[str], None]
 EVAL_SAMPLES = 4
@@ -53,10 +53,12 @@ def train(cfg: RunConfig, log: Log = print, *, stop_after: int | None = None) ->
 
 
 def _run_steps(run: Any, log: Log, stop_after: int | None) -> dict[str, Any] | None:
+    from rollwise.filter import select
     from rollwise.run.evaluate import evaluate
     from rollwise.run.sources import DataOrder, make_source
     from rollwise.store.replay import ReplayBuffer, ReplayConfig, is_replayed, rescue_groups, reuse_rollouts
     from rollwise.store.writer import RolloutStore
+    from rollwise.train.advantages import assign_advantages
     from rollwise.train.metrics import MetricsLogger
     from rollwise.train.overlong import overlong_options, shape_overlong
 
@@ -91,8 +93,8 @@ def _run_steps(run: Any, log: Log, stop_after: int | None) -> dict[str, Any] | N
     log(f"held-out accuracy before RL: {eval_b['accuracy']:.3f} sampled (T={R.temperature}), "
         f"{eval_b['accuracy_greedy']:.3f} greedy, on {len(run.eval_tasks)} problems"
         + (f"; generation up to {K} versions ahead" if K else ""))
-    replay = ReplayBuffer(ReplayConfig(capacity=P.capacity, max_age=P.max_age, max_reuse=P.max_reuse,
-                                       seed=run.seed)) if P.enabled else None
+    replay = ReplayBuffer(ReplayConfig(capacity=P.capacity, max_age=P.max_age, max_reuse=P.max_reuse, seed=run.seed,
+                                       success_threshold=cfg.env.pass_threshold)) if P.enabled else None
     last = cfg.train.steps if stop_after is None else min(cfg.train.steps, start_step + stop_after)
 
     def params(step: int) -> SamplingParams:
@@ -101,6 +103,7 @@ def _run_steps(run: Any, log: Log, stop_after: int | None) -> dict[str, Any] | N
                               stop_token_ids=run.stop_token_ids or None)
 
     overlong = overlong_options(A)  # DAPO's overlong filtering / soft punishment (on for algo.loss: dapo)
+    rules = run.controller.rules  # the Filter room's rules, built once at setup from algo (control uses the same)
     source = make_source(run.controller, engine, run.train_tasks, order, params, R.prompts_per_step, staleness=K,
                          first_step=start_step + 1, last_step=last, trained_version=trainer.version,
                          sync_check=run.sync_check, trainer=trainer)
@@ -117,15 +120,15 @@ def _run_steps(run: Any, log: Log, stop_after: int | None) -> dict[str, Any] | N
                 replayed += rescue_groups(replay, groups, policy_version, P.rescue_k)
             if overlong.punish:  # the soft length penalty joins the reward the advantages see
                 shape_overlong(groups, max_length=R.max_tokens, cache_len=overlong.cache_for(R.max_tokens))
-            zero_var = assign_advantages(groups, A)
-            if overlong.filter:  # truncated samples still set their group's baseline, but are not trained on
-                _mark(groups, "truncated", "filtered", f"overlong filtering: hit max_tokens={R.max_tokens}")
-            trainable = [r for g in groups for r in g.rollouts if r.status in ("kept", "truncated")]
+            assign_advantages(groups, A.advantage, rules=rules, eps=A.adv_eps, baseline=A.reinforce_baseline)
+            selection = select(groups, rules)  # zero-variance groups, overlong samples; what trains
+            zero_var, trainable = selection.zero_variance_groups, list(selection.trainable)
             if replay is not None and P.reuse_per_step:  # train again on recent informative rollouts
                 reused = reuse_rollouts(replay, P.reuse_per_step, policy_version)
                 trainable += reused
                 replayed += reused
-            books = run.controller.finalize(batch.result, policy_version)  # useful tokens, staleness of what trains
+            # useful tokens, staleness of what trains
+            books = run.controller.finalize(batch.result, policy_version, selection.trainable)
             train_m = trainer.train_step(trainable)
             sync_s = source.sync(trainer.weights(), trainer.version)
             own = [r for g in groups for r in g.rollouts if not is_replayed(r)]  # this step's own rollouts
@@ -161,30 +164,6 @@ def _run_steps(run: Any, log: Log, stop_after: int | None) -> dict[str, Any] | N
     with source.exclusive() as eng:
         after = held_out(eng)
     return _finish(run, eval_b, after, store, ckpt_dir, prev_wall, log)
-
-
-def assign_advantages(groups: Sequence[RolloutGroup], algo: Any) -> int:
-    """Advantages in place; a zero-variance group's trainable rollouts become 'filtered' when the algo says so.
-    Returns the number of zero-variance groups."""
-    from rollwise.train.advantages import assign_advantages as assign
-
-    assign(groups, algo.advantage, eps=algo.adv_eps, baseline=algo.reinforce_baseline)
-    zero_var = 0
-    for g in groups:
-        if g.zero_variance:
-            zero_var += 1
-            if algo.skip_zero_variance:
-                for r in g.rollouts:
-                    if r.status in ("kept", "truncated"):
-                        r.status, r.status_reason = "filtered", "zero-variance group (no GRPO signal)"
-    return zero_var
-
-
-def _mark(groups: Sequence[RolloutGroup], status: str, new: str, reason: str) -> None:
-    for g in groups:
-        for r in g.rollouts:
-            if r.status == status:
-                r.status, r.status_reason = new, reason  # type: ignore[assignment]
 
 
 def _useful_tokens(trainable: Sequence[Rollout], is_replayed: Callable[[Rollout], bool]) -> int:

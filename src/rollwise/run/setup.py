@@ -337,9 +337,14 @@ def build_run(cfg: RunConfig, log: Log) -> RunParts:
         parts.sync_check = make_sync_check(cfg, parts.encode, train_tasks)
         from rollwise.control.drafts import DraftStore
 
+        from rollwise.filter import FilterRules
+        from rollwise.train.overlong import overlong_options
+
+        rules = FilterRules.from_config(cfg.algo, overlong_filter=overlong_options(cfg.algo).filter,
+                                        max_tokens=cfg.rollout.max_tokens)  # the Filter room's, for control and loop
         parts.controller = make_controller(cfg.control, env, tokenizer, seed=seed, encode=parts.encode,
                                            scorer=parts.scorer, episodes=parts.episodes,
-                                           drafts=DraftStore.from_config(cfg.rollout.speculative))
+                                           drafts=DraftStore.from_config(cfg.rollout.speculative), rules=rules)
     except BaseException:
         parts.close()
         raise

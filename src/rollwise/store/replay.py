@@ -28,7 +28,8 @@ from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from rollwise.types import Rollout, RolloutGroup
+from rollwise.filter import REPLAYABLE, REPLAYED, has_reward
+from rollwise.types import ROLLOUT_STATUSES, Rollout, RolloutGroup
 
 
 @dataclass
@@ -42,8 +43,9 @@ class ReplayConfig:
     max_reuse: int = 2
     """How many times `sample` may return the same rollout."""
     success_threshold: float = 1.0
-    """A rollout with reward >= this is a success (a rescue candidate); a group with none has all failed."""
-    statuses: tuple[str, ...] = ("kept", "filtered")
+    """A rollout with reward >= this is a success (a rescue candidate); a group with none has all failed. The loop
+    passes `env.pass_threshold`, so rescue and accuracy agree on what a success is."""
+    statuses: tuple[str, ...] = REPLAYABLE
     """Statuses admitted by `add`. Filtered rollouts are admitted on purpose: a zero-variance group that
     dynamic sampling filtered out because every sample succeeded is exactly what rescue needs."""
     seed: int = 0
@@ -55,7 +57,7 @@ class ReplayConfig:
             raise ValueError(f"ReplayConfig.max_age must be >= 0 weight versions, got {self.max_age}")
         if self.max_reuse < 1:
             raise ValueError(f"ReplayConfig.max_reuse must be >= 1, got {self.max_reuse}")
-        bad = [s for s in self.statuses if s not in ("kept", "filtered", "errored", "truncated", "aborted")]
+        bad = [s for s in self.statuses if s not in ROLLOUT_STATUSES]
         if bad:
             raise ValueError(f"ReplayConfig.statuses has unknown status(es) {bad}")
 
@@ -158,15 +160,16 @@ class ReplayBuffer:
         found = [
             (key, e)
             for key, e in self._entries.items()
-            if e.rollout.prompt_id == prompt_id and e.rollout.reward is not None and e.rollout.reward >= self.config.success_threshold
+            if e.rollout.prompt_id == prompt_id and e.rollout.reward is not None
+            and e.rollout.reward >= self.config.success_threshold - 1e-9
         ]
         found.sort(key=lambda ke: -ke[1].version)
         return [self._hand_out(key, e, current_version, False) for key, e in found[:k]]
 
     def all_failed(self, group: RolloutGroup) -> bool:
         """True when no scored, non-errored sample of the group reached the success threshold."""
-        scored = [r for r in group.rollouts if r.reward is not None and r.status != "errored"]
-        return bool(scored) and all(r.reward < self.config.success_threshold for r in scored)  # type: ignore[operator]
+        scored = [r for r in group.rollouts if has_reward(r)]
+        return bool(scored) and all(r.reward < self.config.success_threshold - 1e-9 for r in scored)  # type: ignore[operator]
 
     def rescue(self, groups: Sequence[RolloutGroup], current_version: int, k: int = 1) -> dict[str, list[ReplaySample]]:
         """For each group whose samples all failed: up to `k` past successes of its prompt, by group_id.
@@ -217,7 +220,7 @@ def rescue_groups(buf: ReplayBuffer, groups: Sequence[RolloutGroup], version: in
     for gid, samples in buf.rescue(groups, version, k).items():
         g = by_id[gid]
         for s in samples:
-            c = _copy(s.rollout, group_id=gid, sample_index=len(g.rollouts), status="kept",
+            c = _copy(s.rollout, group_id=gid, sample_index=len(g.rollouts), status=REPLAYED,
                       status_reason=f"replayed success from step {s.rollout.step} (age {s.age})", advantage=None)
             g.rollouts.append(c)
             added.append(c)
@@ -229,5 +232,6 @@ def reuse_rollouts(buf: ReplayBuffer, n: int, version: int) -> list[Rollout]:
     out = []
     for s in buf.sample(n, version):
         if s.rollout.advantage is not None and abs(s.rollout.advantage) > 0:
-            out.append(_copy(s.rollout, status="kept", status_reason=f"reused from step {s.rollout.step} (age {s.age})"))
+            out.append(_copy(s.rollout, status=REPLAYED,
+                             status_reason=f"reused from step {s.rollout.step} (age {s.age})"))
     return out

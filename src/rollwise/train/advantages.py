@@ -5,8 +5,11 @@ prompt) and a `[G, K]` validity mask, so it can be tested against the paper's fo
 swapped by name (`ADVANTAGES`). Numpy in gives numpy out, torch in gives torch out (same dtype); the maths is
 done once, in torch, in float64, so both paths give identical numbers.
 
-The mask exists because groups are ragged in practice: an errored rollout (sandbox crash, judge timeout) has no
-real reward and must neither pull the group baseline nor receive a gradient. Masked entries get advantage 0.
+The mask exists because groups are ragged in practice: an aborted rollout has no reward, and an errored one
+(a user's reward raised, the sandbox could not be built) has none of its own. Which entries are valid, and
+what an errored rollout counts as, is the Filter room's rule (`rollwise.filter.advantage_values`): by default
+an errored rollout counts as a wrong answer, so a policy never gains by making the scorer fail; with
+`algo.errored_reward: null` it is masked out. Masked entries get advantage 0.
 
 Deliberately left out: per-token advantages (GAE, a value model) and reward shaping. The one shaping term the
 advantages see is DAPO's soft overlong penalty (`train/overlong.py`), kept apart from the task reward in
@@ -23,8 +26,10 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import numpy as np
 import torch
 
+from rollwise.filter import DEFAULT_RULES, FilterRules, advantage_values
+
 if TYPE_CHECKING:  # pragma: no cover
-    from rollwise.types import RolloutGroup
+    from rollwise.types import Rollout, RolloutGroup
 
 Array = TypeVar("Array", np.ndarray, torch.Tensor)
 
@@ -152,20 +157,25 @@ SHAPING_PARTS = ("overlong_penalty",)
 """`Rollout.reward_parts` keys added to the reward the advantages see (not to `Rollout.reward`)."""
 
 
-def group_table(groups: Sequence[RolloutGroup]) -> tuple[np.ndarray, np.ndarray]:
+def _shaping(ro: Rollout) -> float:
+    return sum(ro.reward_parts.get(k, 0.0) for k in SHAPING_PARTS)
+
+
+def group_table(groups: Sequence[RolloutGroup], rules: FilterRules = DEFAULT_RULES) -> tuple[np.ndarray, np.ndarray]:
     """Lay ragged groups out as a `[G, K_max]` float64 reward table and a bool validity mask.
 
-    A rollout is valid when it has a reward and is not errored/aborted; filtered and truncated rollouts keep
-    their reward (truncation is a property of the sample, not a missing score). Shaping terms in
-    `reward_parts` (`SHAPING_PARTS`: DAPO's soft overlong penalty) are added to the reward here.
+    Entries and their values are the Filter room's (`filter.advantage_values`): real rewards (filtered and
+    truncated rollouts keep theirs: truncation is a property of the sample, not a missing score), and errored
+    rollouts at the wrong-answer score when `rules.errored_reward` is set. Shaping terms in `reward_parts`
+    (`SHAPING_PARTS`: DAPO's soft overlong penalty) are added to the real rewards here.
     """
     k_max = max((len(g.rollouts) for g in groups), default=0)
     rewards = np.zeros((len(groups), k_max), dtype=np.float64)  # [G, K_max]
     mask = np.zeros((len(groups), k_max), dtype=bool)  # [G, K_max]
     for gi, g in enumerate(groups):
-        for ki, ro in enumerate(g.rollouts):
-            if ro.reward is not None and ro.status not in ("errored", "aborted"):
-                rewards[gi, ki] = float(ro.reward) + sum(ro.reward_parts.get(k, 0.0) for k in SHAPING_PARTS)
+        for ki, v in enumerate(advantage_values(g, rules, shaping=_shaping)):
+            if v is not None:
+                rewards[gi, ki] = v
                 mask[gi, ki] = True
     return rewards, mask
 
@@ -173,12 +183,14 @@ def group_table(groups: Sequence[RolloutGroup]) -> tuple[np.ndarray, np.ndarray]
 _SHARED_KNOBS = frozenset({"eps", "baseline", "unbiased_std"})
 
 
-def assign_advantages(groups: Sequence[RolloutGroup], name: str, **knobs: Any) -> np.ndarray:
+def assign_advantages(groups: Sequence[RolloutGroup], name: str, *, rules: FilterRules = DEFAULT_RULES,
+                      **knobs: Any) -> np.ndarray:
     """Compute advantages with estimator `name` and write them into each `Rollout.advantage` (invalid: 0.0).
 
-    Knobs from the config (`eps=algo.adv_eps`, `baseline=algo.reinforce_baseline`) go to the estimators that take
-    them and are ignored by the others, so a loop calls every estimator the same way; any other unknown keyword is
-    an error. Returns the `[G, K_max]` advantage table.
+    `rules`: the Filter room's (which entries count, and as what). Knobs from the config (`eps=algo.adv_eps`,
+    `baseline=algo.reinforce_baseline`) go to the estimators that take them and are ignored by the others, so a
+    loop calls every estimator the same way; any other unknown keyword is an error. Returns the `[G, K_max]`
+    advantage table.
     """
     if name not in ADVANTAGES:
         raise ValueError(f"unknown advantage estimator {name!r}; known: {', '.join(sorted(ADVANTAGES))}")
@@ -188,7 +200,7 @@ def assign_advantages(groups: Sequence[RolloutGroup], name: str, **knobs: Any) -
     if bad:
         raise ValueError(f"advantage estimator {name!r} has no option {bad[0]!r}")
     kwargs = {k: v for k, v in knobs.items() if k in accepted}
-    rewards, mask = group_table(groups)
+    rewards, mask = group_table(groups, rules)
     adv = fn(rewards, mask, **kwargs)  # [G, K_max]
     for gi, g in enumerate(groups):
         for ki, ro in enumerate(g.rollouts):

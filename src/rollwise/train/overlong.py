@@ -5,7 +5,8 @@ were wrong, which is noise. DAPO adds two fixes, both on by default with `algo.l
 
 - **Overlong filtering**: truncated samples are masked out of the loss. They still count in their group's
   advantage baseline (they were sampled, and their reward says how the group did); only their own tokens get
-  no gradient. `trainable_rollouts(groups, drop_truncated=True)` gives the rollouts to train on.
+  no gradient. The Filter room decides it (`rollwise.filter.drop_overlong` / `filter.trains`);
+  `trainable_rollouts(groups, drop_truncated=True)` asks it for the rollouts to train on.
 - **Soft overlong punishment** (DAPO Eq. 13): a length-aware penalty added to the reward the advantages see,
 
       R_length(y) = 0                                 if |y| <= L_max - L_cache
@@ -25,6 +26,7 @@ Left out: DAPO's dynamic sampling lives in `control/dynamic.py`, its token-level
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -32,6 +34,7 @@ from typing import Any, TypeVar
 import numpy as np
 import torch
 
+from rollwise import filter as room
 from rollwise.types import Rollout, RolloutGroup
 
 Array = TypeVar("Array", np.ndarray, torch.Tensor)
@@ -80,7 +83,7 @@ def overlong_options(algo: Any) -> OverlongOptions:
 def shape_overlong(groups: Sequence[RolloutGroup], max_length: int, cache_len: int) -> int:
     """Write each scored rollout's soft overlong penalty into `reward_parts["overlong_penalty"]` (call before the
     advantages). Returns how many rollouts got a non-zero penalty."""
-    scored = [r for g in groups for r in g.rollouts if r.reward is not None and r.status not in ("errored", "aborted")]
+    scored = [r for g in groups for r in g.rollouts if room.has_reward(r)]
     if not scored:
         return 0
     pen = soft_overlong_penalty(np.array([len(r.completion_token_ids) for r in scored]), max_length, cache_len)
@@ -91,16 +94,10 @@ def shape_overlong(groups: Sequence[RolloutGroup], max_length: int, cache_len: i
 
 def is_overlong(r: Rollout) -> bool:
     """Whether the sample was cut off by the length limit (status 'truncated' or finish_reason 'length')."""
-    return r.status == "truncated" or r.finish_reason == "length"
+    return room.is_overlong(r)
 
 
-def trainable_rollouts(groups: Sequence[RolloutGroup], drop_truncated: bool) -> list[Rollout]:
-    """The rollouts that go into the loss: kept ones, and truncated ones unless overlong filtering drops them."""
-    out = []
-    for g in groups:
-        for r in g.rollouts:
-            if r.status == "kept" and not (drop_truncated and r.finish_reason == "length"):
-                out.append(r)
-            elif r.status == "truncated" and not drop_truncated:
-                out.append(r)
-    return out
+def trainable_rollouts(groups: Sequence[RolloutGroup], drop_truncated: bool,
+                       rules: room.FilterRules = room.DEFAULT_RULES) -> list[Rollout]:
+    """The rollouts that go into the loss (the Filter room's `trainable`), with overlong filtering as asked."""
+    return room.trainable(groups, dataclasses.replace(rules, overlong_filter=drop_truncated))

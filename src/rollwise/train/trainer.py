@@ -459,10 +459,18 @@ class Trainer:
 
     # ------------------------------------------------------------------------------------------- update
 
+    def minibatch_generator(self) -> torch.Generator:
+        """The generator this RL step's mini-batch split is drawn from: a function of (`cfg.seed`, `rl_step`) only,
+        so the split differs from step to step, repeats across identical runs, and survives a resume (rl_step is
+        checkpointed) without carrying any RNG state. NOTE: a fixed split (every updates_per_step-th sequence, each
+        step) would put the same sequences together in every step's mini-batches; PPO-style epochs shuffle."""
+        return torch.Generator().manual_seed((int(self.cfg.seed) * 1_000_003 + 7919 * int(self.rl_step)) % 2**63)
+
     def train_step(self, batch: TrainBatch, loss_fn: LossFn, loss_cfg: LossConfig, *,
                    generator: torch.Generator | None = None) -> dict[str, float]:
-        """One RL step on `batch`: `cfg.updates_per_step` optimiser steps (shuffled mini-batches when > 1, using
-        `generator`), gradient accumulation over packed micro-batches. Returns float metrics:
+        """One RL step on `batch`: `cfg.updates_per_step` optimiser steps (shuffled mini-batches when > 1, drawn
+        from `generator`, else from `minibatch_generator`: seeded by `cfg.seed` and this step's number, so a run
+        and its resume shuffle alike), gradient accumulation over packed micro-batches. Returns float metrics:
 
         loss, pg_loss, kl, entropy, clip_frac, ratio_mean (token-weighted over micro-batches), ratio_max, grad_norm
         (before clipping, last update), lr (used by the last update), logprob_diff_mean / logprob_diff_max (|trainer - engine| log-prob on
@@ -490,7 +498,8 @@ class Trainer:
         if n_updates == 1:
             minis = [(list(range(batch.num_sequences)), batch)]
         else:
-            order = torch.randperm(batch.num_sequences, generator=generator).tolist() if generator is not None else list(range(batch.num_sequences))
+            gen = generator if generator is not None else self.minibatch_generator()
+            order = torch.randperm(batch.num_sequences, generator=gen).tolist()
             minis = [(sorted(order[k::n_updates]), None) for k in range(n_updates)]
 
         sums: dict[str, float] = {}
