@@ -127,7 +127,7 @@ class RolloutStore:
         table = rows_to_table(rows)
         if journal is not None:
             meta = dict(table.schema.metadata or {})
-            meta[JOURNAL_KEY] = json.dumps(journal, separators=(",", ":")).encode()
+            meta[JOURNAL_KEY] = json.dumps(journal, separators=(",", ":"), default=str).encode()
             table = table.replace_schema_metadata(meta)
         self.dir.mkdir(parents=True, exist_ok=True)
         if not self._cleaned:
