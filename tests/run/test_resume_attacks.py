@@ -324,3 +324,18 @@ def test_subprocess_cli_resume_reports_replay(tmp_path, run_cfg):
                        capture_output=True, text=True, timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1"))
     assert r.returncode == 0, r.stderr[-2000:]
     assert "re-trained steps 1..2" in r.stdout and metric_steps(out) == [1, 2, 3]
+
+
+def test_async_resume_regenerates_only_what_was_never_trained(tmp_path, run_cfg):
+    """With async generation the batches made ahead of training are the only thing a resume regenerates; every
+    trained step is kept (re-trained from its shard) and stored exactly once."""
+    out = tmp_path / "run"
+    args = ("train.steps=5", "control.async_staleness=1")
+    train(run_cfg(out, *args), stop_after=3, **QUIET)
+    kept = shard_hashes(out)
+    notes: list[str] = []
+    train(run_cfg(out, *args, "run.resume=true"), log=notes.append)
+    assert any("re-trained steps 1..3" in n for n in notes), notes
+    assert {k: v for k, v in shard_hashes(out).items() if k in kept} == kept and len(shard_hashes(out)) == 5
+    assert metric_steps(out) == [1, 2, 3, 4, 5]
+    assert {r.step for r in RolloutStore(out).read()} == {1, 2, 3, 4, 5}
