@@ -25,7 +25,7 @@ from rollwise.store.writer import RolloutStore
 from rollwise.train.checkpoint import CheckpointError
 from rollwise.types import Score
 
-QUIET = dict(log=lambda s: None)
+QUIET = {"log": lambda s: None}
 
 
 def weights(run_dir, step):
@@ -321,7 +321,8 @@ def test_subprocess_cli_resume_reports_replay(tmp_path, run_cfg):
     out = tmp_path / "run"
     train(run_cfg(out, "train.steps=3"), stop_after=2, **QUIET)
     r = subprocess.run([sys.executable, "-m", "rollwise.cli.main", "train", "--resume", str(out)],
-                       capture_output=True, text=True, timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1"))
+                       check=False, capture_output=True, text=True, timeout=300,
+                       env=dict(os.environ, OMP_NUM_THREADS="1"))
     assert r.returncode == 0, r.stderr[-2000:]
     assert "re-trained steps 1..2" in r.stdout and metric_steps(out) == [1, 2, 3]
 

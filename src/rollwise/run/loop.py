@@ -52,15 +52,13 @@ def train(cfg: RunConfig, log: Log = print, *, stop_after: int | None = None) ->
 
 def _run_steps(run: Any, log: Log, stop_after: int | None) -> dict[str, Any] | None:
     from rollwise.run.evaluate import evaluate
+    from rollwise.run.resume import (StoredRollouts, apply_loop_state, loop_state, replay_stored_steps, rng_state,
+                                     run_info, step_record, trained_refs)
     from rollwise.run.sources import DataOrder, make_source
     from rollwise.store.replay import ReplayBuffer, ReplayConfig, is_replayed, rescue_groups, reuse_rollouts
     from rollwise.store.writer import RolloutStore
-    from rollwise.train.metrics import MetricsLogger
+    from rollwise.train.metrics import MetricsLogger, prepare_resume
     from rollwise.train.overlong import overlong_options, shape_overlong
-
-    from rollwise.run.resume import (apply_loop_state, loop_state, replay_stored_steps, rng_state, run_info,
-                                     step_record, trained_refs, StoredRollouts)
-    from rollwise.train.metrics import prepare_resume
 
     cfg, trainer, engine = run.cfg, run.trainer, run.engine
     R, A, P = cfg.rollout, cfg.algo, cfg.replay
