@@ -306,14 +306,18 @@ def test_a_hard_linked_metrics_file_is_refused(tmp_path, run_cfg):
         train(run_cfg(out, "train.steps=2", "run.resume=true"), **QUIET)
 
 
-def test_a_fresh_run_in_a_used_directory_keeps_the_old_shards(tmp_path, run_cfg):
+def test_a_fresh_run_in_a_used_directory_keeps_the_old_shards_and_checkpoints(tmp_path, run_cfg):
+    """A second `rollwise train` (no --resume) into the same RUN_DIR used to delete the first run's shards and
+    replace its checkpoints step by step; now both are moved aside, byte for byte."""
     out = tmp_path / "run"
-    train(run_cfg(out, "train.steps=3"), stop_after=3, **QUIET)
+    train(run_cfg(out, "train.steps=3", "run.checkpoint_every=1"), stop_after=3, **QUIET)
     old = shard_hashes(out)
+    old_w = (out / "checkpoints" / "step-3" / "model.safetensors").read_bytes()
     train(run_cfg(out, "train.steps=1"), **QUIET)
-    moved = list((out / "quarantine").glob("rollouts-*/*.parquet"))
-    assert {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in moved} == old
-    assert len(shard_hashes(out)) == 1
+    (aside,) = list((out / "quarantine").glob("previous-*"))
+    assert {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in (aside / "rollouts").iterdir()} == old
+    assert (aside / "checkpoints" / "step-3" / "model.safetensors").read_bytes() == old_w
+    assert len(shard_hashes(out)) == 1 and sorted(p.name for p in (out / "checkpoints").glob("step-*")) == ["step-1"]
 
 
 def test_subprocess_cli_resume_reports_replay(tmp_path, run_cfg):

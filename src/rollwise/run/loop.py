@@ -75,13 +75,10 @@ def _run_steps(run: Any, log: Log, stop_after: int | None) -> dict[str, Any] | N
     wal = replay_stored_steps(store, trainer, start_step, cfg, run.run_dir, log) if cfg.run.resume else None
     if wal is not None and wal.steps:
         start_step, saved = wal.last_step, wal.state
-    moved = store.quarantine_after(start_step, run.run_dir / "quarantine" / f"rollouts-{time.strftime('%Y%m%dT%H%M%S')}")
-    if moved:  # a fresh run in a used directory: the earlier run's shards are kept aside, not deleted
-        log(f"moved the rollout shards of steps {moved[0]}..{moved[-1]} (an earlier run) to RUN_DIR/quarantine/")
     if start_step > 0 or cfg.engine.backend == "remote":  # a server may hold other weights: send ours
         engine.load_weights(trainer.weights(), trainer.version)
     for note in prepare_resume(run.run_dir, start_step, wal.metrics if wal is not None else None):
-        log(f"resume: {note}")
+        log(note)
     metrics = MetricsLogger(run.run_dir, total_steps=cfg.train.steps, tensorboard=cfg.run.tensorboard,
                             resume_from_step=start_step)
     eval_kw = dict(temperature=R.temperature, samples=EVAL_SAMPLES, max_tokens=R.max_tokens, seed=run.seed + 7919,

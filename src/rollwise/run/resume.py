@@ -42,9 +42,16 @@ import random
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rollwise.types import Rollout
+
+if TYPE_CHECKING:  # pragma: no cover
+    from rollwise.config import RunConfig
+    from rollwise.run.trainer_handle import TrainerHandle
+    from rollwise.store.replay import ReplayBuffer
+    from rollwise.store.writer import RolloutStore
+    from rollwise.train.checkpoint import Checkpoint
 
 RECORD_VERSION = 1
 Log = Callable[[str], None]
@@ -123,12 +130,12 @@ def config_diffs(saved: Mapping[str, Any], given: Mapping[str, Any], *, harmless
     return out
 
 
-def run_info(cfg: Any, config_yaml_sha256: str) -> dict[str, Any]:
+def run_info(cfg: RunConfig, config_yaml_sha256: str) -> dict[str, Any]:
     """What a checkpoint keeps of the run's config: the resolved config and the sha256 of config.yaml as written."""
     return {"config": cfg.model_dump(mode="json"), "config_yaml_sha256": config_yaml_sha256}
 
 
-def check_resume_config(run_dir: Path, cfg: Any, ckpt: Any, log: Log) -> None:
+def check_resume_config(run_dir: Path, cfg: RunConfig, ckpt: Checkpoint, log: Log) -> None:
     """Refuse (ResumeError, one line naming every differing key) a resume whose config changes results against
     the config checkpoint `ckpt` was trained under; say so when config.yaml was edited by hand."""
     from rollwise.train.checkpoint import file_sha256
@@ -168,7 +175,7 @@ def trained_refs(trainable: Sequence[Rollout], is_replayed: Callable[[Rollout], 
 
 
 def step_record(step: int, trained: list[Any], rng_before_train: dict[str, Any], state: dict[str, Any],
-                metrics: Mapping[str, Any], cfg: Any) -> dict[str, Any]:
+                metrics: Mapping[str, Any], cfg: RunConfig) -> dict[str, Any]:
     """The write-ahead log record of one step (stored with its shard: `RolloutStore.write_step(journal=...)`)."""
     from rollwise.train.metrics import flatten_metrics
 
@@ -176,7 +183,7 @@ def step_record(step: int, trained: list[Any], rng_before_train: dict[str, Any],
             "state": state, "metrics": flatten_metrics(metrics), "config": cfg.model_dump(mode="json")}
 
 
-def loop_state(data_position: Mapping[str, Any], policy_state: Any, replay: Any, wall_s: float) -> dict[str, Any]:
+def loop_state(data_position: Mapping[str, Any], policy_state: Any, replay: ReplayBuffer | None, wall_s: float) -> dict[str, Any]:
     """The loop's state after a step (what a checkpoint and a record carry besides weights)."""
     return {"data_position": {k: int(v) for k, v in data_position.items()}, "policy": policy_state,
             "replay": replay.state_dict() if replay is not None else None, "rng": rng_state(), "wall_s": float(wall_s)}
@@ -191,7 +198,7 @@ def policy_state(controller: Any) -> Any:
 class StoredRollouts:
     """Rollouts of the store by (step, group_id, sample_index), one shard read per step."""
 
-    def __init__(self, store: Any) -> None:
+    def __init__(self, store: RolloutStore) -> None:
         self.store = store
         self._by_step: dict[int, dict[tuple[str, int], Rollout]] = {}
 
@@ -208,7 +215,7 @@ class StoredRollouts:
         return r
 
 
-def apply_loop_state(state: Mapping[str, Any], *, order: Any, replay: Any, controller: Any,
+def apply_loop_state(state: Mapping[str, Any], *, order: Any, replay: ReplayBuffer | None, controller: Any,
                      rollouts: StoredRollouts, tasks: Mapping[str, Any]) -> float:
     """Put the loop back where `loop_state` saved it (the RNG included); returns the run's wall time so far."""
     pos = state.get("data_position") or {}
@@ -240,7 +247,7 @@ class ReplayedSteps:
     quarantined: list[int]
 
 
-def _rebuild(store: Any, step: int, trained: list[Any]) -> list[Rollout]:
+def _rebuild(store: RolloutStore, step: int, trained: list[Any]) -> list[Rollout]:
     rows = {(r.group_id, r.sample_index): r for r in store.read(steps=[step])}
     out = []
     for ref in trained:
@@ -257,7 +264,8 @@ def _rebuild(store: Any, step: int, trained: list[Any]) -> list[Rollout]:
     return out
 
 
-def replay_stored_steps(store: Any, trainer: Any, from_step: int, cfg: Any, run_dir: Path, log: Log) -> ReplayedSteps:
+def replay_stored_steps(store: RolloutStore, trainer: TrainerHandle, from_step: int, cfg: RunConfig, run_dir: Path,
+                        log: Log) -> ReplayedSteps:
     """Re-train the steps after `from_step` (the restored checkpoint's; 0 = the initial model) from their shards,
     in order, while each has a record; move every shard after the last usable one to RUN_DIR/quarantine/."""
     from rollwise.store.writer import ShardError

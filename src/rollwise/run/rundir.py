@@ -12,6 +12,9 @@ stay inside RUN_DIR are allowed; RUN_DIR itself may be a link (it is resolved fi
 folders, `.step-*.parquet.*.tmp` shards, `*.tmp` next to config.yaml, metrics.jsonl and summary.json); they are never complete
 data, so deleting them loses nothing.
 
+`set_aside_previous_run(run_dir)`: a fresh (not resumed) run in a used RUN_DIR moves the earlier run's
+checkpoints and rollout shards into RUN_DIR/quarantine/previous-<time>/ instead of overwriting them step by step.
+
 Deliberately left out: guarding against a link created while the run is going (a check at start is what a
 resume can promise; the run does not re-check before every write).
 """
@@ -80,3 +83,23 @@ def clean_run_dir(run_dir: str | os.PathLike[str]) -> list[Path]:
             p.unlink()
             gone.append(p)
     return gone
+
+
+def set_aside_previous_run(run_dir: str | os.PathLike[str]) -> Path | None:
+    """Move an earlier run's checkpoints (`checkpoints/step-*`) and shards (`rollouts/step-*.parquet`) into
+    RUN_DIR/quarantine/previous-<time>/ (renames: nothing is copied or deleted); returns that folder, or None
+    when there was nothing to move."""
+    import time
+
+    from rollwise.store.writer import SHARD_RE
+
+    root = Path(run_dir)
+    found = [p for p in sorted((root / "checkpoints").glob("step-*")) if p.is_dir()] + \
+        [p for p in sorted((root / "rollouts").glob("step-*.parquet")) if SHARD_RE.match(p.name)]
+    if not found:
+        return None
+    dest = root / "quarantine" / f"previous-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}"
+    for p in found:
+        (dest / p.parent.name).mkdir(parents=True, exist_ok=True)
+        os.replace(p, dest / p.parent.name / p.name)
+    return dest

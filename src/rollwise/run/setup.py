@@ -235,6 +235,12 @@ def build_run(cfg: RunConfig, log: Log) -> RunParts:
     if not train_tasks:
         raise ValueError(f"environment {cfg.env.name!r} returned no training tasks")
     ckpt = None
+    if not cfg.run.resume:
+        from rollwise.run.rundir import set_aside_previous_run
+
+        aside = set_aside_previous_run(run_dir)  # a fresh run in a used directory overwrites nothing
+        if aside is not None:
+            log(f"{run_dir} held an earlier run: its checkpoints and rollouts were moved to {aside}")
     if cfg.run.resume:
         latest = find_latest_checkpoint(run_dir)
         if latest is None:
