@@ -305,7 +305,7 @@ def replay_stored_steps(store: RolloutStore, trainer: TrainerHandle, from_step: 
         logged = rec["metrics"].get("loss")
         if logged is not None and m.get("loss") is not None and abs(float(m["loss"]) - float(logged)) > 1e-5 * max(1.0, abs(float(logged))):
             log(f"resume: re-trained step {s} has loss {float(m['loss']):.6g}, the run logged {float(logged):.6g} "
-                "(the update is not bit-deterministic on this device)")
+                "(the update is not bit-deterministic on this device, or a changed train.steps re-planned the LR)")
         done.append(s)
         state, metrics[s] = rec["state"], rec["metrics"]
     last = from_step + len(done)
