@@ -438,10 +438,12 @@ class RunOptions(_Section):
 
     out_dir: str = "runs/default"
     """Run directory: config.yaml, metrics.jsonl, summary.json, rollouts/, checkpoints/, report.html."""
-    checkpoint_every: int = Field(0, ge=0)
-    """Save a checkpoint every N RL steps (and at the end); 0 = only at the end."""
-    keep_checkpoints: int | None = Field(None, ge=1)
-    """Keep only the newest N checkpoints; None = keep all."""
+    checkpoint_every: int = Field(10, ge=0)
+    """Save a checkpoint every N RL steps (and at the end); 0 = only at the end. Not what keeps a crash from losing
+    steps (the stored rollouts are the write-ahead log: a resume re-trains the steps after the last checkpoint from
+    them); it bounds how many steps a resume re-trains."""
+    keep_checkpoints: int | None = Field(2, ge=1)
+    """Keep only the newest N checkpoints (disk stays bounded); None = keep all."""
     eval_every: int = Field(0, ge=0)
     """Evaluate on held-out problems every N RL steps (and before and after training); 0 = before and after only."""
     eval_size: int | None = Field(None, ge=1)

@@ -14,6 +14,7 @@ from rollwise.config import LoraConfig, TrainConfig
 from rollwise.train.batch import TrainBatch
 from rollwise.train.checkpoint import (
     CheckpointError,
+    file_sha256,
     find_latest_checkpoint,
     load_checkpoint,
     restore_checkpoint,
@@ -133,14 +134,23 @@ def test_damaged_checkpoints_fail_with_one_line_naming_the_file(tiny_llama, tmp_
 
     state = path / "trainer_state.pt"
     raw = state.read_bytes()
-    state.write_bytes(b"\0" * len(raw))  # same size, garbage content
+    manifest = path / "checkpoint.json"
+    man = json.loads(manifest.read_text())
+    state.write_bytes(b"\0" * len(raw))  # same size, garbage content: the sha256 catches it
+    with pytest.raises(CheckpointError, match=r"trainer_state.pt does not match the sha256"):
+        load_checkpoint(tmp_path)
+    # Garbage whose hash was written into the manifest too (a bad copy tool): the unpickling still refuses it.
+    forged = json.loads(json.dumps(man))
+    forged["files"]["trainer_state.pt"]["sha256"] = file_sha256(state)
+    manifest.write_text(json.dumps(forged))
     with pytest.raises(CheckpointError, match=r"corrupt checkpoint file .*trainer_state.pt"):
         load_checkpoint(tmp_path)
     state.write_bytes(raw)
 
-    manifest = path / "checkpoint.json"
-    man = json.loads(manifest.read_text())
-    weights.write_bytes(b"\1" * len(data))  # same size, garbage weights
+    weights.write_bytes(b"\1" * len(data))  # same size, garbage weights, hash forged: the weight loader refuses
+    forged = json.loads(json.dumps(man))
+    forged["files"]["model.safetensors"]["sha256"] = file_sha256(weights)
+    manifest.write_text(json.dumps(forged))
     ckpt = load_checkpoint(tmp_path)
     with pytest.raises(CheckpointError, match=r"corrupt checkpoint file .*model.safetensors"):
         restore_checkpoint(Trainer(tiny_llama), ckpt)

@@ -2,8 +2,10 @@
 
 With no config it runs the embedded default (built-in tiny model, supervised warm-up, GRPO on arithmetic).
 `--resume RUN_DIR` continues that run under its own `RUN_DIR/config.yaml`; a config or --set given with it must
-agree on every key that changes results (one line names the first that differs). The config is parsed and
-validated before anything heavy is imported, so a bad key fails in a second.
+agree on every key that changes results (one line names each key that differs). `run.resume: true` in the YAML
+(or `--set run.resume=true`) is the same as `--resume` and gets the same check. The run then checks the config
+against the one its checkpoint was trained under (run/resume.py), which also catches a hand-edited config.yaml.
+The config is parsed and validated before anything heavy is imported, so a bad key fails in a second.
 """
 
 from __future__ import annotations
@@ -37,7 +39,10 @@ def resolve_config(config: str | None, overrides: list[str], out: str | None, re
         out = resume
     where = [f"run.out_dir={out}"] if out else []
     if not resume:
-        return load_config(config, list(overrides) + where)
+        cfg = load_config(config, list(overrides) + where)
+        if not cfg.run.resume:
+            return cfg
+        resume = True  # run.resume: true in the YAML or a --set: the same check as --resume
     run_dir = Path(out) if out else load_config(config, list(overrides)).run.out_dir
     saved_path = Path(run_dir) / "config.yaml"
     pin = [f"run.out_dir={run_dir}", "run.resume=true"]
@@ -52,9 +57,8 @@ def resolve_config(config: str | None, overrides: list[str], out: str | None, re
         wanted = load_config(config, list(overrides) + pin)
     diffs = resume_conflicts(saved, wanted)
     if diffs:
-        more = f"; {len(diffs) - 1} more" if len(diffs) > 1 else ""
-        raise UserError(f"cannot resume {run_dir}: {diffs[0]} (saved config.yaml -> given; keys that change results "
-                        f"must match{more})")
+        raise UserError(f"cannot resume {run_dir}: {'; '.join(diffs)} (saved config.yaml -> given; keys that change "
+                        "results must match)")
     return wanted
 
 

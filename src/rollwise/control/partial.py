@@ -10,7 +10,9 @@ corrects for it through TIS / decoupled PPO (algo.tis_cap, algo.decoupled).
 
 NOTE: carried groups are resubmitted before fresh ones, so the engine's FIFO scheduler finishes the oldest
 first and staleness stays bounded in practice; `control.staleness_max` in the metrics shows the worst case.
-Carried samples live in this object: a resumed run starts with none (their tokens are simply not trained).
+Carried samples live in this object; `state_dict()` / `load_state_dict()` turn them into JSON-able data and back,
+so a checkpoint and each step's write-ahead log record (run/resume.py) carry them across a resume: the resumed
+run continues them exactly where the interrupted one would have.
 
 Deliberately left out: a hard staleness cap that drops old samples (prefer TIS over throwing tokens away).
 """
@@ -18,10 +20,12 @@ Deliberately left out: a hard staleness cap that drops old samples (prefer TIS o
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from rollwise.control.base import PendingGroup, StepContext, build_group
-from rollwise.types import CompletionOutput, RolloutGroup
+from rollwise.types import CompletionOutput, RolloutGroup, Score, Task
 
 
 @dataclass
@@ -72,6 +76,45 @@ class PartialRolloutPolicy:
         ctx.acc.carried_out_tokens = _tokens(self.carry)
         ctx.score([(g, j) for g in complete for j in range(g.size)])
         return [build_group(g, ctx.step, ctx.params.max_tokens) for g in complete]
+
+
+    def state_dict(self) -> dict[str, Any]:
+        """The carried groups as JSON-able data (tasks by id: they come back from the training set)."""
+        return {"carry": [_group_state(g) for g in self.carry]}
+
+    def load_state_dict(self, state: Mapping[str, Any], tasks: Mapping[str, Task]) -> None:
+        """Carry what `state_dict` saved; `tasks`: the training tasks by id. A carried task that is not among
+        them (a different data set) is a one-line ValueError."""
+        carry = []
+        for d in state.get("carry", []):
+            task = tasks.get(d["task_id"])
+            if task is None:
+                raise ValueError(f"partial rollouts: a carried group's task {d['task_id']!r} is not in the training "
+                                 "set of this run (was env changed?)")
+            carry.append(PendingGroup(
+                task, d["group_id"], list(d["prompt_token_ids"]),
+                [None if o is None else CompletionOutput(o["index"], list(o["token_ids"]), list(o["logprobs"]),
+                                                         o["finish_reason"], o["text"], list(o["weight_versions"]))
+                 for o in d["outputs"]],
+                [None if c is None else Score(c["value"], dict(c["parts"]), c["error"], dict(c["info"]))
+                 for c in d["scores"]],
+                d["seed"], d["index"], list(d["gen_s"]), list(d["score_s"]),
+                {int(k): list(v) for k, v in d["loss_masks"].items()}))
+        self.carry = carry
+
+
+def _group_state(g: PendingGroup) -> dict[str, Any]:
+    return {
+        "task_id": g.task.id, "group_id": g.group_id, "prompt_token_ids": list(g.prompt_token_ids),
+        "outputs": [None if o is None else {"index": o.index, "token_ids": list(o.token_ids),
+                                            "logprobs": list(o.logprobs), "finish_reason": o.finish_reason,
+                                            "text": o.text, "weight_versions": list(o.weight_versions)}
+                    for o in g.outputs],
+        "scores": [None if c is None else {"value": c.value, "parts": dict(c.parts), "error": c.error,
+                                           "info": dict(c.info)} for c in g.scores],
+        "seed": g.seed, "index": g.index, "gen_s": list(g.gen_s), "score_s": list(g.score_s),
+        "loss_masks": {str(k): list(v) for k, v in g.loss_masks.items()},
+    }
 
 
 def _done(o: CompletionOutput | None) -> bool:

@@ -6,19 +6,17 @@
     overlong samples filtered and counted, trainable = what it selects (+ replayed ones, optional)
     metrics  = trainer.train_step(trainable)  # trainer.version += 1
     source.sync(trainer.weights(), trainer.version)   # weights -> engine(s), under the trainer's version
-    store.write_step(step, every rollout of the step, any status)
-    metrics.log(step, step_metrics(...)); evaluate and checkpoint when due
+    evaluate when due; store.write_step(step, every rollout of the step, any status, its write-ahead log record)
+    metrics.log(step, step_metrics(...)); checkpoint when due
 
 The variants are objects built by `run/setup.py` from the config and handed in: the source (synchronous, or
 asynchronous with staleness K), the engine behind it (local, remote servers, Ray actors), the scorer and the
 trainer (in-process or a Ray actor). The loop never asks which one it has.
 
 Everything the run writes lives in `RUN_DIR` (see docs/architecture.md). `run.resume` continues from the latest
-complete checkpoint: model, optimiser, step, RNG, data position and weight version, and rewrites the rollouts
-and metrics of any step after it, so each completed step is stored exactly once.
-
-Deliberately left out: the replay buffer is not checkpointed (a resumed run starts it empty), and partial
-samples carried by `control.policy: partial` do not survive a resume (their tokens are simply not trained).
+complete checkpoint (model, optimiser, step, RNG, data position, weight version, replay buffer, partial-rollout
+carry), then re-trains every later step whose rollouts are stored from its shard (the store is the write-ahead
+log: run/resume.py), so a crash loses at most the step in flight and each completed step is stored exactly once.
 """
 
 from __future__ import annotations
@@ -55,30 +53,36 @@ def train(cfg: RunConfig, log: Log = print, *, stop_after: int | None = None) ->
 def _run_steps(run: Any, log: Log, stop_after: int | None) -> dict[str, Any] | None:
     from rollwise.filter import select
     from rollwise.run.evaluate import evaluate
+    from rollwise.run.resume import (StoredRollouts, apply_loop_state, loop_state, replay_stored_steps, rng_state,
+                                     run_info, step_record, trained_refs)
     from rollwise.run.sources import DataOrder, make_source
     from rollwise.store.replay import ReplayBuffer, ReplayConfig, is_replayed, rescue_groups, reuse_rollouts
     from rollwise.store.writer import RolloutStore
     from rollwise.train.advantages import assign_advantages
-    from rollwise.train.metrics import MetricsLogger
+    from rollwise.train.metrics import MetricsLogger, prepare_resume
     from rollwise.train.overlong import overlong_options, shape_overlong
 
     cfg, trainer, engine = run.cfg, run.trainer, run.engine
     R, A, P = cfg.rollout, cfg.algo, cfg.replay
     order = DataOrder(len(run.train_tasks), run.seed)
-    start_step, prev_wall = 0, 0.0
+    start_step, prev_wall, saved = 0, 0.0, None
     if run.ckpt is not None:
         pos = trainer.restore(run.ckpt.path)  # trainer.version = the checkpoint's step
         order.epoch, order.index = int(pos.get("epoch", 0)), int(pos.get("index", 0))
         prev_wall = float(pos.get("wall_s", 0.0))
-        start_step = run.ckpt.step
+        start_step, saved = run.ckpt.step, pos.get("loop")
         log(f"resume: continuing after step {start_step} from {run.ckpt.path}")
-    if run.ckpt is not None or cfg.engine.backend == "remote":  # a server may hold other weights: send ours
+    tok = run.tokenizer
+    store = RolloutStore(run.run_dir, decode=(lambda ids: tok.decode(ids)) if tok is not None else None)
+    wal = replay_stored_steps(store, trainer, start_step, cfg, run.run_dir, log) if cfg.run.resume else None
+    if wal is not None and wal.steps:
+        start_step, saved = wal.last_step, wal.state
+    if start_step > 0 or cfg.engine.backend == "remote":  # a server may hold other weights: send ours
         engine.load_weights(trainer.weights(), trainer.version)
     if run.sync_check is not None:  # the engine samples from the trainer's distribution, or the run stops here
         run.sync_check.verify(engine, run.sync_check.reference(trainer), first=True)
-    tok = run.tokenizer
-    store = RolloutStore(run.run_dir, decode=(lambda ids: tok.decode(ids)) if tok is not None else None)
-    store.truncate_after(start_step)
+    for note in prepare_resume(run.run_dir, start_step, wal.metrics if wal is not None else None):
+        log(note)
     metrics = MetricsLogger(run.run_dir, total_steps=cfg.train.steps, loggers=cfg.run.loggers,
                             resume_from_step=start_step, run_config=cfg.model_dump(mode="json"))
     eval_kw = dict(temperature=R.temperature, samples=EVAL_SAMPLES, max_tokens=R.max_tokens, seed=run.seed + 7919,
@@ -88,13 +92,25 @@ def _run_steps(run: Any, log: Log, stop_after: int | None) -> dict[str, Any] | N
     def held_out(eng: Any) -> dict[str, float]:
         return evaluate(eng, run.encode, run.env, run.eval_tasks, **eval_kw)
 
-    eval_b = _eval_before(run, engine, held_out)
+    eval_b = _eval_before(run, engine, held_out, resumed=start_step > 0)
     K = cfg.control.async_staleness
     log(f"held-out accuracy before RL: {eval_b['accuracy']:.3f} sampled (T={R.temperature}), "
         f"{eval_b['accuracy_greedy']:.3f} greedy, on {len(run.eval_tasks)} problems"
         + (f"; generation up to {K} versions ahead" if K else ""))
     replay = ReplayBuffer(ReplayConfig(capacity=P.capacity, max_age=P.max_age, max_reuse=P.max_reuse, seed=run.seed,
                                        success_threshold=cfg.env.pass_threshold)) if P.enabled else None
+    info = run_info(cfg, run.config_yaml_sha256)  # kept with each checkpoint: a resume checks its config against it
+
+    def due(step: int) -> bool:
+        return bool(cfg.run.checkpoint_every and step % cfg.run.checkpoint_every == 0) or step == cfg.train.steps
+
+    ckpt_dir = run.ckpt.path if run.ckpt is not None and run.ckpt.step == start_step else None
+    if saved is not None:  # replay buffer, partial carry, data position, RNG: as they were after start_step
+        prev_wall = apply_loop_state(saved, order=order, replay=replay, controller=run.controller,
+                                     rollouts=StoredRollouts(store), tasks={t.id: t for t in run.train_tasks})
+        if wal is not None and wal.steps and due(start_step):  # the save the crash interrupted
+            ckpt_dir = trainer.save(run.run_dir, start_step, {**saved["data_position"], "wall_s": prev_wall,
+                                    "loop": saved, "run": info}, cfg.run.keep_checkpoints, tokenizer=tok)
     last = cfg.train.steps if stop_after is None else min(cfg.train.steps, start_step + stop_after)
 
     def params(step: int) -> SamplingParams:
@@ -107,7 +123,6 @@ def _run_steps(run: Any, log: Log, stop_after: int | None) -> dict[str, Any] | N
     source = make_source(run.controller, engine, run.train_tasks, order, params, R.prompts_per_step, staleness=K,
                          first_step=start_step + 1, last_step=last, trained_version=trainer.version,
                          sync_check=run.sync_check, trainer=trainer)
-    ckpt_dir = None
     try:
         for step in range(start_step + 1, last + 1):
             t_step = time.perf_counter()
@@ -129,10 +144,10 @@ def _run_steps(run: Any, log: Log, stop_after: int | None) -> dict[str, Any] | N
                 replayed += reused
             # useful tokens, staleness of what trains
             books = run.controller.finalize(batch.result, policy_version, selection.trainable)
+            rng_before = rng_state()  # the write-ahead log re-trains this step under the same RNG
             train_m = trainer.train_step(trainable)
             sync_s = source.sync(trainer.weights(), trainer.version)
             own = [r for g in groups for r in g.rollouts if not is_replayed(r)]  # this step's own rollouts
-            store.write_step(step, own)
             extra: dict[str, Any] = {}
             if replay is not None:
                 replay.add(own)
@@ -149,11 +164,16 @@ def _run_steps(run: Any, log: Log, stop_after: int | None) -> dict[str, Any] | N
                                weight_version=trainer.version, staleness_bound=source.staleness_bound,
                                engine=engine, useful=_useful_tokens(trainable, is_replayed),
                                pass_threshold=cfg.env.pass_threshold)
+            wall = prev_wall + time.perf_counter() - run.t_start
+            state = loop_state(batch.data_position, batch.policy_state, replay, wall)
+            # NOTE: the shard and its record land in one rename, before the metrics line: a crash between the two
+            # leaves a shard whose record restores the line (train/metrics.py prepare_resume).
+            store.write_step(step, own, journal=step_record(step, trained_refs(trainable, is_replayed), rng_before,
+                                                            state, {**rec, **extra}, cfg))
             metrics.log(step, {**rec, **extra})
-            if (cfg.run.checkpoint_every and step % cfg.run.checkpoint_every == 0) or step == cfg.train.steps:
-                wall = prev_wall + time.perf_counter() - run.t_start
-                ckpt_dir = trainer.save(run.run_dir, step, {**batch.data_position, "wall_s": wall},
-                                        cfg.run.keep_checkpoints, tokenizer=tok)
+            if due(step):
+                ckpt_dir = trainer.save(run.run_dir, step, {**batch.data_position, "wall_s": wall, "loop": state,
+                                                            "run": info}, cfg.run.keep_checkpoints, tokenizer=tok)
     finally:
         source.close()
         metrics.close()
@@ -216,10 +236,11 @@ def _write_json_atomic(path: Path, obj: Any) -> None:
     os.replace(tmp, path)
 
 
-def _eval_before(run: Any, engine: Any, held_out: Callable[[Any], dict[str, float]]) -> dict[str, float]:
+def _eval_before(run: Any, engine: Any, held_out: Callable[[Any], dict[str, float]], *,
+                 resumed: bool) -> dict[str, float]:
     """The pre-RL evaluation, computed once and kept in RUN_DIR/eval_before.json for resumed runs."""
     path = run.run_dir / "eval_before.json"
-    if run.ckpt is not None and path.is_file():
+    if resumed and path.is_file():
         return json.loads(path.read_text())
     res = held_out(engine)
     _write_json_atomic(path, res)

@@ -253,11 +253,22 @@ class RunParts:
     closers: list[Callable[[], None]] = field(default_factory=list)
     sync_check: Any = None
     """`run.sync_check.SyncCheck` when engine.sync_check is on for this backend, else None."""
+    config_yaml_sha256: str = ""
+    """sha256 of RUN_DIR/config.yaml as this invocation wrote it (kept with each checkpoint: an edit is detected)."""
 
     def close(self) -> None:
         for c in reversed(self.closers):
             c()
         self.closers.clear()
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
 
 
 def build_run(cfg: RunConfig, log: Log) -> RunParts:
@@ -268,13 +279,17 @@ def build_run(cfg: RunConfig, log: Log) -> RunParts:
     from rollwise.control import make_controller
     from rollwise.engine.core import load_tokenizer
     from rollwise.models.prompting import stop_token_ids
-    from rollwise.train.checkpoint import find_latest_checkpoint, load_checkpoint
+    from rollwise.train.checkpoint import CheckpointError, find_latest_checkpoint, load_checkpoint
 
     t_start = time.perf_counter()
     if cfg.run.cpu_threads:
         torch.set_num_threads(cfg.run.cpu_threads)
     run_dir = Path(cfg.run.out_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
+    from rollwise.run.rundir import check_run_dir, clean_run_dir
+
+    check_run_dir(run_dir)  # before anything is written or deleted: no path of the run may lead outside it
+    clean_run_dir(run_dir)  # what crashed writers left: temp checkpoint folders, temp shards
     seed = cfg.train.seed
     random.seed(seed)
     np.random.seed(seed)
@@ -292,20 +307,37 @@ def build_run(cfg: RunConfig, log: Log) -> RunParts:
     if not train_tasks:
         raise ValueError(f"environment {cfg.env.name!r} returned no training tasks")
     ckpt = None
+    if not cfg.run.resume:
+        from rollwise.run.rundir import set_aside_previous_run
+
+        aside = set_aside_previous_run(run_dir)  # a fresh run in a used directory overwrites nothing
+        if aside is not None:
+            log(f"{run_dir} held an earlier run: its checkpoints and rollouts were moved to {aside}")
     if cfg.run.resume:
         latest = find_latest_checkpoint(run_dir)
         if latest is None:
             log(f"resume: no complete checkpoint in {run_dir}; starting from scratch")
         else:
-            ckpt = load_checkpoint(latest)
+            try:
+                ckpt = load_checkpoint(latest)
+            except CheckpointError as e:
+                raise CheckpointError(f"{e}; to resume from the checkpoint before it, move {latest} out of the way "
+                                      "(the stored rollouts re-train the steps since)") from None
+            from rollwise.run.resume import check_resume_config
             from rollwise.store.writer import RolloutStore
+
+            check_resume_config(run_dir, cfg, ckpt, log)  # the config the checkpoint was trained under, key by key
 
             # Before any model is loaded: a corrupt or truncated shard of the steps being kept stops the resume
             # with one line naming it, instead of surfacing after more training and checkpoints.
             RolloutStore(run_dir).verify(steps=range(1, ckpt.step + 1))
     resolved = cfg.model_copy(deep=True)
     resolved.run.resume = False  # how this invocation started is not part of the run's config
-    (run_dir / "config.yaml").write_text(dump_config(resolved))
+    text = dump_config(resolved).encode()
+    _write_atomic(run_dir / "config.yaml", text)
+    import hashlib
+
+    yaml_sha = hashlib.sha256(text).hexdigest()
     init_dir, warm_info = prepare_model(cfg, env, train_tasks, run_dir, log)
     tok_dir = Path(cfg.model.tokenizer) if cfg.model.tokenizer else init_dir
     tokenizer = load_tokenizer(tok_dir)
@@ -314,7 +346,7 @@ def build_run(cfg: RunConfig, log: Log) -> RunParts:
     parts = RunParts(cfg, run_dir, seed, device, env, train_tasks, eval_tasks, ckpt, init_dir, warm_info,
                      engine=None, tokenizer=tokenizer, encode=prompt_encoder(cfg.env, tokenizer),
                      stop_token_ids=stop_token_ids(tokenizer, init_dir), scorer=None, episodes=None, trainer=None,
-                     controller=None, t_start=t_start)
+                     controller=None, t_start=t_start, config_yaml_sha256=yaml_sha)
     if multi_turn:
         parts.episodes = make_episode_runner(cfg, env, tokenizer, parts.encode)
     try:

@@ -13,8 +13,12 @@ only inside `exclusive()` (held-out evaluation), which waits for the producer's 
 brings the engine to the newest published weights. Weights cross as a copied state dict (or a Ray ObjectRef,
 which is immutable), so the trainer's next update never tears the weights the producer is loading.
 
+Each batch carries the state a resume needs as it stood right after that batch was generated (the data position
+and the policy's carry), taken in the thread that generated it: the async producer may be K steps further on by
+the time the loop trains and records the batch.
+
 Deliberately left out: carrying generated-but-untrained batches across a resume (a resumed run regenerates
-from the checkpointed data position of the last trained batch).
+from the recorded data position of the last trained batch; run/resume.py).
 """
 
 from __future__ import annotations
@@ -70,6 +74,8 @@ class StepBatch:
     """The data order's state after this step's prompts (what a checkpoint of this step resumes from)."""
     wait_s: float = 0.0
     """async: how long the producer waited for the trainer before it could generate this step."""
+    policy_state: Any = None
+    """The rollout policy's cross-step state after this step (partial rollouts' carry; None for the others)."""
 
 
 class _StepMaker:
@@ -81,9 +87,11 @@ class _StepMaker:
         self.params, self.batch_groups = params, batch_groups
 
     def make(self, step: int) -> StepBatch:
+        from rollwise.run.resume import policy_state
+
         res = self.controller.run_step(self.engine, lambda k: [self.tasks[i] for i in self.order.take(k)],
                                        self.params(step), step=step, batch_groups=self.batch_groups)
-        return StepBatch(step, res, self.order.state())
+        return StepBatch(step, res, self.order.state(), policy_state=policy_state(self.controller))
 
 
 class _Checked:

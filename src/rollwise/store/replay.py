@@ -16,8 +16,12 @@ NOTE: the buffer never computes importance weights. Every `ReplaySample` carries
 log-probs and per-token weight versions; the trainer, which has the current policy's log-probs, turns them
 into importance ratios (and clips them) itself.
 
-Deliberately left out: prioritised sampling, persistence (the rollout store already holds every rollout;
-a resumed run can re-add recent steps from it with `add`), and any torch.
+Persistence: `state_dict()` names each held rollout by (step, group_id, sample_index) - the rollout store
+already holds every one of them - with its version, use count and the sampling RNG; `load_state_dict(state,
+lookup)` rebuilds the buffer from the store. A checkpoint and each step's write-ahead log record carry it, so a
+resumed run reuses and rescues exactly what the interrupted one would have.
+
+Deliberately left out: prioritised sampling and any torch.
 """
 
 from __future__ import annotations
@@ -25,8 +29,9 @@ from __future__ import annotations
 import dataclasses
 import random
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from rollwise.filter import REPLAYABLE, REPLAYED, has_reward
 from rollwise.types import ROLLOUT_STATUSES, Rollout, RolloutGroup
@@ -183,6 +188,24 @@ class ReplayBuffer:
                 if found:
                     out[g.group_id] = found
         return out
+
+    def state_dict(self) -> dict[str, Any]:
+        """JSON-able: [step, group_id, sample_index, version, uses] per held rollout (oldest first) and the RNG."""
+        version, internal, gauss = self._rng.getstate()
+        return {"entries": [[e.rollout.step, e.rollout.group_id, e.rollout.sample_index, e.version, e.uses]
+                            for e in self._entries.values()],
+                "rng": [version, list(internal), gauss]}
+
+    def load_state_dict(self, state: Mapping[str, Any], lookup: Callable[[int, str, int], Rollout]) -> None:
+        """Replace the contents with what `state_dict` saved; `lookup(step, group_id, sample_index)` returns the
+        stored rollout (e.g. from the rollout store) or raises a one-line error naming what is missing."""
+        entries: OrderedDict[tuple[str, int], _Entry] = OrderedDict()
+        for step, gid, idx, version, uses in state["entries"]:
+            r = lookup(int(step), str(gid), int(idx))
+            entries[(r.group_id, r.sample_index)] = _Entry(r, int(version), int(uses))
+        self._entries = entries
+        v, internal, gauss = state["rng"]
+        self._rng.setstate((v, tuple(internal), gauss))
 
     def stats(self, current_version: int) -> dict[str, float]:
         """Size and age figures for metrics.jsonl."""

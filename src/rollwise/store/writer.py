@@ -8,8 +8,11 @@ complete new one, never a half-written `step-*.parquet`. The temp files a crash 
 writer removes them.
 
 NOTE on exactly-once after a resume: writing a step replaces that step's shard, so a resumed run that
-re-runs step N does not duplicate it. Steps that ran after the checkpoint being resumed from are stale;
-the resume path calls `truncate_after(checkpoint_step)` before its first new step.
+re-runs step N does not duplicate it. A shard is also the step's write-ahead log record: `write_step(...,
+journal=...)` puts a JSON record (what was trained, in what order, the RNG and loop state after the step, its
+metrics line) into the shard's Parquet key-value metadata under `rollwise.journal`, so the rows and the record
+land in one atomic rename. A resume re-trains the steps after its checkpoint from their shards (run/resume.py)
+instead of deleting them; shards it cannot use are moved aside by `quarantine_after`, never deleted.
 
 Reading is shard by shard: a truncated or corrupt shard is reported as one line naming its file
 (`ShardError`) while the other shards still load (`scan`, or `strict=False`).
@@ -26,13 +29,15 @@ compaction, and any index beyond file names; DuckDB over the glob does ad-hoc qu
 
 from __future__ import annotations
 
+import json
 import operator
 import os
 import re
 import warnings
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -50,6 +55,8 @@ from rollwise.types import ROLLOUT_STATUSES, Rollout
 
 SHARD_RE = re.compile(r"^step-(\d{6,})\.parquet$")
 TMP_SUFFIX = ".tmp"
+JOURNAL_KEY = b"rollwise.journal"
+"""Parquet key-value metadata key of a shard's write-ahead log record (JSON)."""
 
 Decoder = Callable[[Sequence[int]], str]
 """Token ids -> text, e.g. `lambda ids: tokenizer.decode(ids)`; used for prompt text and per-token text."""
@@ -103,11 +110,12 @@ class RolloutStore:
     def shard_path(self, step: int) -> Path:
         return self.dir / shard_name(step)
 
-    def write_step(self, step: int, rollouts: Iterable[Rollout]) -> Path:
+    def write_step(self, step: int, rollouts: Iterable[Rollout], *, journal: Mapping[str, Any] | None = None) -> Path:
         """Write (or replace) the shard of `step` atomically and return its path.
 
         Every rollout is stored under `step` (the shard's step is the row's step). An empty list writes an
-        empty shard, which still records that the step completed.
+        empty shard, which still records that the step completed. journal: a JSON-able record stored in the
+        shard's metadata (`read_journal` reads it back), written in the same rename as the rows.
         """
         try:
             step = operator.index(step)  # int or numpy integer; never a float
@@ -117,6 +125,10 @@ class RolloutStore:
             raise ValueError(f"step must be a non-negative integer, got {step!r}")
         rows = [self._row(r, step) for r in rollouts]
         table = rows_to_table(rows)
+        if journal is not None:
+            meta = dict(table.schema.metadata or {})
+            meta[JOURNAL_KEY] = json.dumps(journal, separators=(",", ":"), default=str).encode()
+            table = table.replace_schema_metadata(meta)
         self.dir.mkdir(parents=True, exist_ok=True)
         if not self._cleaned:
             self.clean_temp_files()
@@ -166,13 +178,47 @@ class RolloutStore:
         return removed
 
     def truncate_after(self, step: int) -> list[int]:
-        """Delete the shards of steps after `step` (a resume from the checkpoint of `step`); returns them."""
+        """Delete the shards of steps after `step`; returns them. The resume path does not call this: it keeps
+        what it cannot recreate (`quarantine_after`)."""
         gone = [s for s in self.steps() if s > step]
         for s in gone:
             self.shard_path(s).unlink(missing_ok=True)
         if gone:
             _fsync_dir(self.dir)
         return gone
+
+    def quarantine_after(self, step: int, dest: str | os.PathLike[str]) -> list[int]:
+        """Move the shards of steps after `step` into `dest` (created; same file system: a rename), so a resume
+        that will write those steps again keeps the old ones for inspection; returns the steps moved."""
+        moved = [s for s in self.steps() if s > step]
+        if not moved:
+            return []
+        dest = Path(dest)
+        dest.mkdir(parents=True, exist_ok=True)
+        for s in moved:
+            os.replace(self.shard_path(s), dest / shard_name(s))
+        _fsync_dir(dest)
+        _fsync_dir(self.dir)
+        return moved
+
+    def read_journal(self, step: int) -> dict[str, Any] | None:
+        """The write-ahead log record stored with the shard of `step` (None: the shard has none, e.g. it was
+        written by an older rollwise). Reads the footer only. A `ShardError` naming the file when unreadable."""
+        path = self.shard_path(step)
+        try:
+            meta = pq.read_metadata(path).metadata or {}
+        except (pa.ArrowException, OSError) as e:
+            raise ShardError(path, f"not a readable Parquet file (truncated or corrupt?): {_one_line(e)}") from None
+        raw = meta.get(JOURNAL_KEY)
+        if raw is None:
+            return None
+        try:
+            rec = json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise ShardError(path, f"its write-ahead log record is not valid JSON: {_one_line(e)}") from None
+        if not isinstance(rec, dict):
+            raise ShardError(path, "its write-ahead log record is not a JSON object")
+        return rec
 
     # ---------------------------------------------------------------- reading
 

@@ -5,11 +5,19 @@ Layout of `RUN_DIR/checkpoints/step-N/`:
     config.json, model.safetensors (or shards), generation_config.json   # save_pretrained: loads anywhere
     tokenizer files                                                        # when the trainer has a tokenizer
     trainer_state.pt    # optimizer, scheduler, steps, python/numpy/torch RNG, caller's data position, LoRA adapter
-    checkpoint.json     # manifest: step, file sizes; written last, so its presence marks a complete checkpoint
+    checkpoint.json     # manifest: step, size and sha256 of every file; written last, so its presence marks a
+                        # complete checkpoint
 
 A checkpoint is written into a hidden temp directory next to the final one and renamed into place, so a crash
-leaves either the previous complete checkpoint or the new complete one, never a half-written `step-N`. The
-manifest's file sizes catch a checkpoint truncated afterwards (a full disk, a partial copy between machines).
+leaves either the previous complete checkpoint or the new complete one, never a half-written `step-N`. The temp
+directory a crash leaves behind (`.tmp-step-N-PID`, or `.old-step-N-PID` of an interrupted swap) is removed by
+`clean_stale_temp` at the next start.
+
+On load, every file is checked against the manifest: its size (a truncated copy, a full disk) and its sha256 (a
+weight changed in place, flipped bits), and the manifest's step must agree with its folder's name (a `step-7`
+holding step 3 would resume at the wrong place). Any mismatch is a one-line `CheckpointError` naming the file.
+Hashing costs about a second per GB on save and on load; a checkpoint is loaded once per resume. Manifests of
+format 1 (sizes only, written before hashes existed) still load, checked by size.
 
 With LoRA the saved weights are the MERGED full model (what `rollwise eval`/the engine load), and the adapter
 tensors go into trainer_state.pt, so a resume rebuilds the same base + adapter exactly.
@@ -17,11 +25,14 @@ tensors go into trainer_state.pt, so a resume rebuilds the same base + adapter e
 `trainer_state.pt` holds only tensors and plain Python containers (numpy RNG arrays are stored as tensors), so it
 loads with `torch.load(weights_only=True)`: a checkpoint from elsewhere cannot run code on load.
 
-Deliberately left out: asynchronous/background saving and sharded optimizer state (single-process trainer).
+Deliberately left out: asynchronous/background saving and sharded optimizer state (single-process trainer). With
+the rollout store as the write-ahead log (run/resume.py), a checkpoint bounds how many steps a resume re-trains;
+it is not what keeps a step from being lost, so a synchronous save every few steps is enough.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import random
@@ -41,7 +52,11 @@ CHECKPOINTS = "checkpoints"
 STATE_FILE = "trainer_state.pt"
 MANIFEST = "checkpoint.json"
 FORMAT_VERSION = 1
+"""Version of trainer_state.pt's layout."""
+MANIFEST_VERSION = 2
+"""Version of checkpoint.json: 2 = size and sha256 per file; 1 = sizes only (still read)."""
 _STEP_RE = re.compile(r"^step-(\d+)$")
+_TEMP_RE = re.compile(r"^\.(?:tmp|old)-step-\d+-(\d+)$")
 _TOKENIZER_GLOBS = ("tokenizer*.json", "tokenizer.model", "vocab*", "merges.txt", "special_tokens_map.json",
                     "added_tokens.json", "chat_template*")
 
@@ -91,6 +106,41 @@ def _set_rng_state(state: dict[str, Any]) -> None:
 
 
 # ------------------------------------------------------------------------------------------------- save
+
+
+def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's live process
+        return True
+    return True
+
+
+def clean_stale_temp(run_dir: str | Path) -> list[Path]:
+    """Remove the temp folders crashed saves left in RUN_DIR/checkpoints (`.tmp-step-N-PID`, `.old-step-N-PID`);
+    returns what was removed. A folder whose PID is a live process (a save under way) is left alone."""
+    root = Path(run_dir) / CHECKPOINTS
+    if not root.is_dir():
+        return []
+    gone = []
+    for p in sorted(root.iterdir()):
+        m = _TEMP_RE.match(p.name)
+        if m and not p.is_symlink() and p.is_dir() and not _pid_alive(int(m.group(1))):
+            shutil.rmtree(p, ignore_errors=True)
+            gone.append(p)
+    return gone
 
 
 def _fsync_tree(path: Path) -> None:
@@ -179,8 +229,10 @@ def save_checkpoint(trainer: Trainer, run_dir: str | Path, step: int, *, data_po
             "lora": bool(trainer.lora),
         }
         torch.save(state, tmp / STATE_FILE)
-        files = {p.relative_to(tmp).as_posix(): p.stat().st_size for p in sorted(tmp.rglob("*")) if p.is_file()}
-        (tmp / MANIFEST).write_text(json.dumps({"format_version": FORMAT_VERSION, "step": int(step), "files": files}, indent=1))
+        files = {p.relative_to(tmp).as_posix(): {"size": p.stat().st_size, "sha256": file_sha256(p)}
+                 for p in sorted(tmp.rglob("*")) if p.is_file()}
+        (tmp / MANIFEST).write_text(json.dumps({"format_version": MANIFEST_VERSION, "step": int(step), "files": files},
+                                               indent=1))
         _fsync_tree(tmp)
         if final.exists():  # re-saving a step (e.g. after a resume): swap, then drop the old one
             old = root / f".old-step-{step}-{os.getpid()}"
@@ -226,7 +278,8 @@ def find_latest_checkpoint(run_dir: str | Path) -> Path | None:
 
 
 def verify_checkpoint(path: str | Path) -> dict[str, Any]:
-    """Check the manifest against the files on disk; return the manifest. One-line CheckpointError naming the file."""
+    """Check the manifest against the folder's name and the files on disk (size, then sha256); return the
+    manifest. Any mismatch is a one-line CheckpointError naming the file."""
     path = Path(path)
     mf = path / MANIFEST
     if not mf.is_file():
@@ -234,15 +287,32 @@ def verify_checkpoint(path: str | Path) -> dict[str, Any]:
     try:
         manifest = json.loads(mf.read_text())
         files = manifest["files"]
-    except (json.JSONDecodeError, KeyError, TypeError):
+        version = int(manifest.get("format_version", 1))
+        step = int(manifest["step"])
+        if not isinstance(files, dict):
+            raise TypeError
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError, UnicodeDecodeError):
         raise CheckpointError(f"corrupt checkpoint manifest: {mf}") from None
-    for name, size in files.items():
+    m = _STEP_RE.match(path.name)
+    if m and int(m.group(1)) != step:
+        raise CheckpointError(f"checkpoint {path}: its manifest says step {step}, its folder says step "
+                              f"{int(m.group(1))}; refusing to guess which is right")
+    if version > MANIFEST_VERSION:
+        raise CheckpointError(f"checkpoint manifest {mf} has format {version}, newer than this rollwise reads "
+                              f"({MANIFEST_VERSION}); upgrade rollwise")
+    for name, entry in files.items():
         f = path / name
+        if ".." in Path(name).parts or Path(name).is_absolute():
+            raise CheckpointError(f"corrupt checkpoint manifest: {mf} names a file outside its folder ({name!r})")
         if not f.is_file():
             raise CheckpointError(f"corrupt checkpoint: missing file {f}")
+        size, digest = (entry, None) if version == 1 else (entry.get("size"), entry.get("sha256"))
         actual = f.stat().st_size
         if actual != size:
             raise CheckpointError(f"corrupt checkpoint: {f} is {actual} bytes, expected {size} (truncated?)")
+        if version >= 2 and file_sha256(f) != digest:
+            raise CheckpointError(f"corrupt checkpoint: {f} does not match the sha256 in {MANIFEST} (changed or "
+                                  "damaged after it was saved)")
     return manifest
 
 
@@ -270,7 +340,10 @@ def load_checkpoint(path: str | Path) -> Checkpoint | None:
         raise CheckpointError(f"corrupt checkpoint file {sf}: {str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__}") from None
     if not isinstance(state, dict) or state.get("format_version") != FORMAT_VERSION:
         raise CheckpointError(f"corrupt checkpoint file {sf}: unknown format (expected format_version {FORMAT_VERSION})")
-    return Checkpoint(path=ckpt, step=int(manifest.get("step", state["step"])), data_position=state["data_position"], state=state)
+    if int(state.get("step", -1)) != int(manifest["step"]):
+        raise CheckpointError(f"corrupt checkpoint file {sf}: holds step {state.get('step')}, its manifest says "
+                              f"step {manifest['step']}")
+    return Checkpoint(path=ckpt, step=int(manifest["step"]), data_position=state["data_position"], state=state)
 
 
 def _load_weight_files(ckpt: Path) -> dict[str, torch.Tensor]:

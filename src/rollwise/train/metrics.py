@@ -3,7 +3,8 @@
 
 metrics.jsonl is the record of a run (the report, `pandas.read_json(lines=True)` and DuckDB read it), so each line
 is flushed and fsynced as it is written: a run killed at step N has N complete lines, at most followed by one torn
-line, which a resume drops (`resume_from_step`). Non-finite numbers are written as null (JSON has no NaN) and
+line. A resume (`resume_from_step`, `prepare_resume`) drops only that torn last line; a damaged line elsewhere and
+the lines of steps it will log again are moved, byte for byte, to RUN_DIR/quarantine/, never deleted. Non-finite numbers are written as null (JSON has no NaN) and
 tensors / numpy scalars as plain numbers. Nested dicts are flattened with '/' ("time/generate").
 
 The terminal display is a convenience: it stays silent when stdout is not a TTY (CI logs, pipes). Next to the
@@ -103,19 +104,7 @@ class MetricsLogger:
             self._task = self._progress.add_task("", total=total_steps, completed=resume_from_step or 0)
 
     def _truncate_after(self, step: int) -> None:
-        if not self.path.exists():
-            return
-        keep = []
-        for line in self.path.read_text(encoding="utf-8").splitlines():
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError:
-                continue  # a torn last line from a crash
-            if isinstance(rec, dict) and isinstance(rec.get("step"), int) and rec["step"] <= step:
-                keep.append(line)
-        tmp = self.path.with_suffix(".jsonl.tmp")
-        tmp.write_text("".join(line + "\n" for line in keep), encoding="utf-8")
-        os.replace(tmp, self.path)
+        self.resume_notes = prepare_resume(self.run_dir, step)
 
     def log(self, step: int, metrics: Mapping[str, Any]) -> dict[str, Any]:
         """Write one line {"step": step, "wall_s": ..., **metrics} (flattened, JSON-safe); return it."""
@@ -164,6 +153,80 @@ def _fmt(v: Any) -> str:
     if isinstance(v, float):
         return f"{v:.4g}"
     return str(v)
+
+
+def _step_of(line: bytes) -> int | None:
+    """The step of a metrics line, None when the line is damaged (not a JSON object with an integer step)."""
+    try:
+        rec = json.loads(line)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return None
+    step = rec.get("step") if isinstance(rec, dict) else None
+    return step if isinstance(step, int) and not isinstance(step, bool) else None
+
+
+def prepare_resume(run_dir: str | Path, step: int, restore: Mapping[int, Mapping[str, Any]] | None = None) -> list[str]:
+    """Make RUN_DIR/metrics.jsonl hold the lines of steps <= `step`, in step order, before a resume appends.
+
+    A torn last line (no final newline: the write a crash interrupted) is dropped. Every other line that is not
+    kept - damaged ones anywhere, and those of steps after `step`, which the resumed run logs again - is moved to
+    RUN_DIR/quarantine/metrics-<time>.jsonl exactly as it was. restore: lines for steps <= `step` that the file
+    lacks (the resume rebuilt them from the rollout store's write-ahead log), inserted in order. Returns one
+    human-readable line per thing done (empty when nothing was)."""
+    path = Path(run_dir) / "metrics.jsonl"
+    restore = dict(restore or {})
+    if not path.exists() and not restore:
+        return []
+    raw = path.read_bytes() if path.exists() else b""
+    lines = raw.split(b"\n")
+    torn = lines.pop() if lines else b""  # b"" when the file ends with a newline
+    notes = []
+    if torn.strip():
+        notes.append(f"metrics.jsonl: dropped a torn last line ({len(torn)} bytes, a write cut short by the crash)")
+    keep: dict[int, bytes] = {}
+    quarantined: list[bytes] = []
+    damaged = later = duplicate = 0
+    for line in lines:
+        s = _step_of(line)
+        if s is None:
+            if line.strip():
+                damaged += 1
+                quarantined.append(line)
+        elif s > step:
+            later += 1
+            quarantined.append(line)
+        elif s in keep:  # a step logged twice: the later line wins, the earlier one is kept aside
+            duplicate += 1
+            quarantined.append(keep[s])
+            keep[s] = line
+        else:
+            keep[s] = line
+    filled = 0
+    for s, rec in restore.items():
+        if s <= step and s not in keep:
+            keep[s] = json.dumps({"step": int(s), **flatten_metrics(rec)}, allow_nan=False).encode()
+            filled += 1
+    if quarantined:
+        qdir = Path(run_dir) / "quarantine"
+        qdir.mkdir(parents=True, exist_ok=True)
+        qpath = qdir / f"metrics-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}.jsonl"
+        with open(qpath, "wb") as f:
+            f.write(b"".join(q + b"\n" for q in quarantined))
+            f.flush()
+            os.fsync(f.fileno())
+        what = [f"{n} {k}" for n, k in ((damaged, "damaged line(s)"), (later, f"line(s) of steps after {step}"),
+                                        (duplicate, "duplicate line(s)")) if n]
+        notes.append(f"metrics.jsonl: moved {', '.join(what)} to {qpath}")
+    if filled:
+        notes.append(f"metrics.jsonl: restored {filled} line(s) from the rollout store's write-ahead log")
+    if notes:
+        tmp = path.with_suffix(".jsonl.tmp")
+        with open(tmp, "wb") as f:
+            f.write(b"".join(keep[s] + b"\n" for s in sorted(keep)))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    return notes
 
 
 def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:

@@ -1,0 +1,321 @@
+"""Resume without losing a step: the rollout store is the write-ahead log.
+
+Each step ends by writing its shard, and the shard carries, in its Parquet metadata and so in the same atomic
+rename as its rows, a `StepRecord`: what the step trained on and in what order (its own rollouts by
+(group_id, sample_index) and advantage; replayed copies in full), the python/numpy/torch RNG just before the
+update, the loop's state after the step (data position, replay buffer, partial-rollout carry, RNG), its
+metrics line and the config it ran under. The loop's order is
+
+    generate -> train -> sync -> (eval) -> write shard with its record -> log metrics -> checkpoint when due
+
+so a SIGKILL at any moment leaves complete shards 1..N and a complete checkpoint at some C <= N (or none: C = 0,
+the initial model). A resume restores C, then `replay_stored_steps` re-trains C+1..N from their shards: the
+update is a function of (weights, optimizer state, batch, RNG), all restored, so the weights after it are
+those the interrupted run had after step N (bit for bit on CPU; on a GPU as far as its kernels are
+deterministic: a re-trained step whose loss differs from the logged one is reported). The loop continues at N+1
+from step N's state. Nothing stored is deleted: only the step in flight is lost.
+
+What a resume refuses, with one line: a config that differs from the one the checkpoint or a stored step was
+trained under in a key that changes results (every such key is named; `config.RESUME_MAY_DIFFER` lists the
+harmless ones: where the run writes, how often it checkpoints and evaluates, train.steps, engine sizing),
+also when config.yaml was edited by hand (its sha256 is kept with each checkpoint, so the edit is named as
+such); a train.steps below the checkpoint's step.
+
+What it moves aside, into RUN_DIR/quarantine/ (never deleted): shards it cannot re-train from (after a missing
+step, unreadable, or without a record: written by an older rollwise) and every shard after them; metrics lines
+of steps it will log again (train/metrics.py `prepare_resume`).
+
+What is regenerated, not restored: with control.async_staleness K > 0, batches the producer generated ahead
+but the trainer had not trained (up to K) are generated again from the data position of the last trained step,
+with the current weights (their staleness is 0 where the lost ones' was up to K). The prompt selector's beliefs
+(control.selector: posterior) and the speculative draft store start empty. With the Ray trainer the update runs
+in its actor, whose RNG is its own: the re-trained steps are exact only when the update draws no random numbers
+(one update per step, the default).
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import json
+import random
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from rollwise.types import Rollout
+
+if TYPE_CHECKING:  # pragma: no cover
+    from rollwise.config import RunConfig
+    from rollwise.run.trainer_handle import TrainerHandle
+    from rollwise.store.replay import ReplayBuffer
+    from rollwise.store.writer import RolloutStore
+    from rollwise.train.checkpoint import Checkpoint
+
+RECORD_VERSION = 1
+Log = Callable[[str], None]
+
+
+class ResumeError(ValueError):
+    """A resume that cannot continue the run as it was; the message is one line."""
+
+
+# ------------------------------------------------------------------------------------------------- RNG as JSON
+
+
+def _b64(t: Any) -> str:
+    return base64.b64encode(bytes(t.numpy().tobytes())).decode()
+
+
+def rng_state() -> dict[str, Any]:
+    """The python, numpy, torch (and CUDA) RNG states as JSON-able data."""
+    import numpy as np
+    import torch
+
+    v, internal, gauss = random.getstate()
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    state: dict[str, Any] = {
+        "python": [v, list(internal), gauss],
+        "numpy": [str(name), base64.b64encode(np.asarray(keys, dtype=np.uint32).tobytes()).decode(), int(pos),
+                  int(has_gauss), float(cached)],
+        "torch": _b64(torch.get_rng_state()),
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = [_b64(s) for s in torch.cuda.get_rng_state_all()]
+    return state
+
+
+def set_rng_state(state: Mapping[str, Any]) -> None:
+    """Put back what `rng_state` returned."""
+    import numpy as np
+    import torch
+
+    v, internal, gauss = state["python"]
+    random.setstate((v, tuple(internal), gauss))
+    name, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((name, np.frombuffer(base64.b64decode(keys), dtype=np.uint32).copy(), pos, has_gauss, cached))
+
+    def tensor(s: str) -> torch.Tensor:
+        return torch.frombuffer(bytearray(base64.b64decode(s)), dtype=torch.uint8).clone()
+
+    torch.set_rng_state(tensor(state["torch"]))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all([tensor(s) for s in state["cuda"]])
+
+
+# ------------------------------------------------------------------------------------------------- config
+
+
+def _leaves(d: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(d, Mapping):
+        out: dict[str, Any] = {}
+        for k, v in d.items():
+            out.update(_leaves(v, f"{prefix}{k}."))
+        return out
+    return {prefix[:-1]: d}
+
+
+def config_diffs(saved: Mapping[str, Any], given: Mapping[str, Any], *, harmless: bool = False) -> list[str]:
+    """"key: saved -> given" for each dotted key that differs between two config dumps (`model_dump(mode='json')`).
+    harmless=False: only keys that change results; True: only those in `config.RESUME_MAY_DIFFER`."""
+    from rollwise.config import RESUME_MAY_DIFFER
+
+    a, b = _leaves(saved), _leaves(given)
+    out = []
+    for k in sorted(set(a) | set(b)):
+        free = any(k == f or k.startswith(f + ".") for f in RESUME_MAY_DIFFER)
+        if free == harmless and a.get(k) != b.get(k):
+            out.append(f"{k}: {json.dumps(a.get(k))} -> {json.dumps(b.get(k))}")
+    return out
+
+
+def run_info(cfg: RunConfig, config_yaml_sha256: str) -> dict[str, Any]:
+    """What a checkpoint keeps of the run's config: the resolved config and the sha256 of config.yaml as written."""
+    return {"config": cfg.model_dump(mode="json"), "config_yaml_sha256": config_yaml_sha256}
+
+
+def check_resume_config(run_dir: Path, cfg: RunConfig, ckpt: Checkpoint, log: Log) -> None:
+    """Refuse (ResumeError, one line naming every differing key) a resume whose config changes results against
+    the config checkpoint `ckpt` was trained under; say so when config.yaml was edited by hand."""
+    from rollwise.train.checkpoint import file_sha256
+
+    if ckpt.step > cfg.train.steps:
+        raise ResumeError(f"cannot resume {run_dir}: train.steps={cfg.train.steps} is below the {ckpt.step} steps "
+                          f"checkpoint {ckpt.path.name} has already trained")
+    info = ckpt.data_position.get("run") or {}
+    saved = info.get("config")
+    if saved is None:  # a checkpoint from before configs were kept with it: the CLI's check against config.yaml
+        log(f"resume: {ckpt.path.name} keeps no copy of its config (older rollwise); checked against config.yaml only")
+        return
+    yaml_path = run_dir / "config.yaml"
+    edited = bool(info.get("config_yaml_sha256")) and yaml_path.is_file() and \
+        file_sha256(yaml_path) != info["config_yaml_sha256"]
+    now = cfg.model_dump(mode="json")
+    diffs = config_diffs(saved, now)
+    if diffs:
+        how = "config.yaml was edited after it was written, and " if edited else ""
+        raise ResumeError(f"cannot resume {run_dir}: {how}the config differs from the one {ckpt.path.name} was "
+                          f"trained under in {len(diffs)} key(s) that change results: {'; '.join(diffs)} (saved -> "
+                          "now; put them back, or start a new run directory)")
+    if edited:
+        free = [d for d in config_diffs(saved, now, harmless=True) if not d.startswith("run.resume:")]
+        log(f"resume: config.yaml was edited since {ckpt.path.name} was saved; "
+            + (f"only keys that do not change results differ: {'; '.join(free)}" if free else "no key's value differs"))
+
+
+# ------------------------------------------------------------------------------------------------- records
+
+
+def trained_refs(trainable: Sequence[Rollout], is_replayed: Callable[[Rollout], bool]) -> list[Any]:
+    """What a step trained on, in order: [group_id, sample_index, advantage] for its own rollouts (their rows are
+    in its shard), the whole rollout for a replayed copy (its source row differs from what trained)."""
+    return [{"copy": dataclasses.asdict(r)} if is_replayed(r) else [r.group_id, r.sample_index, r.advantage]
+            for r in trainable]
+
+
+def step_record(step: int, trained: list[Any], rng_before_train: dict[str, Any], state: dict[str, Any],
+                metrics: Mapping[str, Any], cfg: RunConfig) -> dict[str, Any]:
+    """The write-ahead log record of one step (stored with its shard: `RolloutStore.write_step(journal=...)`)."""
+    from rollwise.train.metrics import flatten_metrics
+
+    return {"version": RECORD_VERSION, "step": int(step), "trained": trained, "rng_before_train": rng_before_train,
+            "state": state, "metrics": flatten_metrics(metrics), "config": cfg.model_dump(mode="json")}
+
+
+def loop_state(data_position: Mapping[str, Any], policy_state: Any, replay: ReplayBuffer | None, wall_s: float) -> dict[str, Any]:
+    """The loop's state after a step (what a checkpoint and a record carry besides weights)."""
+    return {"data_position": {k: int(v) for k, v in data_position.items()}, "policy": policy_state,
+            "replay": replay.state_dict() if replay is not None else None, "rng": rng_state(), "wall_s": float(wall_s)}
+
+
+def policy_state(controller: Any) -> Any:
+    """The rollout policy's cross-step state (partial rollouts' carry), or None for a policy that keeps none."""
+    fn = getattr(controller.policy, "state_dict", None)
+    return fn() if callable(fn) else None
+
+
+class StoredRollouts:
+    """Rollouts of the store by (step, group_id, sample_index), one shard read per step."""
+
+    def __init__(self, store: RolloutStore) -> None:
+        self.store = store
+        self._by_step: dict[int, dict[tuple[str, int], Rollout]] = {}
+
+    def step(self, step: int) -> dict[tuple[str, int], Rollout]:
+        if step not in self._by_step:
+            self._by_step[step] = {(r.group_id, r.sample_index): r for r in self.store.read(steps=[step])}
+        return self._by_step[step]
+
+    def get(self, step: int, group_id: str, sample_index: int) -> Rollout:
+        r = self.step(step).get((group_id, sample_index))
+        if r is None:
+            raise ResumeError(f"{self.store.shard_path(step)} has no rollout {group_id}/{sample_index}, which the "
+                              "saved loop state names")
+        return r
+
+
+def apply_loop_state(state: Mapping[str, Any], *, order: Any, replay: ReplayBuffer | None, controller: Any,
+                     rollouts: StoredRollouts, tasks: Mapping[str, Any]) -> float:
+    """Put the loop back where `loop_state` saved it (the RNG included); returns the run's wall time so far."""
+    pos = state.get("data_position") or {}
+    order.epoch, order.index = int(pos.get("epoch", 0)), int(pos.get("index", 0))
+    if state.get("policy") is not None:
+        controller.policy.load_state_dict(state["policy"], tasks)
+    if replay is not None and state.get("replay") is not None:
+        replay.load_state_dict(state["replay"], rollouts.get)
+    if state.get("rng") is not None:
+        set_rng_state(state["rng"])
+    return float(state.get("wall_s", 0.0))
+
+
+# ------------------------------------------------------------------------------------------------- re-training
+
+
+@dataclasses.dataclass
+class ReplayedSteps:
+    """What `replay_stored_steps` did."""
+
+    last_step: int
+    """The step whose weights the trainer now holds (the checkpoint's when nothing was re-trained)."""
+    steps: list[int]
+    """Steps re-trained from their shards, ascending."""
+    state: dict[str, Any] | None
+    """The last re-trained step's loop state (None: nothing re-trained; use the checkpoint's)."""
+    metrics: dict[int, dict[str, Any]]
+    """Each re-trained step's metrics line (for metrics.jsonl lines a crash cut off)."""
+    quarantined: list[int]
+
+
+def _rebuild(store: RolloutStore, step: int, trained: list[Any]) -> list[Rollout]:
+    rows = {(r.group_id, r.sample_index): r for r in store.read(steps=[step])}
+    out = []
+    for ref in trained:
+        if isinstance(ref, dict):
+            out.append(Rollout(**ref["copy"]))
+            continue
+        gid, idx, adv = ref
+        r = rows.get((gid, int(idx)))
+        if r is None:
+            raise ResumeError(f"{store.shard_path(step)}: its record trained rollout {gid}/{idx}, which the shard "
+                              "does not hold")
+        r.advantage = adv
+        out.append(r)
+    return out
+
+
+def replay_stored_steps(store: RolloutStore, trainer: TrainerHandle, from_step: int, cfg: RunConfig, run_dir: Path,
+                        log: Log) -> ReplayedSteps:
+    """Re-train the steps after `from_step` (the restored checkpoint's; 0 = the initial model) from their shards,
+    in order, while each has a record; move every shard after the last usable one to RUN_DIR/quarantine/."""
+    from rollwise.store.writer import ShardError
+
+    now = cfg.model_dump(mode="json")
+    done: list[int] = []
+    state: dict[str, Any] | None = None
+    metrics: dict[int, dict[str, Any]] = {}
+    why = ""
+    for s in [s for s in store.steps() if s > from_step]:
+        expect = from_step + len(done) + 1
+        if s != expect:
+            why = f"step {expect} has no shard"
+            break
+        if s > cfg.train.steps:
+            raise ResumeError(f"cannot resume {run_dir}: train.steps={cfg.train.steps} is below the {s} steps its "
+                              "rollout store holds")
+        try:
+            rec = store.read_journal(s)
+            if rec is not None:
+                batch = _rebuild(store, s, rec["trained"])
+        except ShardError as e:
+            why = str(e)
+            break
+        if rec is None or rec.get("version") != RECORD_VERSION:
+            why = f"{store.shard_path(s)} has no write-ahead log record this rollwise reads (an older rollwise wrote it)"
+            break
+        diffs = config_diffs(rec["config"], now)
+        if diffs:
+            raise ResumeError(f"cannot resume {run_dir}: the config differs from the one step {s} (stored in "
+                              f"{store.shard_path(s).name}) was trained under in {len(diffs)} key(s) that change "
+                              f"results: {'; '.join(diffs)} (saved -> now)")
+        set_rng_state(rec["rng_before_train"])
+        m = trainer.train_step(batch)
+        if trainer.version != s:
+            raise ResumeError(f"re-training step {s} left the trainer at version {trainer.version}")
+        logged = rec["metrics"].get("loss")
+        if logged is not None and m.get("loss") is not None and abs(float(m["loss"]) - float(logged)) > 1e-5 * max(1.0, abs(float(logged))):
+            log(f"resume: re-trained step {s} has loss {float(m['loss']):.6g}, the run logged {float(logged):.6g} "
+                "(the update is not bit-deterministic on this device, or a changed train.steps re-planned the LR)")
+        done.append(s)
+        state, metrics[s] = rec["state"], rec["metrics"]
+    last = from_step + len(done)
+    moved: list[int] = []
+    if why:
+        dest = run_dir / "quarantine" / f"rollouts-{time.strftime('%Y%m%dT%H%M%S')}"
+        moved = store.quarantine_after(last, dest)
+        log(f"resume: cannot re-train from step {last + 1} on ({why}); moved the shards of steps "
+            f"{moved[0]}..{moved[-1]} to {dest}; those steps run again")
+    if done:
+        log(f"resume: re-trained steps {done[0]}..{done[-1]} from their stored rollouts (write-ahead log), "
+            f"continuing after step {last}")
+    return ReplayedSteps(last, done, state, metrics, moved)
