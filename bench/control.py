@@ -271,7 +271,7 @@ def part_c(model_dir: Path, device: str, steps: int, target: float, every: int, 
         cfg = load_config(None, [
             f"model.path={model_dir}", f"run.out_dir={out}", f"train.steps={steps}", "run.cpu_threads=1",
             "rollout.prompts_per_step=16", "rollout.samples_per_prompt=8", "rollout.max_tokens=16",
-            "env.eval_size=64", "run.eval_every=0", f"run.checkpoint_every={every}", "run.tensorboard=false",
+            "env.eval_size=64", "run.eval_every=0", f"run.checkpoint_every={every}", "run.loggers=[jsonl]",
             f"model.device={device}", *extra])
         summary = train(cfg, log=lambda s: None)
         rows = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]

@@ -82,7 +82,7 @@ TINY_BUILTIN = ["model.builtin.hidden_size=64", "model.builtin.num_layers=2", "m
 """The built-in model's shape and warm-up in loop tests (small: a 40-step warm-up takes a few seconds)."""
 
 TINY_RUN = ["rollout.prompts_per_step=4", "rollout.samples_per_prompt=4", "rollout.max_tokens=6", "env.eval_size=8",
-            "train.steps=3", "run.tensorboard=false", "model.device=cpu", "algo.skip_zero_variance=false"]
+            "train.steps=3", "run.loggers=[jsonl]", "model.device=cpu", "algo.skip_zero_variance=false"]
 """A tiny RL run: 4 prompts x 4 samples, 3 steps."""
 
 

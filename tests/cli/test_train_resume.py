@@ -22,7 +22,7 @@ def test_resume_run_dir_uses_its_own_config(tmp_path, run_cfg, capsys):
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "train.lr: 0.0003 -> 0.5" in err
     # No YAML: the run's own config (samples_per_prompt=2, its model), not the built-in default's, to its own steps.
-    assert main(["train", "--resume", str(out), "--set", "run.tensorboard=false"]) == 0
+    assert main(["train", "--resume", str(out), "--set", "run.loggers=[jsonl]"]) == 0
     assert (out / "config.yaml").read_text() == saved
     lines = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in lines] == [1, 2, 3]

@@ -21,7 +21,7 @@ PROMPTS, SAMPLES, STEPS = 4, 4, 6
 def args(out: Path, model: Path) -> list[str]:
     sets = [
         f"model.path={model}", f"rollout.prompts_per_step={PROMPTS}", f"rollout.samples_per_prompt={SAMPLES}", "rollout.max_tokens=6",
-        "env.eval_size=8", f"train.steps={STEPS}", "run.tensorboard=false", "run.checkpoint_every=2",
+        "env.eval_size=8", f"train.steps={STEPS}", "run.loggers=[jsonl]", "run.checkpoint_every=2",
         "algo.skip_zero_variance=false",
     ]
     cmd = [sys.executable, "-m", "rollwise.cli.main", "train", "--out", str(out)]

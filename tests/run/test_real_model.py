@@ -35,7 +35,7 @@ def test_two_steps_on_a_real_model_with_a_jsonl_dataset_and_a_trl_reward(tmp_pat
         f"model.path={smollm2_dir}", "env.name=dataset", f"env.kwargs.path={data}", "env.kwargs.test_size=2",
         "env.kwargs.prompt_key=prompt", "env.kwargs.answer_key=answer", f"env.reward={tmp_path / 'reward.py'}:sum_correct",
         "env.eval_size=2", "rollout.prompts_per_step=2", "rollout.samples_per_prompt=2", "rollout.max_tokens=12",
-        "train.steps=2", "train.lr=1e-5", "engine.kv_cache_gb=0.05", f"run.out_dir={out}", "run.tensorboard=false",
+        "train.steps=2", "train.lr=1e-5", "engine.kv_cache_gb=0.05", f"run.out_dir={out}", "run.loggers=[jsonl]",
         "model.device=cpu", "algo.skip_zero_variance=false"])
     summary = train(cfg, log=lambda s: None)
     rows = RolloutStore(out).read()

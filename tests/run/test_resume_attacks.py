@@ -145,7 +145,7 @@ def test_sigkill_with_the_default_config_loses_at_most_the_step_in_flight(tmp_pa
 
     steps = 6
     sets = [f"model.path={tiny_model}", "rollout.prompts_per_step=4", "rollout.samples_per_prompt=4",
-            "rollout.max_tokens=6", "env.eval_size=8", f"train.steps={steps}", "run.tensorboard=false",
+            "rollout.max_tokens=6", "env.eval_size=8", f"train.steps={steps}", "run.loggers=[jsonl]",
             "algo.skip_zero_variance=false", "train.lr=1e-3"]
 
     def cmd(out):

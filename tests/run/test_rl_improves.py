@@ -46,7 +46,7 @@ def test_rl_raises_held_out_accuracy(tmp_path):
         "warmup.steps=150", "warmup.seconds=300", f"warmup.cache_dir={tmp_path / 'warmup'}",
         "rollout.prompts_per_step=8", "rollout.samples_per_prompt=8", "rollout.max_tokens=5",
         "train.steps=30", "train.lr=3e-4", "train.micro_batch_tokens=512", "train.seed=0",
-        "model.device=cpu", "run.cpu_threads=1", "run.tensorboard=false",
+        "model.device=cpu", "run.cpu_threads=1", "run.loggers=[jsonl]",
     ])
     summary = train(cfg, log=lambda s: None)
     before, after = summary["eval_before"], summary["eval_after"]

@@ -79,7 +79,7 @@ def _cfg(smollm2_dir: Path, data: Path, out: Path, *extra: str):
         f"env.reward={data / 'reward.py'}:sum_correct", "env.eval_size=2", "rollout.prompts_per_step=2",
         "rollout.samples_per_prompt=4", "rollout.max_tokens=16", "train.steps=3", "train.lr=2e-5",
         "engine.backend=remote", "engine.remote_server=vllm", "engine.remote_timeout_s=600",
-        f"engine.sync_check_tol={TOL}", f"run.out_dir={out}", "run.tensorboard=false", "model.device=cpu",
+        f"engine.sync_check_tol={TOL}", f"run.out_dir={out}", "run.loggers=[jsonl]", "model.device=cpu",
         "algo.skip_zero_variance=false", *extra])
 
 

