@@ -60,7 +60,8 @@ def check_prompts_fit(tasks: Sequence[Task], encode: Callable[[Task], list[int]]
             too_long.append((t, n))
     if too_long:
         t, n = too_long[0]
-        more = f"; {len(too_long) - 1} more {what}s do not fit either" if len(too_long) > 1 else ""
+        k = len(too_long) - 1
+        more = f"; {k} more {what}{'s do' if k > 1 else ' does'} not fit either" if k else ""
         raise ValueError(f"{what} of task {t.id} is {n} tokens as encoded for the model, which leaves no room to "
                          f"generate within its context of {max_model_len} tokens (engine.max_model_len): shorten it "
                          f"or drop the row{more}")
