@@ -91,7 +91,9 @@ def load_setup(args: argparse.Namespace) -> Setup:
         overrides.append(f"env.max_turns={args.max_turns}")
     if args.config is None and args.env is None and not any(o.startswith("env.name=") for o in args.overrides):
         raise UserError("name the environment: --env NAME, or --config CONFIG.yaml (a training config)")
-    cfg = load_config(args.config, overrides)
+    # saved_run: keys in the file that have no effect *in training* (a run's resolved config.yaml names every key)
+    # are not refused here; --set keys still are.
+    cfg = load_config(args.config, overrides, saved_run=True)
     check_env_section(cfg.env.name, cfg.env.kwargs, cfg.env.module)
     set_keys = {o.split("=", 1)[0].strip() for o in args.overrides if "=" in o}
     return Setup(cfg, args.config is not None, set_keys)
