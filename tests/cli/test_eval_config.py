@@ -52,6 +52,7 @@ def test_eval_with_the_training_config_repeats_the_runs_held_out_eval(tmp_path, 
 
 def test_eval_and_generate_use_the_configs_reward_and_system_prompt(tmp_path, make_checkpoint, capsys):
     model, tok = _chat_model(tmp_path / "m", make_checkpoint)
+    capsys.readouterr()
     reward = _write(tmp_path / "r.py", "def always(task, completion):\n    return 1.0\n")
     cfg = _write(tmp_path / "train.yaml", f"model:\n  path: {model}\n  device: cpu\nenv:\n  name: arithmetic\n"
                                           f"  reward: {reward}:always\n  system_prompt: Add them\nrollout:\n  max_tokens: 3\n")
@@ -83,6 +84,7 @@ def test_eval_and_generate_use_the_configs_reward_and_system_prompt(tmp_path, ma
 
 def test_eval_shows_errored_counts(tmp_path, make_checkpoint, capsys):
     model, _ = _chat_model(tmp_path / "m", make_checkpoint)
+    capsys.readouterr()  # the checkpoint writer's progress bar
     reward = _write(tmp_path / "r.py", "def half(task, completion):\n"
                                        "    if int(task.metadata['i']) % 2:\n        raise RuntimeError('odd row')\n"
                                        "    return 1.0\n")
