@@ -77,8 +77,10 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:
         # stdout closed early (`rollwise rollouts export RUN | head`): not an error; keep Python's exit-time flush
         # from failing on the same pipe.
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except (OSError, ValueError, AttributeError):  # stdout is not a real file (captured, replaced)
+            pass
         return 0
     except Exception as e:  # noqa: BLE001 - sorted into one-line errors and internal ones by cli.errors
         return report(args.command, e, debug=args.debug)
