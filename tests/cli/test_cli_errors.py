@@ -206,7 +206,7 @@ def cases(p: dict) -> list[tuple[str, list[str], str]]:
         ("serve", ["serve", "--model", ck, "--port", "99999"], "--port must be in"),
         ("serve", ["serve", "--model", ck, "--port", "http"], "invalid int value"),
         ("serve", ["serve"], "--model"),
-        ("serve", ["serve", "--model", str(d / "missing")], "no such directory"),
+        ("serve", ["serve", "--model", str(d / "missing")], "not a directory (no such path)"),
         ("serve", ["serve", "--model", str(d / "badjson_model")], "not valid JSON"),
         ("serve", ["serve", "--model", ck, "--dtype", "float8"], "unknown dtype"),
         ("serve", ["serve", "--model", ck, "--header-timeout", "nan"], "--header-timeout must be a positive number"),
