@@ -14,7 +14,10 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # pydantic is imported only when a command runs, so `rollwise --help` stays fast
+    from rollwise.config import RunConfig
 
 TRAIN_EVAL_SEED_OFFSET = 7919
 """run/loop.py samples its held-out evaluations with seed train.seed + 7919; `rollwise eval --config` does too."""
@@ -52,7 +55,7 @@ def positive(args: argparse.Namespace, *names: str) -> None:
 class Setup:
     """The config the command runs under, and whether its values are the user's (--config / --set) or defaults."""
 
-    cfg: Any  # rollwise.config.RunConfig
+    cfg: RunConfig
     from_config: bool
     """--config was given: the config's rollout / model values are the defaults of the command's flags."""
     set_keys: set[str]

@@ -16,8 +16,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import TYPE_CHECKING
 
 from rollwise.cli.envargs import TRAIN_EVAL_SEED_OFFSET, add_env_args, positive
+
+if TYPE_CHECKING:
+    from rollwise.run.evaluate import EvalResult
 
 EVAL_SAMPLES = 4
 """Samples per problem at --temperature (run/loop.py's held-out evaluation takes the same number)."""
@@ -37,7 +41,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="print the result as JSON")
 
 
-def errored_line(res, label: str) -> str:
+def errored_line(res: EvalResult, label: str) -> str:
     """'errored 3/8 sampled, 1/2 greedy' (an EvalResult's counts)."""
     return "errored " + ", ".join(f"{len(res.errors[k])}/{res.samples[k]} {name}"
                                   for k, name in (("", label), ("_greedy", "greedy")) if k in res.samples)
