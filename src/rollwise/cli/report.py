@@ -16,6 +16,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from rollwise.cli.paths import output_file, run_dir
+
+    run_dir(args.run_dir)
+    output_file(args.output)
     from rollwise.report.build import ReportLimits, write_report
 
     limits = ReportLimits(max_steps=args.max_steps, max_rows=args.max_rows, max_tokens=args.max_tokens)

@@ -36,9 +36,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 def _open_store(run_dir: str):
     from rollwise.store.writer import RolloutStore
 
-    path = Path(run_dir)
-    if not path.is_dir():
-        raise FileNotFoundError(f"run directory {path} does not exist")
+    from rollwise.cli.paths import run_dir as checked_run_dir
+
+    path = checked_run_dir(run_dir)
     store = RolloutStore(path)
     if not store.steps():
         raise ValueError(f"{store.dir} holds no rollout shards (step-NNNNNN.parquet)")
@@ -73,6 +73,9 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if args.format == "parquet" and not args.output:
         raise ValueError("--format parquet needs --output F")
+    from rollwise.cli.paths import output_file
+
+    output_file(args.output)
     try:
         n = _export(store, args)
     except BaseException:

@@ -144,12 +144,12 @@ def run(args: argparse.Namespace) -> int:
     if args.workers < 1:
         raise UserError(f"--workers must be >= 1, got {args.workers}")
     if not os.path.isfile(args.input):
-        raise UserError(f"--input {args.input!r}: no such file")
+        raise UserError(f"--input {args.input!r}: " + ("a directory, not a file" if os.path.isdir(args.input) else "no such file"))
+    from rollwise.cli.paths import output_file
+
+    output_file(args.output)  # before scoring, not after
     kwargs = {"path": args.data} if args.data and args.env in ("gsm8k", "humaneval", "mbpp") else {}
-    try:
-        env = get_env(args.env, **kwargs)
-    except (ValueError, TypeError) as e:
-        raise UserError(str(e)) from None
+    env = get_env(args.env, **kwargs)
     problems = known_tasks(env, args.env)
     t0 = time.monotonic()
     items = read_items(args.input, env, args.env, problems)

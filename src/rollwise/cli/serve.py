@@ -65,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
     except ModelResolveError as e:
         raise UserError(f"--model {args.model}: {e}") from None
     if not os.path.isdir(model_dir):
-        raise UserError(f"--model {args.model}: not a directory")
+        raise UserError(f"--model {args.model}: not a directory" + ("" if os.path.exists(model_dir) else " (no such path)"))
     logging.basicConfig(level=getattr(logging, str(args.log_level).upper(), logging.WARNING),
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     for flag, v in (("--header-timeout", args.header_timeout), ("--body-timeout", args.body_timeout),

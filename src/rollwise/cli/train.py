@@ -65,7 +65,10 @@ def resolve_config(config: str | None, overrides: list[str], out: str | None, re
 def run(args: argparse.Namespace) -> int:
     from rollwise.config import dump_config
 
+    from rollwise.envs.build import check_env_section
+
     cfg = resolve_config(args.config, args.overrides, args.out, args.resume)
+    check_env_section(cfg.env.name, cfg.env.kwargs, cfg.env.module)  # env.kwargs typos fail here, before any work
     if args.print_config:
         print(dump_config(cfg), end="")
         return 0

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from rollwise.envs.registry import get_env
+from rollwise.envs.registry import EnvSpecError, check_kwargs, factory_of, get_env, unknown_env_message
 from rollwise.rewards.user import RewardSum, UserReward, import_user_module, make_reward
 from rollwise.types import Score, Task
 
@@ -43,6 +43,22 @@ class RewardedEnv:
         return self.reward.score_batch(tasks, completions, completion_ids)
 
 
+def check_env_section(name: str, kwargs: dict[str, Any] | None = None, module: str | None = None) -> None:
+    """The `env` section's name and kwargs checked without building anything (so `rollwise train --print-config`
+    fails on `env.kwargs: {digitz: 3}` with "did you mean 'digits'"): an unknown built-in name, an unknown or
+    missing constructor argument. Names that only user code defines (`module:attr`, or a name `env.module`
+    registers) are checked when they are built, by `registry.get_env`, with the same messages; their code is not
+    imported here."""
+    if ":" in name:
+        return
+    factory = factory_of(name)
+    if factory is None:
+        if module:  # env.module may register it
+            return
+        raise ValueError(f"env.name: {unknown_env_message(name)}")
+    check_kwargs(factory, name, dict(kwargs or {}))
+
+
 def make_env(name: str, kwargs: dict[str, Any] | None = None, *, reward: Any = None, rewards: Sequence[Any] | None = None,
              module: str | None = None, reward_timeout_s: float | None = 30.0, reward_workers: int = 8) -> Any:
     """The environment the `env` config section describes (see the module docstring).
@@ -59,7 +75,10 @@ def make_env(name: str, kwargs: dict[str, Any] | None = None, *, reward: Any = N
         else:
             import_user_module(module)
     env = get_env(name, **(kwargs or {}))
-    scorer = make_reward(reward, rewards, timeout_s=reward_timeout_s, max_workers=reward_workers)
+    try:
+        scorer = make_reward(reward, rewards, timeout_s=reward_timeout_s, max_workers=reward_workers)
+    except TypeError as e:  # not callable, or a signature neither convention fits: the config's mistake
+        raise EnvSpecError(f"env.reward{'s' if rewards else ''}: {e}") from e
     if scorer is None:
         if name == "dataset":
             raise ValueError("env.name=dataset has no reward of its own: set env.reward (\"file.py:fn\" or "

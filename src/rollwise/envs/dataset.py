@@ -8,13 +8,18 @@
 - `answer`: the `answer_key` column (optional);
 - `metadata`: every column except the prompt, so a reward sees them all by name (TRL passes dataset columns
   to reward functions the same way).
-A bad row fails at load with one line naming the file and the row (1-based; the line number for JSONL).
+A bad row fails at load with one line naming the file and the row (1-based; the line number for JSONL),
+and so does an answer that is NaN or infinite (`NaN` in JSON, a float NaN in Parquet, "nan" / "inf" text: a
+missing value that would otherwise be scored as an answer). Text files may start with a UTF-8 byte-order mark
+(Excel writes one; it is not part of the first column's name), and CSV fields may be of any size.
 
 Held-out data: `test_path` (a file of the same kinds), else `test_size` (a fraction in (0, 1) or a row count)
 split off the training file deterministically: rows are ordered by a hash of their prompt and the first
 ones are held out, so the split does not depend on file order or seed, and rows with the same prompt
 always land on the same side (the two sides never share a prompt). Without either, a DatasetDict's own
-`test` split is used; otherwise `load("test")` fails saying how to get one.
+`test` split is used; otherwise `load("test")` fails saying how to get one. When both splits have been loaded
+from separate sources (`test_path`, a DatasetDict) and they share prompts, a `DatasetOverlapWarning` says how
+many: held-out accuracy on prompts the policy trained on measures memory, not generalisation.
 
 Scoring is not this environment's job: it has no reward of its own (`score` raises, naming `env.reward`);
 `envs.build.make_env` puts the configured reward on it.
@@ -28,7 +33,11 @@ import csv
 import gzip
 import hashlib
 import json
+import math
 import random
+import sys
+import warnings
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,6 +49,53 @@ FORMATS = ".jsonl, .jsonl.gz, .json, .parquet, .csv, or a `datasets` save_to_dis
 
 class DatasetError(ValueError):
     """A dataset file or row that cannot be used; the message names the file and the row."""
+
+
+class DatasetOverlapWarning(UserWarning):
+    """The held-out split shares prompts with the training split."""
+
+
+TEXT_ENCODING = "utf-8-sig"
+"""UTF-8, with a leading byte-order mark dropped (else a CSV's first column is named '\ufeffprompt' and a JSONL
+file's first line is not JSON)."""
+
+_NON_FINITE_TEXT = frozenset({"nan", "+nan", "-nan", "inf", "+inf", "-inf", "infinity", "+infinity", "-infinity"})
+
+
+def non_finite(value: Any) -> bool:
+    """Whether `value` is, or holds, a NaN or an infinity: a float, or text Python's float() reads as one."""
+    if isinstance(value, float):
+        return not math.isfinite(value)
+    if isinstance(value, str):
+        return value.strip().lower() in _NON_FINITE_TEXT
+    if isinstance(value, (list, tuple)):
+        return any(non_finite(v) for v in value)
+    if isinstance(value, dict):
+        return any(non_finite(v) for v in value.values())
+    return False
+
+
+@contextmanager
+def _unbounded_csv_fields():
+    """csv's 128 KiB per-field limit lifted while one file is read (a long prompt or document is a valid
+    field; the file is read into memory whole anyway), and restored after. sys.maxsize overflows the C long
+    the limit is kept in on some platforms, hence the halving."""
+    old = csv.field_size_limit()
+    limit = sys.maxsize
+    while True:
+        try:
+            csv.field_size_limit(limit)
+            break
+        except OverflowError:
+            limit //= 2
+    try:
+        yield
+    finally:
+        csv.field_size_limit(old)
+
+
+def _not_utf8(p: Path, e: UnicodeDecodeError) -> DatasetError:
+    return DatasetError(f"{p}: not UTF-8 text ({e.reason} at byte {e.start}); save the file as UTF-8")
 
 
 def _kind(p: Path) -> str:
@@ -58,14 +114,37 @@ def _kind(p: Path) -> str:
 def _read_jsonl(p: Path) -> list[tuple[int, Any]]:
     opener = gzip.open if p.name.lower().endswith(".gz") else open
     rows = []
-    with opener(p, "rt", encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                rows.append((lineno, json.loads(line)))
-            except json.JSONDecodeError as e:
-                raise DatasetError(f"{p}: line {lineno}: not valid JSON ({e.msg})") from None
+    lineno = 0
+    try:
+        with opener(p, "rt", encoding=TEXT_ENCODING) as fh:
+            for lineno, line in enumerate(fh, 1):
+                if not line.strip():
+                    continue
+                try:
+                    rows.append((lineno, json.loads(line)))
+                except json.JSONDecodeError as e:
+                    raise DatasetError(f"{p}: line {lineno}: not valid JSON ({e.msg})") from None
+    except UnicodeDecodeError as e:
+        raise _not_utf8(p, e) from None
+    except (OSError, EOFError) as e:  # a truncated or non-gzip .gz
+        raise DatasetError(f"{p}: line {lineno + 1}: cannot read ({type(e).__name__}: {e})") from None
+    return rows
+
+
+def _read_csv(p: Path) -> list[tuple[int, Any]]:
+    rows = []
+    try:
+        with _unbounded_csv_fields(), open(p, newline="", encoding=TEXT_ENCODING) as fh:
+            reader = csv.DictReader(fh)
+            for rowno, rec in enumerate(reader, 1):
+                if None in rec:  # DictReader's restkey: more fields than the header names
+                    raise DatasetError(f"{p}: row {rowno}: {len(reader.fieldnames or []) + len(rec[None])} fields, "
+                                       f"but the header names {len(reader.fieldnames or [])}")
+                rows.append((rowno, rec))
+    except UnicodeDecodeError as e:
+        raise _not_utf8(p, e) from None
+    except csv.Error as e:
+        raise DatasetError(f"{p}: row {len(rows) + 1}: not valid CSV ({e})") from None
     return rows
 
 
@@ -77,9 +156,11 @@ def _read_rows(p: Path, split: str, plain_ok: bool = True) -> list[tuple[int, An
         return _read_jsonl(p)
     if kind == "json":
         try:
-            data = json.loads(p.read_text(encoding="utf-8"))
+            data = json.loads(p.read_text(encoding=TEXT_ENCODING))
         except json.JSONDecodeError as e:
             raise DatasetError(f"{p}: not valid JSON ({e.msg} at line {e.lineno})") from None
+        except UnicodeDecodeError as e:
+            raise _not_utf8(p, e) from None
         if not isinstance(data, list):
             raise DatasetError(f"{p}: a .json dataset must be an array of records (use .jsonl for one record per line)")
         return list(enumerate(data, 1))
@@ -92,8 +173,7 @@ def _read_rows(p: Path, split: str, plain_ok: bool = True) -> list[tuple[int, An
             raise DatasetError(f"{p}: cannot read as Parquet ({type(e).__name__}: {e})") from None
         return list(enumerate(table.to_pylist(), 1))
     if kind == "csv":
-        with open(p, newline="", encoding="utf-8") as fh:
-            return list(enumerate(csv.DictReader(fh), 1))
+        return _read_csv(p)
     try:
         import datasets
     except ImportError:
@@ -110,6 +190,10 @@ def _read_rows(p: Path, split: str, plain_ok: bool = True) -> list[tuple[int, An
 
 def _prompt_key(prompt: Any) -> str:
     return json.dumps(prompt, sort_keys=True, ensure_ascii=False) if not isinstance(prompt, str) else prompt
+
+
+def _strip(prompt: Any) -> Any:
+    return prompt.strip() if isinstance(prompt, str) else prompt
 
 
 def _rank(prompt: Any) -> bytes:
@@ -133,6 +217,7 @@ class DatasetEnv:
     fine when this is left at its default; a key you set must exist in every row."""
     name: str = "dataset"
     _cache: dict[str, list[Task]] = field(default_factory=dict, init=False, repr=False)
+    _overlap_checked: bool = field(default=False, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.path, str) or not self.path:
@@ -183,6 +268,9 @@ class DatasetEnv:
                 answer = rec[self.answer_key]
             elif self._answer_required:
                 raise DatasetError(f"{where}: no {self.answer_key!r} column (the answer_key)")
+            if non_finite(answer):
+                raise DatasetError(f"{where}: the answer ({self.answer_key!r}) is {answer!r}, not a finite value (a "
+                                   "missing value written as NaN?); fill it in or drop the row")
         metadata = {k: v for k, v in rec.items() if k != self.prompt_key}
         return Task(id=f"{self.name}/{role}/{src.name}:{rowno}", prompt=prompt, answer=answer, metadata=metadata)
 
@@ -230,7 +318,25 @@ class DatasetEnv:
         if not out:
             raise DatasetError(f"dataset split {split!r} of {self.test_path if split == 'test' and self.test_path else self.path} is empty")
         self._cache[split] = out
+        self._warn_overlap()
         return out
+
+    def _warn_overlap(self) -> None:
+        """Once both splits are loaded from separate sources: a DatasetOverlapWarning naming how many held-out
+        prompts also appear in training (a `test_size` split never shares a prompt, so it is not checked)."""
+        if self._overlap_checked or "train" not in self._cache or "test" not in self._cache or self.test_size is not None:
+            return
+        self._overlap_checked = True
+        train = {_prompt_key(_strip(t.prompt)) for t in self._cache["train"]}
+        test = self._cache["test"]
+        shared = sum(_prompt_key(_strip(t.prompt)) in train for t in test)
+        if not shared:
+            return
+        src = self.test_path or f"the 'test' split of {self.path}"
+        what = ("every held-out prompt is also a training prompt (is the test set the training set?)"
+                if shared == len(test) else f"{shared} of {len(test)} held-out prompts also appear in the training data")
+        warnings.warn(f"dataset {src}: {what}; held-out accuracy on them measures memory, not generalisation",
+                      DatasetOverlapWarning, stacklevel=4)
 
     def load(self, split: str = "train", n: int | None = None, seed: int = 0) -> list[Task]:
         """All of `split` in file order, or `n` of them in a seed-determined order."""

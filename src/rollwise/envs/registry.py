@@ -8,6 +8,8 @@ as is. Reward functions load the same way (`load_reward_fn`) and `with_reward` p
 
 from __future__ import annotations
 
+import difflib
+import inspect
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -40,18 +42,57 @@ def list_envs() -> list[str]:
     return sorted(set(BUILTIN_ENVS) | set(_REGISTRY))
 
 
+class EnvSpecError(TypeError, ValueError):
+    """An environment name, factory or argument that cannot work. A TypeError, as Python's own call would raise,
+    and a ValueError: a bad config value, reported by the CLI as one line."""
+
+
 def _check_env(env: Any, name: str) -> Environment:
     missing = [m for m in ("name", "load", "score") if not hasattr(env, m)]
     if missing:
-        raise TypeError(f"environment {name!r} lacks {', '.join(missing)} (see rollwise.envs.base.Environment)")
+        raise EnvSpecError(f"environment {name!r} lacks {', '.join(missing)} (see rollwise.envs.base.Environment)")
     return env
 
 
+def check_kwargs(factory: Callable[..., Any], name: str, kwargs: dict[str, Any]) -> None:
+    """EnvSpecError, one line, when `factory(**kwargs)` could not bind: the first unknown argument (with the
+    closest real one, e.g. 'digitz' -> 'digits') or a missing required one. Read from the factory's signature,
+    so nothing is constructed; a factory taking **kwargs accepts any name."""
+    try:
+        params = inspect.signature(factory).parameters
+    except (TypeError, ValueError):  # a builtin or C callable without a signature: left to the call itself
+        return
+    named = [n for n, p in params.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    head = f"environment {name!r}: cannot construct it with arguments {sorted(kwargs)}"
+    if not any(p.kind == p.VAR_KEYWORD for p in params.values()):
+        for key in kwargs:
+            if key not in named:
+                near = difflib.get_close_matches(str(key), named, n=1, cutoff=0.6)
+                hint = f" (did you mean env.kwargs.{near[0]}?)" if near else ""
+                takes = ", ".join(named) if named else "none"
+                raise EnvSpecError(f"{head}: unknown env.kwargs.{key}{hint}; its arguments: {takes}")
+    missing = [n for n in named if params[n].default is inspect.Parameter.empty and n not in kwargs]
+    if missing:
+        raise EnvSpecError(f"{head}: it needs env.kwargs.{missing[0]}"
+                           + (f" (and {', '.join(missing[1:])})" if len(missing) > 1 else ""))
+
+
+def factory_of(name: str) -> Callable[..., Any] | None:
+    """The factory a built-in or registered name stands for (imports only that environment's module), or None
+    for anything else ("module:attr" user code, an unknown name)."""
+    if name in _REGISTRY:
+        return _REGISTRY[name]
+    if name in BUILTIN_ENVS:
+        return load_object(BUILTIN_ENVS[name])
+    return None
+
+
 def _construct(factory: Callable[..., Any], name: str, kwargs: dict[str, Any]) -> Environment:
+    check_kwargs(factory, name, kwargs)
     try:
         env = factory(**kwargs)
-    except TypeError as e:  # wrong keyword arguments, or not a factory at all
-        raise TypeError(f"environment {name!r}: cannot construct it with arguments {sorted(kwargs)}: {e}") from None
+    except TypeError as e:  # a value of the wrong type, or not a factory at all
+        raise EnvSpecError(f"environment {name!r}: cannot construct it with arguments {sorted(kwargs)}: {e}") from e
     return _check_env(env, name)
 
 
@@ -66,16 +107,22 @@ def get_env(name: str, **kwargs: Any) -> Environment:
         if isinstance(obj, type) or (callable(obj) and not hasattr(obj, "score")):
             return _construct(obj, name, kwargs)
         if kwargs:
-            raise ValueError(f"{name!r} is an environment instance; it takes no arguments, got {sorted(kwargs)}")
+            raise EnvSpecError(f"{name!r} is an environment instance; it takes no arguments, got {sorted(kwargs)}")
         return _check_env(obj, name)
-    raise ValueError(f"unknown environment {name!r}; known: {', '.join(list_envs())}, or 'module:attr' / 'file.py:attr'")
+    raise ValueError(unknown_env_message(name))
+
+
+def unknown_env_message(name: str) -> str:
+    near = difflib.get_close_matches(name, list_envs(), n=1, cutoff=0.6)
+    hint = f" (did you mean {near[0]!r}?)" if near else ""
+    return f"unknown environment {name!r}{hint}; known: {', '.join(list_envs())}, or 'module:attr' / 'file.py:attr'"
 
 
 def load_reward_fn(spec: str) -> Callable[[Task, str], Any]:
     """A user reward function `fn(task, completion) -> Score | float` named by "module:attr" / "file.py:attr"."""
     fn = load_object(spec)
     if not callable(fn):
-        raise TypeError(f"reward function {spec!r} is a {type(fn).__name__}, not callable")
+        raise EnvSpecError(f"reward function {spec!r} is a {type(fn).__name__}, not callable")
     return fn
 
 

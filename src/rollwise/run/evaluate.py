@@ -36,7 +36,32 @@ def evaluate(engine: Any, encode: Callable[[Task], list[int]], env: Any, tasks: 
              pass_threshold: float = 1.0, episodes: Any = None) -> dict[str, float]:
     """Held-out accuracy (pass rate) and mean reward, sampled at `temperature` and greedy, as ACCURACY_METHOD
     describes. `episodes`: a multi-turn runner (`control.base.EpisodeRunner`) for multi-turn environments."""
+    return evaluate_detailed(engine, encode, env, tasks, temperature=temperature, samples=samples, max_tokens=max_tokens,
+                             seed=seed, score_workers=score_workers, scorer=scorer, stop_token_ids=stop_token_ids,
+                             pass_threshold=pass_threshold, episodes=episodes).metrics
+
+
+@dataclasses.dataclass
+class EvalResult:
+    """`evaluate`'s metrics, and what errored: enough for `rollwise eval` to say why, not just how many."""
+
+    metrics: dict[str, float]
+    """n, accuracy, reward_mean, errored (a count of samples), and the same with the suffix _greedy."""
+    samples: dict[str, int]
+    """Samples scored per mode ('' sampled, '_greedy')."""
+    errors: dict[str, list[tuple[str, str]]]
+    """Per mode: (task id, error) of each errored sample, in task order."""
+
+
+def evaluate_detailed(engine: Any, encode: Callable[[Task], list[int]], env: Any, tasks: Sequence[Task], *,
+                      temperature: float, samples: int, max_tokens: int, seed: int, score_workers: int = 8,
+                      scorer: Callable[[list[Any]], list[Score]] | None = None,
+                      stop_token_ids: list[int] | None = None, pass_threshold: float = 1.0,
+                      episodes: Any = None) -> EvalResult:
+    """`evaluate`, also returning the errored samples' task ids and errors."""
     res: dict[str, float] = {"n": float(len(tasks))}
+    counts: dict[str, int] = {}
+    errors: dict[str, list[tuple[str, str]]] = {}
     modes = [("", SamplingParams(n=samples, temperature=temperature, max_tokens=max_tokens, seed=seed,
                                  stop_token_ids=stop_token_ids or None)),
              ("_greedy", SamplingParams(n=1, temperature=0.0, max_tokens=max_tokens, seed=seed,
@@ -46,13 +71,17 @@ def evaluate(engine: Any, encode: Callable[[Task], list[int]], env: Any, tasks: 
         if episodes is not None:
             eps = episodes.run(engine, list(tasks), plist)
             scores = [ep.score for ep in eps]
+            ids = [t.id for t in tasks]
         else:
             outs = engine.generate([encode(t) for t in tasks], plist)
             items = [(t, o.text, list(o.token_ids)) for t, r in zip(tasks, outs) for o in r.outputs]
             scores = scorer(items) if scorer is not None else score_many(env, items, max_workers=score_workers)
+            ids = [t.id for t, _, _ in items]
         n = max(len(scores), 1)
         valued = [s.value for s in scores if s.error is None]
         res["accuracy" + suffix] = sum(is_correct(s, pass_threshold) for s in scores) / n
         res["reward_mean" + suffix] = sum(valued) / len(valued) if valued else 0.0
         res["errored" + suffix] = float(sum(s.error is not None for s in scores))
-    return res
+        counts[suffix] = len(scores)
+        errors[suffix] = [(tid, str(s.error)) for tid, s in zip(ids, scores) if s.error is not None]
+    return EvalResult(res, counts, errors)

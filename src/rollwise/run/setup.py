@@ -359,6 +359,10 @@ def build_run(cfg: RunConfig, log: Log) -> RunParts:
             if callable(getattr(parts.engine, name, None)):
                 parts.closers.append(getattr(parts.engine, name))
                 break
+        from rollwise.run.prompt_fit import check_prompts_fit, engine_context
+
+        # A prompt the model's context cannot hold fails here naming its row, not at the first request.
+        check_prompts_fit(train_tasks + eval_tasks, parts.encode, engine_context(parts.engine) or cfg.engine.max_model_len)
         parts.scorer, sc = make_scorer(cfg, env)
         if sc is not None:
             parts.closers.append(sc.shutdown)
