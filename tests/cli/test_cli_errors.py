@@ -293,7 +293,7 @@ def test_warnings_print_as_one_line(monkeypatch, capsys):
     import rollwise.cli.report as report_cmd
 
     def warns(args):
-        warnings.warn("first line\nsecond line", UserWarning)
+        warnings.warn("first line\nsecond line", UserWarning, stacklevel=2)
         return 0
 
     monkeypatch.setattr(report_cmd, "run", warns)

@@ -139,6 +139,9 @@ class HttpClient:
                 self._drop()
                 if (dog is not None and dog.fired) or isinstance(e, (socket.timeout, TimeoutError)):
                     raise RemoteEngineError(f"{what}: timed out after {deadline_s:g}s (total deadline)") from None
+                if isinstance(e, http.client.HTTPException):
+                    raise RemoteEngineError(f"{what}: the server does not speak HTTP ({type(e).__name__}: "
+                                            f"{str(e)[:80]!r})") from None
                 raise RemoteEngineError(f"{what}: cannot connect ({e})") from None
             finally:
                 if dog is not None:
