@@ -9,10 +9,10 @@ full route (pause -> safetensors -> rollwise_load_weights -> reset prefix cache 
 the sync check's probe (reported separately). Medians and spreads (min-max) over `--repeats`.
 
 vLLM runs as a server (rollwise launches it, as `engine.vllm.launch` does) with `--threads` OpenMP threads; rollwise's
-engine runs in this process with the same torch thread count. While rollwise generates, the idle vLLM server
-still holds its threads (busy-polling is measured and reported as `vllm_idle_cpu_frac`).
+engine runs in this process with the same torch thread count. The idle server's CPU use while rollwise generates
+is measured (`*_vllm_idle_cpu_frac`: 0 means it does not compete).
 
-    python bench/vllm_rollout.py [--vllm-python .venv-vllm/bin/python] [--repeats 5] [--threads 2] [--ignore-eos]
+    python bench/vllm_rollout.py [--vllm-python .venv-vllm/bin/python] [--repeats 5] [--threads 2] [--modes equal,recipe]
                                  [--json bench/results-vllm-rollout.json]
 """
 
@@ -56,7 +56,8 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--samples", type=int, default=8)
     ap.add_argument("--max-tokens", type=int, default=32)
-    ap.add_argument("--ignore-eos", action="store_true")
+    ap.add_argument("--modes", default="equal,recipe",
+                    help="equal: every sample max_tokens long (no stop tokens); recipe: stop at EOS / end-of-turn")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
 
@@ -103,22 +104,25 @@ def main() -> None:
     probe = _Probe()
     check = SyncCheck(prompts[:2], temperature=1.0)
     rows: list[dict] = []
+    modes = [m for m in a.modes.split(",") if m]
     for r in range(a.repeats):
-        sp = SamplingParams(n=a.samples, temperature=1.0, max_tokens=a.max_tokens, seed=1000 + r,
-                            stop_token_ids=stops, ignore_eos=a.ignore_eos)
         rec: dict = {"repeat": r}
-        order = ["local", "vllm"] if r % 2 == 0 else ["vllm", "local"]
-        for name in order:
-            eng = local if name == "local" else vllm
-            c0 = cpu_seconds(server_pid)
-            t = time.perf_counter()
-            outs = eng.generate(prompts, sp)
-            dt = time.perf_counter() - t
-            toks = sum(len(o.token_ids) for q in outs for o in q.outputs)
-            rec[f"{name}_gen_s"], rec[f"{name}_tokens"] = dt, toks
-            rec[f"{name}_tok_s"] = toks / dt
-            if name == "local":
-                rec["vllm_idle_cpu_frac"] = (cpu_seconds(server_pid) - c0) / dt / a.threads
+        for mode in modes:
+            equal = mode == "equal"
+            sp = SamplingParams(n=a.samples, temperature=1.0, max_tokens=a.max_tokens, seed=1000 + r,
+                                stop_token_ids=None if equal else stops, ignore_eos=equal)
+            order = ["local", "vllm"] if r % 2 == 0 else ["vllm", "local"]
+            for name in order:
+                eng = local if name == "local" else vllm
+                c0 = cpu_seconds(server_pid)
+                t = time.perf_counter()
+                outs = eng.generate(prompts, sp)
+                dt = time.perf_counter() - t
+                toks = sum(len(o.token_ids) for q in outs for o in q.outputs)
+                rec[f"{mode}_{name}_gen_s"], rec[f"{mode}_{name}_tokens"] = dt, toks
+                rec[f"{mode}_{name}_tok_s"] = toks / dt
+                if name == "local":
+                    rec[f"{mode}_vllm_idle_cpu_frac"] = (cpu_seconds(server_pid) - c0) / dt / a.threads
         # A new version: perturbed weights, so each sync changes the model (and the check can tell).
         g = torch.Generator().manual_seed(r)
         state = {k: (v + torch.randn(v.shape, generator=g) * 1e-3) for k, v in base.items()}
@@ -147,16 +151,21 @@ def main() -> None:
         xs = [x[key] for x in rows]
         return {"median": statistics.median(xs), "min": min(xs), "max": max(xs)}
 
-    ratios = [x["local_gen_s"] / x["vllm_gen_s"] for x in rows]
-    res = {
-        "workload": {"prompts": a.prompts, "samples": a.samples, "max_tokens": a.max_tokens, "ignore_eos": a.ignore_eos,
+    res: dict = {
+        "workload": {"prompts": a.prompts, "samples": a.samples, "max_tokens": a.max_tokens, "modes": modes,
                      "threads": a.threads, "model": "SmolLM2-135M-Instruct float32", "repeats": a.repeats},
         "vllm_start_s": start_s,
-        **{k: stat(k) for k in ("local_gen_s", "vllm_gen_s", "local_tok_s", "vllm_tok_s", "local_sync_s",
-                                "vllm_sync_s", "vllm_check_s", "vllm_sync_gap", "vllm_idle_cpu_frac")},
-        "gen_time_ratio_local_over_vllm": {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios)},
+        **{k: stat(k) for k in ("local_sync_s", "vllm_sync_s", "vllm_check_s", "vllm_sync_gap")},
         "rows": rows, "host_load_1m": os.getloadavg()[0],
     }
+    for mode in modes:
+        for k in ("local_gen_s", "vllm_gen_s", "local_tok_s", "vllm_tok_s", "vllm_idle_cpu_frac"):
+            res[f"{mode}_{k}"] = stat(f"{mode}_{k}")
+        ratios = [x[f"{mode}_local_gen_s"] / x[f"{mode}_vllm_gen_s"] for x in rows]
+        tps = [x[f"{mode}_vllm_tok_s"] / x[f"{mode}_local_tok_s"] for x in rows]
+        res[f"{mode}_time_ratio_local_over_vllm"] = {"median": statistics.median(ratios), "min": min(ratios),
+                                                     "max": max(ratios)}
+        res[f"{mode}_tok_s_ratio_vllm_over_local"] = {"median": statistics.median(tps), "min": min(tps), "max": max(tps)}
     print(json.dumps({k: v for k, v in res.items() if k != "rows"}, indent=1))
     if a.json:
         Path(a.json).write_text(json.dumps(res, indent=1))
