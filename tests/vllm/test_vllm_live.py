@@ -3,7 +3,9 @@
 Each run is 3 steps, so rollouts are sampled at versions 0, 1 and 2 and the weights are synced three times; after
 every sync (the last included) the run's sync check compares vLLM's log-probs of fixed prompts with the trainer's
 current weights and stops the run above 1e-3, so a finished run with its logged gaps is the proof that every
-sync landed. One run starts its own server (`engine.vllm.launch`), the others share one server started here.
+sync landed. One run starts its own server (`engine.vllm.launch`, torch.compile on, as users run it); the policy
+runs share one server started here and the LoRA run starts another, both with --enforce-eager (no compile: a
+faster start; the weight-reload path is the same).
 
 The venv: `make vllm-venv` (what `make test` runs) puts it at .venv-vllm; ROLLWISE_VLLM_PYTHON overrides. Without
 it the tier skips with the reason, unless ROLLWISE_REQUIRE_VLLM=1 (set by `make test`), when it fails.
@@ -66,7 +68,7 @@ def server(vllm_python, smollm2_dir, tmp_path_factory):
     logs = tmp_path_factory.mktemp("vllm-logs")
     servers = VLLMServers([VLLMLaunchSpec(python=vllm_python, model=str(smollm2_dir), port=free_port("127.0.0.1", 8300),
                                           dtype="float32", max_model_len=1024, kv_cache_gb=1.0,
-                                          log_path=str(logs / "server.log"))])
+                                          log_path=str(logs / "server.log"), args=("--enforce-eager",))])
     servers.start(timeout_s=900)
     yield servers.urls[0]
     servers.stop()
@@ -146,6 +148,7 @@ def test_lora_adapters_reach_a_vllm_with_lora_on(vllm_python, smollm2_dir, data,
     summary = train(_cfg(smollm2_dir, data, out, "engine.vllm.launch=true", f"engine.vllm.python={vllm_python}",
                          "engine.vllm.kv_cache_gb=1", "engine.vllm.max_model_len=1024", "engine.vllm.dtype=float32",
                          "engine.vllm.lora_adapters=true", "train.lora.enabled=true", "train.lora.r=8",
+                         "engine.vllm.args=[--enforce-eager]",
                          "train.lr=1e-3"),
                     log=print)
     _check_run(out, summary, _stop_ids(smollm2_dir))
