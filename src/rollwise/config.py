@@ -20,6 +20,7 @@ registered names (advantages, losses) are spelled as Literals, kept in sync with
 from __future__ import annotations
 
 import copy
+from collections.abc import Mapping
 import difflib
 import hashlib
 import json
@@ -795,18 +796,20 @@ RESUME_MAY_DIFFER: tuple[str, ...] = (
 )
 
 
+def config_leaves(d: Any, prefix: str = "") -> dict[str, Any]:
+    """A config dump (`model_dump(mode='json')`, nested mappings) as {dotted key: leaf value}."""
+    if isinstance(d, Mapping):
+        out: dict[str, Any] = {}
+        for k, v in d.items():
+            out.update(config_leaves(v, f"{prefix}{k}."))
+        return out
+    return {prefix[:-1]: d}
+
+
 def resume_conflicts(saved: RunConfig, given: RunConfig) -> list[str]:
     """Dotted keys whose values differ between a run's saved config and the one given to resume it, leaving out
     `RESUME_MAY_DIFFER`; each as "key: saved -> given"."""
-    def leaves(d: Any, prefix: str = "") -> dict[str, Any]:
-        if isinstance(d, dict):
-            out: dict[str, Any] = {}
-            for k, v in d.items():
-                out.update(leaves(v, f"{prefix}{k}."))
-            return out
-        return {prefix[:-1]: d}
-
-    a, b = leaves(saved.model_dump(mode="json")), leaves(given.model_dump(mode="json"))
+    a, b = config_leaves(saved.model_dump(mode="json")), config_leaves(given.model_dump(mode="json"))
     free = RESUME_MAY_DIFFER
     diffs = []
     for k in sorted(set(a) | set(b)):

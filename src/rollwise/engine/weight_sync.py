@@ -120,13 +120,17 @@ class _DirSync:
         self._root = Path(tempfile.mkdtemp(prefix="rollwise-weights-", dir=base))
         self._last: Path | None = None
 
-    def push(self, http: HttpClient, tensors: Mapping[str, Any], version: int, deadline_s: float) -> SyncReport:
+    def _write(self, d: Path, tensors: Mapping[str, Any]) -> None:
+        """What the server will read from folder `d`: the weights as one safetensors file."""
         from safetensors.torch import save_file
 
+        save_file(cpu_tensors(tensors), str(d / "model.safetensors"))
+
+    def push(self, http: HttpClient, tensors: Mapping[str, Any], version: int, deadline_s: float) -> SyncReport:
         t0 = time.perf_counter()
         d = self._root / f"v{version}-{time.monotonic_ns()}"
         d.mkdir()
-        save_file(cpu_tensors(tensors), str(d / "model.safetensors"))
+        self._write(d, tensors)
         write_s = time.perf_counter() - t0
         try:
             rep = self.push_dir(http, str(d), version, deadline_s)
@@ -230,25 +234,11 @@ class VLLMLoraSync(_DirSync):
     def bind_trainer(self, trainer: Any) -> None:
         self.write_adapter = trainer.save_adapter
 
-    def push(self, http: HttpClient, tensors: Mapping[str, Any], version: int, deadline_s: float) -> SyncReport:
+    def _write(self, d: Path, tensors: Mapping[str, Any]) -> None:
+        """The trainer's adapter, not the merged `tensors` it was handed."""
         if self.write_adapter is None:
             raise RemoteEngineError("LoRA adapter sync has no trainer to take the adapter from (bind_trainer)")
-        t0 = time.perf_counter()
-        d = self._root / f"v{version}-{time.monotonic_ns()}"
-        d.mkdir()
         self.write_adapter(str(d))
-        write_s = time.perf_counter() - t0
-        try:
-            rep = self.push_dir(http, str(d), version, deadline_s)
-        except BaseException:
-            shutil.rmtree(d, ignore_errors=True)
-            raise
-        if self._last is not None:
-            shutil.rmtree(self._last, ignore_errors=True)
-        self._last = d
-        rep.detail["write_s"] = write_s
-        rep.seconds = time.perf_counter() - t0
-        return rep
 
     def push_dir(self, http: HttpClient, path: str, version: int, deadline_s: float) -> SyncReport:
         t0 = time.perf_counter()

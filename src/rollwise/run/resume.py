@@ -107,21 +107,12 @@ def set_rng_state(state: Mapping[str, Any]) -> None:
 # ------------------------------------------------------------------------------------------------- config
 
 
-def _leaves(d: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(d, Mapping):
-        out: dict[str, Any] = {}
-        for k, v in d.items():
-            out.update(_leaves(v, f"{prefix}{k}."))
-        return out
-    return {prefix[:-1]: d}
-
-
 def config_diffs(saved: Mapping[str, Any], given: Mapping[str, Any], *, harmless: bool = False) -> list[str]:
     """"key: saved -> given" for each dotted key that differs between two config dumps (`model_dump(mode='json')`).
     harmless=False: only keys that change results; True: only those in `config.RESUME_MAY_DIFFER`."""
-    from rollwise.config import RESUME_MAY_DIFFER
+    from rollwise.config import RESUME_MAY_DIFFER, config_leaves
 
-    a, b = _leaves(saved), _leaves(given)
+    a, b = config_leaves(saved), config_leaves(given)
     out = []
     for k in sorted(set(a) | set(b)):
         free = any(k == f or k.startswith(f + ".") for f in RESUME_MAY_DIFFER)
