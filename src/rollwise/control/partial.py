@@ -71,6 +71,10 @@ class PartialRolloutPolicy:
             got = drv.abort(rid)
             if got is not None:
                 ctx.place(by_id[got[0].group_id], *got)
+        # NOTE: a streaming (remote) engine may finish a request between the last step and its abort; such a group
+        # is complete now and is returned with this step rather than carried with nothing left to generate.
+        done_ids = {g.group_id for g in complete}
+        complete += [g for g in groups if g.group_id not in done_ids and _complete(g)]
         done_ids = {g.group_id for g in complete}
         self.carry = [g for g in groups if g.group_id not in done_ids]
         ctx.acc.carried_out_tokens = _tokens(self.carry)
