@@ -3,9 +3,8 @@
 Each run is 3 steps, so rollouts are sampled at versions 0, 1 and 2 and the weights are synced three times; after
 every sync (the last included) the run's sync check compares vLLM's log-probs of fixed prompts with the trainer's
 current weights and stops the run above 1e-3, so a finished run with its logged gaps is the proof that every
-sync landed. One run starts its own server (`engine.vllm.launch`, torch.compile on, as users run it); the policy
-runs share one server started here and the LoRA run starts another, both with --enforce-eager (no compile: a
-faster start; the weight-reload path is the same).
+sync landed. One run starts its own server (`engine.vllm.launch`, torch.compile on, as users run it); the LoRA run
+and the policy runs share one server started here with LoRA on and --enforce-eager (no compile: a faster start).
 
 The venv: `make vllm-venv` (what `make test` runs) puts it at .venv-vllm; ROLLWISE_VLLM_PYTHON overrides. Without
 it the tier skips with the reason, unless ROLLWISE_REQUIRE_VLLM=1 (set by `make test`), when it fails.
@@ -68,7 +67,9 @@ def server(vllm_python, smollm2_dir, tmp_path_factory):
     logs = tmp_path_factory.mktemp("vllm-logs")
     servers = VLLMServers([VLLMLaunchSpec(python=vllm_python, model=str(smollm2_dir), port=free_port("127.0.0.1", 8300),
                                           dtype="float32", max_model_len=1024, kv_cache_gb=1.0,
-                                          log_path=str(logs / "server.log"), args=("--enforce-eager",))])
+                                          log_path=str(logs / "server.log"),
+                                          args=("--enforce-eager", "--enable-lora", "--max-lora-rank", "16",
+                                                "--max-loras", "1"))])
     servers.start(timeout_s=900)
     yield servers.urls[0]
     servers.stop()
@@ -127,6 +128,15 @@ def test_uniform_through_a_vllm_rollwise_launches(vllm_python, smollm2_dir, data
     assert (out / "vllm" / "server-0.log").is_file()
 
 
+def test_lora_adapters_reach_a_vllm_with_lora_on(server, smollm2_dir, data, tmp_path):
+    # The adapter, not the merged model, goes to the server each sync; the sync check proves it landed. First on
+    # the shared server (LoRA on), whose base weights are still the checkpoint's.
+    out = tmp_path / "lora"
+    summary = train(_cfg(smollm2_dir, data, out, f"engine.remote_urls=[{server}]", "engine.vllm.lora_adapters=true",
+                         "train.lora.enabled=true", "train.lora.r=8", "train.lr=1e-3"), log=print)
+    _check_run(out, summary, _stop_ids(smollm2_dir))
+
+
 @pytest.mark.parametrize("policy", [
     ["control.policy=dynamic", "control.max_rounds=2", "control.async_staleness=1", "algo.tis_cap=2.0"],
     ["control.policy=early_stop", "control.confidence=0.6"],
@@ -142,14 +152,3 @@ def test_policies_on_a_shared_vllm(policy, server, smollm2_dir, data, tmp_path):
         assert sum(m["control_generated_tokens"] for m in lines) > 0
         assert c["total"] == sum(c[s] for s in ("kept", "filtered", "errored", "truncated", "aborted"))
 
-
-def test_lora_adapters_reach_a_vllm_with_lora_on(vllm_python, smollm2_dir, data, tmp_path):
-    # The adapter, not the merged model, goes to the server each sync; the sync check proves it landed.
-    out = tmp_path / "lora"
-    summary = train(_cfg(smollm2_dir, data, out, "engine.vllm.launch=true", f"engine.vllm.python={vllm_python}",
-                         "engine.vllm.kv_cache_gb=1", "engine.vllm.max_model_len=1024", "engine.vllm.dtype=float32",
-                         "engine.vllm.lora_adapters=true", "train.lora.enabled=true", "train.lora.r=8",
-                         "engine.vllm.args=[--enforce-eager]",
-                         "train.lr=1e-3"),
-                    log=print)
-    _check_run(out, summary, _stop_ids(smollm2_dir))
