@@ -13,8 +13,9 @@ The controller runs every step of every loop (uniform is the default policy), on
   sample's index), or one request per sample where a policy must see, score or abort each on its own
   (early_stop) or where per-sample params are set; the driver measures how much of the engine's batch sits
   empty while the long tail finishes;
-- batch-only (`generate`: `RemoteEngine`, `MultiEngine`, `RayEngines`): whole batches, no per-sample control
-  (uniform, dynamic and adaptive work; the config refuses early_stop and partial for those backends).
+- batch (`generate`: `RemoteEngine`, `MultiEngine`, `RayEngines`): whole batches. Remote engines also offer the
+  step-level interface over streaming requests (`stepwise()`), opened only when a policy submits (early_stop,
+  partial); Ray engine actors do not, and the config refuses those two policies there.
 
 Every sample becomes a `Rollout` through one function, `make_rollout`, which decides its status.
 

@@ -40,7 +40,7 @@ class EarlyStopPolicy:
             raise ValueError("control.policy=early_stop works on single-turn environments only: episodes of a multi-turn "
                              "environment are not aborted or carried mid-way")
         if not drv.stepwise:
-            raise ValueError("control.policy=early_stop needs a step-level engine (the in-process engine)")
+            raise ValueError("control.policy=early_stop needs a step-level engine (the in-process engine or a remote server)")
         groups = [ctx.new_group(t, ctx.group_size) for t in ctx.take(ctx.batch_groups)]
         by_id = {g.group_id: g for g in groups}
         # NOTE: one request per sample (n=1), so each is seen, scored and abortable on its own.

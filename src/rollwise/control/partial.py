@@ -45,7 +45,7 @@ class PartialRolloutPolicy:
             raise ValueError("control.policy=partial works on single-turn environments only: episodes of a multi-turn "
                              "environment are not aborted or carried mid-way")
         if not drv.stepwise:
-            raise ValueError("control.policy=partial needs a step-level engine (the in-process engine)")
+            raise ValueError("control.policy=partial needs a step-level engine (the in-process engine or a remote server)")
         ctx.acc.carried_in_tokens = _tokens(self.carry)
         want = math.ceil(ctx.batch_groups * (1.0 + self.over_provision))
         groups = self.carry + [ctx.new_group(t, ctx.group_size) for t in ctx.take(max(0, want - len(self.carry)))]
