@@ -94,8 +94,8 @@ class FakeServer:
                 if base in ("/pause", "/resume", "/reset_prefix_cache", "/flush_cache", "/update_weights_from_disk"):
                     return self._send(200, {"status": "ok", "success": True})
                 if base == "/collective_rpc":
-                    if body.get("method") == "rollwise_weight_fingerprint":
-                        return self._send(200, {"results": [{"sum": 1.0, "sumsq": 1.0}]})
+                    if body.get("method") == "rollwise_extension_version":
+                        return self._send(200, {"results": [{"version": 1}]})
                     if body.get("method") == "rollwise_load_weights":
                         return self._send(200, {"results": [{"loaded": 3, "reprocessed": ["lm_head"], "seconds": 0.1}]})
                     return self._send(200, {"results": [None]})

@@ -29,7 +29,7 @@ def test_vllm_sync_is_pause_load_reset_version_resume(tmp_path):
             d = body["kwargs"]["path"]
             seen["tensors"] = load_file(os.path.join(d, "model.safetensors"))
             return 200, {"results": [{"loaded": len(seen["tensors"]), "reprocessed": ["lm_head"]}]}
-        return 200, {"results": [{"sum": 0.0}]}
+        return 200, {"results": [{"version": 1}]}
 
     srv = FakeServer(routes={"/collective_rpc": load}).start()
     try:
@@ -50,8 +50,8 @@ def test_vllm_sync_is_pause_load_reset_version_resume(tmp_path):
 
 def test_vllm_without_the_extension_falls_back_to_reload_weights(tmp_path):
     def rpc(path, body):
-        if body["method"] == "rollwise_weight_fingerprint":
-            return 500, {"error": "AttributeError: no method rollwise_weight_fingerprint"}
+        if body["method"] == "rollwise_extension_version":
+            return 500, {"error": "AttributeError: no method rollwise_extension_version"}
         return 200, {"results": [None]}
 
     srv = FakeServer(routes={"/collective_rpc": rpc}).start()

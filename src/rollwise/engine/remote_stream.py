@@ -11,9 +11,9 @@ prompt, for the tokens it has left: its earlier tokens keep their log-probs and 
 get the version now loaded. A resumed sample's draws come from a seed derived from the request's seed, the sample
 and its length, so a resume is reproducible, though not the same draws as an uninterrupted sample.
 
-NOTE on weight versions: a streamed token records the version this client had loaded when its request started;
-`load_weights` between steps is safe (the loop aborts or finishes everything first), and loading while requests
-stream is refused, because their tokens' versions could then not be told apart.
+NOTE on weight versions: a streamed token records the version this client had loaded when its request started.
+The loop loads weights only between steps, after the policy has finished or aborted every request, so no request
+streams across a load (its tokens' versions could then not be told apart).
 
 Deliberately left out: speculative drafts (`drafts=` is refused: the HTTP API cannot verify them).
 """
@@ -75,10 +75,6 @@ class RemoteStepEngine:
     @property
     def weight_version(self) -> int:
         return self.remote.weight_version
-
-    @property
-    def tokenizer(self) -> Any:
-        return self.remote.tokenizer
 
     @property
     def num_unfinished_seqs(self) -> int:
@@ -160,11 +156,6 @@ class RemoteStepEngine:
             if o.finish_reason is None:
                 o.finish_reason = "abort"
         return out
-
-    def load_weights(self, state: Any, version: int | None = None) -> int:
-        if self.has_unfinished():
-            raise RuntimeError("load_weights while remote requests stream: their tokens' versions would be unknown")
-        return self.remote.load_weights(state, version)
 
     # ------------------------------------------------------------------ streams
     def _start(self, req: _Req, sample_ids: list[int], prompt: list[int], sp: SamplingParams) -> None:

@@ -19,6 +19,7 @@ Deliberately left out: retries (a failed sync fails the run loudly: training on 
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
@@ -82,7 +83,7 @@ class RollwiseServeSync:
 
     def push_dir(self, http: HttpClient, path: str, version: int, deadline_s: float) -> SyncReport:
         t0 = time.perf_counter()
-        r = http.request("POST", self.route, _json_bytes({"path": path, "weight_version": version}),
+        r = http.request("POST", self.route, json.dumps({"path": path, "weight_version": version}).encode(),
                          deadline_s=deadline_s)
         return self._check(http, r.status, r.json(), r.body, version, t0)
 
@@ -99,12 +100,6 @@ class RollwiseServeSync:
 
     def close(self) -> None:
         """Nothing on disk."""
-
-
-def _json_bytes(obj: Any) -> bytes:
-    import json
-
-    return json.dumps(obj).encode()
 
 
 class _DirSync:
@@ -176,7 +171,7 @@ class VLLMSync(_DirSync):
     def _has_extension(self, http: HttpClient, deadline_s: float) -> bool:
         if self.extension is None:
             try:
-                http.json("POST", self.route, {"method": "rollwise_weight_fingerprint"}, deadline_s=deadline_s)
+                http.json("POST", self.route, {"method": "rollwise_extension_version"}, deadline_s=deadline_s)
                 self.extension = True
             except RemoteEngineError as e:
                 if "404" in str(e):
