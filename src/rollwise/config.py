@@ -419,6 +419,16 @@ class TrainConfig(_Section):
     """Recompute activations in backward to save memory."""
     bf16: bool = True
     """bf16 autocast for the training forward on CUDA (ignored on CPU, where float32 is faster)."""
+    world_size: int = Field(1, ge=1)
+    """Data-parallel trainer ranks (torch.distributed: gloo on CPU, NCCL on CUDA). 1 = the trainer runs in the
+    driver process; N > 1 = N rank processes (Ray actors with engine.backend 'ray'), each training on its share of
+    every mini-batch, with the same update as one rank (docs/distributed.md)."""
+    parallel: Literal["auto", "ddp", "fsdp2"] = "auto"
+    """How ranks share an update: 'ddp' (whole replicas, gradients summed), 'fsdp2' (parameters, gradients and
+    optimiser state sharded: `fully_shard`), 'auto' (fsdp2 on CUDA, ddp on CPU). Ignored at world_size 1."""
+    max_restarts: int = Field(3, ge=0)
+    """Times a run restarts a trainer whose process (or a rank or Ray actor of it) died: from the last checkpoint,
+    re-training the steps since from the stored rollouts. 0 = the run stops with one line (resume it later)."""
 
     @field_validator("betas")
     @classmethod
@@ -462,6 +472,11 @@ class RunOptions(_Section):
     """Scoring actors (verifiers, sandboxes) when engine.backend is 'ray'."""
     ray_address: str | None = None
     """engine.backend 'ray': address of an existing Ray cluster ('auto' or host:port); None starts a local one."""
+    ray_gpus_per_engine: float | None = Field(None, ge=0)
+    """engine.backend 'ray': GPUs each engine actor asks for; None = 1 on CUDA, 0 on CPU. A fraction (0.5) lets an
+    engine share a GPU with the trainer on a one-GPU machine."""
+    ray_gpus_per_trainer_rank: float | None = Field(None, ge=0)
+    """engine.backend 'ray': GPUs each trainer rank's actor asks for; None = 1 on CUDA, 0 on CPU."""
     ray_timeout_s: float = Field(600.0, gt=0)
     """engine.backend 'ray': longest wait on a Ray actor before the run stops with a message (no silent hangs)."""
     cpu_threads: int | None = Field(None, ge=1)
@@ -696,6 +711,9 @@ _APPLIES_WHEN: list[tuple[str, Any, str]] = [
     ("train.lora.dropout", lambda c: c.train.lora.enabled, "train.lora.enabled is true"),
     ("train.lora.target_modules", lambda c: c.train.lora.enabled, "train.lora.enabled is true"),
     ("train.min_lr_ratio", lambda c: c.train.schedule != "constant", "train.schedule is linear or cosine"),
+    ("train.parallel", lambda c: c.train.world_size > 1, "train.world_size > 1"),
+    ("run.ray_gpus_per_engine", lambda c: c.engine.backend == "ray", "engine.backend is 'ray'"),
+    ("run.ray_gpus_per_trainer_rank", lambda c: c.engine.backend == "ray", "engine.backend is 'ray'"),
 ]
 
 
@@ -740,6 +758,9 @@ def cross_section_problems(cfg: RunConfig) -> list[str]:
     if c.engine.backend == "remote" and not c.engine.remote_urls and not launching:
         out.append("engine.backend 'remote' needs engine.remote_urls (e.g. ['http://127.0.0.1:8000']) or, for vLLM, "
                    "engine.vllm.launch: true")
+    if c.train.world_size > 1 and c.train.parallel == "fsdp2" and c.train.lora.enabled:
+        out.append("train.parallel 'fsdp2' does not shard LoRA adapters yet: use train.parallel 'ddp' (an adapter is "
+                   "small enough to replicate)")
     if c.engine.vllm.lora_adapters and not c.train.lora.enabled:
         out.append("engine.vllm.lora_adapters sends LoRA adapters: it needs train.lora.enabled")
     if c.engine.vllm.lora_adapters and c.engine.vllm.weight_transfer == "nccl":

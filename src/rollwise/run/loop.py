@@ -53,8 +53,9 @@ def train(cfg: RunConfig, log: Log = print, *, stop_after: int | None = None) ->
 def _run_steps(run: Any, log: Log, stop_after: int | None) -> dict[str, Any] | None:
     from rollwise.filter import select
     from rollwise.run.evaluate import evaluate
-    from rollwise.run.resume import (StoredRollouts, apply_loop_state, loop_state, replay_stored_steps, rng_state,
-                                     run_info, step_record, trained_refs)
+    from rollwise.run.resume import (StoredRollouts, apply_loop_state, loop_state, recover_trainer,
+                                     replay_stored_steps, rng_state, run_info, set_rng_state, step_record, trained_refs)
+    from rollwise.run.trainer_handle import TrainerLost
     from rollwise.run.sources import DataOrder, make_source
     from rollwise.store.replay import ReplayBuffer, ReplayConfig, is_replayed, rescue_groups, reuse_rollouts
     from rollwise.store.writer import RolloutStore
@@ -145,7 +146,12 @@ def _run_steps(run: Any, log: Log, stop_after: int | None) -> dict[str, Any] | N
             # useful tokens, staleness of what trains
             books = run.controller.finalize(batch.result, policy_version, selection.trainable)
             rng_before = rng_state()  # the write-ahead log re-trains this step under the same RNG
-            train_m = trainer.train_step(trainable)
+            try:
+                train_m = trainer.train_step(trainable)
+            except TrainerLost as lost:  # a trainer process died: back to step - 1 from checkpoint + store
+                recover_trainer(trainer, store, step, cfg, run.run_dir, log, lost)
+                set_rng_state(rng_before)
+                train_m = trainer.train_step(trainable)
             sync_s = source.sync(trainer.weights(), trainer.version)
             own = [r for g in groups for r in g.rollouts if not is_replayed(r)]  # this step's own rollouts
             extra: dict[str, Any] = {}

@@ -54,7 +54,8 @@ class RayEngines:
 
     def __init__(self, n: int, model_dir: str, *, device: str = "cpu", dtype: str = "float32",
                  engine_kwargs: dict[str, Any] | None = None, address: str | None = None, timeout_s: float = 600.0,
-                 threads: int | None = 1, tokenizer: Any = None, num_cpus_per_engine: float = 1.0) -> None:
+                 threads: int | None = 1, tokenizer: Any = None, num_cpus_per_engine: float = 1.0,
+                 gpus_per_engine: float | None = None) -> None:
         import ray
 
         if n < 1:
@@ -70,7 +71,7 @@ class RayEngines:
         self.restarts = 0  # actor deaths noticed and handled (restart + current weights)
         self._weights_ref = None
         remote = ray.remote(max_restarts=-1, max_task_retries=0)(EngineWorker)
-        gpus = 1 if device.startswith("cuda") else 0
+        gpus = gpus_per_engine if gpus_per_engine is not None else (1 if device.startswith("cuda") else 0)
         self.actors = [remote.options(num_cpus=num_cpus_per_engine, num_gpus=gpus).remote(
             model_dir, device, dtype, engine_kwargs or {}, threads) for _ in range(n)]
         self.pids = self._get([a.pid.remote() for a in self.actors], "start")

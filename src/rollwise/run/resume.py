@@ -310,3 +310,35 @@ def replay_stored_steps(store: RolloutStore, trainer: TrainerHandle, from_step: 
         log(f"resume: re-trained steps {done[0]}..{done[-1]} from their stored rollouts (write-ahead log), "
             f"continuing after step {last}")
     return ReplayedSteps(last, done, state, metrics, moved)
+
+
+def recover_trainer(trainer: Any, store: RolloutStore, step: int, cfg: RunConfig, run_dir: Path, log: Log,
+                    cause: BaseException) -> None:
+    """A trainer died (`TrainerLost`) while training `step`: restart it, restore the last checkpoint and re-train
+    steps after it up to step - 1 from the stored rollouts, so the trainer is again where it was when the step
+    began (version step - 1). The caller then trains `step` again. Raises ResumeError when the restarts are used
+    up or the stored steps do not lead back to step - 1."""
+    from rollwise.train.checkpoint import find_latest_checkpoint
+
+    used = int(getattr(trainer, "restarts", 0))
+    if not callable(getattr(trainer, "restart", None)) or used >= cfg.train.max_restarts:
+        raise ResumeError(f"{cause}; the run stopped at step {step} after {used} trainer restart(s) "
+                          f"(train.max_restarts={cfg.train.max_restarts}): run.resume: true continues it") from None
+    rng = rng_state()  # the recovery must not move the loop's own random streams
+    t0 = time.perf_counter()
+    trainer.restart()
+    latest = find_latest_checkpoint(run_dir)
+    base = 0
+    if latest is not None:
+        trainer.restore(latest)
+        base = trainer.version
+    replayed = replay_stored_steps(store, trainer, base, cfg, run_dir, log) if step - 1 > base else None
+    set_rng_state(rng)
+    if trainer.version != step - 1:
+        raise ResumeError(f"{cause}; after a restart the trainer is at step {trainer.version}, not {step - 1} (the "
+                          f"stored rollouts stop there): run.resume: true continues from the store")
+    redone = f"re-trained steps {base + 1}..{step - 1} from the stored rollouts" if replayed and replayed.steps else \
+        "nothing to re-train"
+    log(f"trainer lost at step {step} ({cause}); restart {used + 1} of {cfg.train.max_restarts}: restored "
+        f"{latest.name if latest is not None else 'the initial model'}, {redone}, in {time.perf_counter() - t0:.1f}s; "
+        f"no step or rollout was lost, step {step} trains again")

@@ -137,30 +137,49 @@ def make_engine(cfg: RunConfig, model_dir: Path, device: str, tokenizer: Any, se
         return engines[0] if len(engines) == 1 else MultiEngine(engines)
     from rollwise.run.ray_engines import RayEngines
 
+    from rollwise.run.ray_resources import ENGINE_CPUS, ensure_ray, gpus_each
+
+    ensure_ray(cfg, device)  # a cluster too small for the config is refused here, before any actor waits
     return RayEngines(E.num_engines, str(model_dir), device=device, dtype=cfg.model.dtype,
                       engine_kwargs=engine_kwargs(E, seed), address=cfg.run.ray_address,
-                      timeout_s=cfg.run.ray_timeout_s, threads=cfg.run.cpu_threads, tokenizer=tokenizer)
+                      timeout_s=cfg.run.ray_timeout_s, threads=cfg.run.cpu_threads, tokenizer=tokenizer,
+                      num_cpus_per_engine=ENGINE_CPUS, gpus_per_engine=gpus_each(cfg.run.ray_gpus_per_engine, device))
 
 
-def make_trainer(cfg: RunConfig, model_dir: Path, device: str) -> Any:
-    """The trainer handle: in-process, or in a Ray actor with the ray backend."""
-    from rollwise.run.trainer_handle import LocalTrainer, RayTrainer
+RANK_CALL_TIMEOUT_S = 3600.0
+"""Longest one call to local trainer ranks may take (a dead rank is noticed at once: its process is polled)."""
+
+
+def trainer_spec(cfg: RunConfig, model_dir: Path, device: str) -> Any:
+    """The one typed object every trainer variant is built from (`run.trainer_handle.TrainerSpec`)."""
+    from rollwise.run.trainer_handle import TrainerSpec
     from rollwise.train.losses import LossConfig
 
     R, A = cfg.rollout, cfg.algo
-    loss_cfg = LossConfig.from_algo(A, max_length=R.max_tokens)
-    temp = R.temperature
     # The trainer's log-probs use the truncation the engine sampled under (top-k, then top-p), so the importance
     # ratio is exactly 1 at the behaviour policy.
-    if cfg.engine.backend == "ray":
-        return RayTrainer(str(model_dir), cfg.train, device, temp, A.kl_coef > 0, cfg.train.steps,
-                          cfg.train.micro_batch_tokens, A.loss, loss_cfg, cfg.run.cpu_threads, R.top_p, R.top_k,
-                          timeout_s=cfg.run.ray_timeout_s, num_gpus=1 if device.startswith("cuda") else 0)
-    from rollwise.train.trainer import Trainer
+    return TrainerSpec(model_path=str(model_dir), train=cfg.train, loss_name=A.loss,
+                       loss_cfg=LossConfig.from_algo(A, max_length=R.max_tokens), device=device,
+                       temperature=R.temperature, top_p=R.top_p, top_k=R.top_k, reference=A.kl_coef > 0,
+                       total_steps=cfg.train.steps, tokenizer_path=cfg.model.tokenizer, threads=cfg.run.cpu_threads,
+                       world_size=cfg.train.world_size, parallel=cfg.train.parallel)
 
-    tr = Trainer(model_dir, cfg.train, device=device, temperature=temp, top_p=R.top_p, top_k=R.top_k,
-                 reference=A.kl_coef > 0, total_steps=cfg.train.steps, tokenizer_path=cfg.model.tokenizer)
-    return LocalTrainer(tr, cfg.train.micro_batch_tokens, A.loss, loss_cfg)
+
+def make_trainer(cfg: RunConfig, model_dir: Path, device: str) -> Any:
+    """The trainer handle: in-process (one rank), local rank processes (train.world_size > 1), or Ray actors
+    (engine.backend 'ray', any world size)."""
+    spec = trainer_spec(cfg, model_dir, device)
+    if cfg.engine.backend == "ray":
+        from rollwise.run.ray_resources import TRAINER_CPUS, gpus_each
+        from rollwise.run.trainer_handle import RayTrainer
+
+        return RayTrainer(spec, timeout_s=cfg.run.ray_timeout_s, cpus_per_rank=TRAINER_CPUS,
+                          gpus_per_rank=gpus_each(cfg.run.ray_gpus_per_trainer_rank, device))
+    if spec.world_size > 1:
+        from rollwise.run.ranks import LocalRanks
+
+        return LocalRanks(spec, timeout_s=RANK_CALL_TIMEOUT_S)
+    return spec.build()
 
 
 def make_sync_check(cfg: RunConfig, encode: Callable[[Task], list[int]], tasks: list[Task]) -> Any:

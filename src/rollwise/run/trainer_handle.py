@@ -1,4 +1,6 @@
-"""The trainer as the loop sees it, in-process (`LocalTrainer`) or in a Ray actor (`RayTrainer`).
+"""The trainer as the loop sees it: in-process (`LocalTrainer`), N local rank processes (`run/ranks.py`), or N Ray
+actors (`RayTrainer`). Every variant is built from one typed `TrainerSpec`, so a Ray or rank trainer gets exactly
+what the local one gets (tokenizer included).
 
 Five calls: `train_step(rollouts)`, `weights()`, `save(...)`, `restore(path)`, `shutdown()`, plus `version`.
 The loop hands over plain rollouts (dataclasses of lists), so the same call works across a process boundary;
@@ -13,10 +15,59 @@ version means the same thing on every engine (`engine.protocol`).
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, Sequence
 
 from rollwise.types import Rollout
+
+
+class TrainerLost(RuntimeError):
+    """A trainer process or actor died (or a rank of it did). The loop restarts it from the last checkpoint and
+    re-trains the steps since from the stored rollouts (`run/resume.py` `recover_trainer`)."""
+
+
+@dataclass(frozen=True)
+class TrainerSpec:
+    """Everything a trainer is built from, in one picklable object (the local, rank and Ray trainers alike)."""
+
+    model_path: str
+    """The initial policy: an HF checkpoint dir (the run's resolved model)."""
+    train: Any
+    """The `train` config section (`config.TrainConfig`)."""
+    loss_name: str
+    """`algo.loss`: the key in `train.losses.LOSSES`."""
+    loss_cfg: Any
+    """`train.losses.LossConfig` built from `algo`."""
+    device: str = "cpu"
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    reference: bool = False
+    """Keep a frozen reference policy (algo.kl_coef > 0)."""
+    total_steps: int | None = None
+    tokenizer_path: str | None = None
+    """`model.tokenizer`, when the tokenizer does not live beside the weights."""
+    threads: int | None = None
+    """torch threads in a trainer process (`run.cpu_threads`); None = torch's default."""
+    world_size: int = 1
+    parallel: str = "auto"
+    """`train.parallel`: auto, ddp or fsdp2."""
+    collective_timeout_s: float = 600.0
+    """Longest wait in one collective before the rank gives up (a dead peer ends the wait sooner)."""
+
+    @property
+    def micro_batch_tokens(self) -> int:
+        return int(self.train.micro_batch_tokens)
+
+    def build(self, sync: Any = None, device: str | None = None) -> LocalTrainer:
+        """The `LocalTrainer` this spec describes, in this process (`sync`: this rank's `train.parallel` object)."""
+        from rollwise.train.trainer import Trainer
+
+        tr = Trainer(self.model_path, self.train, device=device or self.device, temperature=self.temperature,
+                     top_p=self.top_p, top_k=self.top_k, reference=self.reference, total_steps=self.total_steps,
+                     tokenizer_path=self.tokenizer_path, sync=sync)
+        return LocalTrainer(tr, self.micro_batch_tokens, self.loss_name, self.loss_cfg)
 
 
 class TrainerHandle(Protocol):
@@ -92,90 +143,180 @@ class LocalTrainer:
         """Nothing to release in-process."""
 
 
+def free_tcp_port() -> int:
+    """A TCP port nobody listens on now (the kernel's pick)."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("", 0))
+        return int(sock.getsockname()[1])
+
+
 class TrainerWorker:
-    """A `LocalTrainer` in its own process (made a Ray actor by `RayTrainer`)."""
+    """One trainer rank in its own process: a local rank process (`run/ranks.py`) or a Ray actor (`RayTrainer`).
 
-    def __init__(self, init_dir: str, train_cfg: Any, device: str, temperature: float, reference: bool,
-                 total_steps: int, micro_batch_tokens: int, loss_name: str, loss_cfg: Any, threads: int | None,
-                 top_p: float = 1.0, top_k: int = -1) -> None:
-        import torch
-        from transformers.utils import logging as hf_logging
+    Built in two stages so that a Ray actor can say where it runs before the process group is formed:
+    `address()` (this node's IP and a free port, asked of rank 0), then `setup(init_method)` on every rank.
+    """
 
-        from rollwise.train.trainer import Trainer
-
-        if threads:
-            torch.set_num_threads(threads)
-        hf_logging.disable_progress_bar()
-        tr = Trainer(init_dir, train_cfg, device=device, temperature=temperature, top_p=top_p, top_k=top_k,
-                     reference=reference, total_steps=total_steps)
-        self.local = LocalTrainer(tr, micro_batch_tokens, loss_name, loss_cfg)
+    def __init__(self, spec: TrainerSpec, rank: int = 0, device: str | None = None) -> None:
+        self.spec, self.rank = spec, rank
+        self.device = device or spec.device
+        self.local: LocalTrainer | None = None
 
     def pid(self) -> int:
         return os.getpid()
 
+    def address(self) -> tuple[str, int]:
+        """This node's IP and a port free on it: where the other ranks find rank 0."""
+        import socket
+
+        try:
+            ip = socket.gethostbyname(socket.gethostname())
+        except OSError:
+            ip = "127.0.0.1"
+        return ip, free_tcp_port()
+
+    def setup(self, init_method: str | None) -> int:
+        """Join the process group (world size > 1) and build the trainer. Returns this process's pid."""
+        from datetime import timedelta
+
+        import torch
+        from transformers.utils import logging as hf_logging
+
+        from rollwise.train.parallel import make_sync, resolve_strategy
+
+        spec = self.spec
+        if spec.threads:
+            torch.set_num_threads(spec.threads)
+        hf_logging.disable_progress_bar()
+        sync = None
+        if spec.world_size > 1:
+            import torch.distributed as dist
+
+            cuda = self.device.startswith("cuda")
+            if cuda:
+                torch.cuda.set_device(torch.device(self.device))
+            dist.init_process_group("nccl" if cuda else "gloo", init_method=init_method, rank=self.rank,
+                                    world_size=spec.world_size, timeout=timedelta(seconds=spec.collective_timeout_s))
+            sync = make_sync(resolve_strategy(spec.parallel, self.device), self.rank, spec.world_size)
+        self.local = spec.build(sync=sync, device=self.device)
+        return os.getpid()
+
+    def _trainer(self) -> LocalTrainer:
+        if self.local is None:
+            raise RuntimeError("TrainerWorker.setup was not called")
+        return self.local
+
     def train_step(self, rollouts: list[Rollout]) -> dict[str, float]:
-        return self.local.train_step(rollouts)
+        return self._trainer().train_step(rollouts)
 
     def weights(self) -> dict[str, Any]:
-        return {k: v.detach().cpu().numpy() for k, v in self.local.weights().items()}
+        """CPU tensors on rank 0 (every rank must call it: under FSDP2 it is a gather), {} on the others."""
+        sd = self._trainer().weights()
+        return {k: v.detach().cpu() for k, v in sd.items()} if self.rank == 0 else {}
+
+    def weights_numpy(self) -> dict[str, Any]:
+        """`weights()` as numpy arrays: what Ray's object store carries to the engine actors without a copy."""
+        return {k: v.numpy() for k, v in self.weights().items()}
 
     def probe_logprobs(self, prompts: list[list[int]]) -> Any:
-        return self.local.probe_logprobs(prompts)
+        return self._trainer().probe_logprobs(prompts)
 
     def save_adapter(self, path: str) -> None:
-        self.local.save_adapter(path)
+        self._trainer().save_adapter(path)
 
     def save(self, run_dir: str, step: int, data_position: dict[str, Any], keep: int | None) -> str:
-        return str(self.local.save(run_dir, step, data_position, keep))
+        return str(self._trainer().save(run_dir, step, data_position, keep))
 
     def restore(self, ckpt_path: str) -> tuple[dict[str, Any], int]:
-        pos = self.local.restore(ckpt_path)
-        return pos, self.local.version
+        pos = self._trainer().restore(ckpt_path)
+        return pos, self._trainer().version
+
+    def shutdown(self) -> None:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
 
 
 class RayTrainer:
-    """`LocalTrainer`'s calls over a `TrainerWorker` actor; every wait has a timeout.
+    """`LocalTrainer`'s calls over `spec.world_size` `TrainerWorker` actors; every wait has a timeout.
 
-    `weights()` returns an ObjectRef: the weights go from the trainer actor to the engine actors through the
-    object store without passing through the driver.
+    A call goes to every rank (the collectives need them all); the result is rank 0's. `weights()` returns rank
+    0's ObjectRef: the weights go from the trainer actor to the engine actors through the object store without
+    passing through the driver. A dead actor raises `TrainerLost`; `restart()` replaces every rank with fresh ones
+    (the loop then restores the last checkpoint and re-trains the steps since).
     """
 
-    def __init__(self, *args: Any, timeout_s: float = 600.0, num_gpus: float = 0, **kwargs: Any) -> None:
+    def __init__(self, spec: TrainerSpec, *, timeout_s: float = 600.0, gpus_per_rank: float = 0,
+                 cpus_per_rank: float = 1) -> None:
         import ray
 
         self._ray = ray
+        self.spec = spec
         self.timeout_s = timeout_s
+        self.gpus_per_rank, self.cpus_per_rank = gpus_per_rank, cpus_per_rank
         self.version = 0
-        self.actor = ray.remote(max_restarts=0)(TrainerWorker).options(num_cpus=1, num_gpus=num_gpus).remote(*args, **kwargs)
-        self.pid = self._get(self.actor.pid.remote(), "start")
+        self.restarts = 0
+        self._start()
+
+    def _start(self) -> None:
+        ray = self._ray
+        remote = ray.remote(max_restarts=0, max_task_retries=0)(TrainerWorker).options(
+            num_cpus=self.cpus_per_rank, num_gpus=self.gpus_per_rank)
+        self.actors = [remote.remote(self.spec, r) for r in range(self.spec.world_size)]
+        init = None
+        if self.spec.world_size > 1:
+            ip, port = self._get(self.actors[0].address.remote(), "say its address")
+            init = f"tcp://{ip}:{port}"
+        self.pids = self._get([a.setup.remote(init) for a in self.actors], "start")
+        self.pid = self.pids[0]
 
     def _get(self, ref: Any, what: str) -> Any:
         try:
             return self._ray.get(ref, timeout=self.timeout_s)
         except self._ray.exceptions.GetTimeoutError:
             raise RuntimeError(f"the Ray trainer actor did not {what} within {self.timeout_s:.0f}s") from None
+        except self._ray.exceptions.RayActorError as e:
+            raise TrainerLost(f"a Ray trainer actor died while it was to {what} "
+                              f"({str(e).strip().splitlines()[0][:200]})") from None
+
+    def _all(self, method: str, *args: Any, what: str) -> Any:
+        return self._get([getattr(a, method).remote(*args) for a in self.actors], what)[0]
 
     def train_step(self, rollouts: Sequence[Rollout]) -> dict[str, float]:
-        m = self._get(self.actor.train_step.remote(list(rollouts)), "finish a train step")
+        m = self._all("train_step", list(rollouts), what="finish a train step")
         self.version += 1
         return m
 
     def weights(self) -> Any:
-        return self.actor.weights.remote()
+        refs = [a.weights_numpy.remote() for a in self.actors]
+        return refs[0]
 
     def probe_logprobs(self, prompts: list[list[int]]) -> Any:
-        return self._get(self.actor.probe_logprobs.remote(prompts), "compute the sync probe")
+        return self._all("probe_logprobs", prompts, what="compute the sync probe")
 
     def save_adapter(self, path: str) -> None:
-        self._get(self.actor.save_adapter.remote(path), "save its LoRA adapter")
+        self._get(self.actors[0].save_adapter.remote(path), "save its LoRA adapter")
 
     def save(self, run_dir: str | Path, step: int, data_position: dict[str, Any], keep: int | None,
              tokenizer: Any = None) -> Path:
-        return Path(self._get(self.actor.save.remote(str(run_dir), step, data_position, keep), "save a checkpoint"))
+        return Path(self._all("save", str(run_dir), step, data_position, keep, what="save a checkpoint"))
 
     def restore(self, ckpt_path: str | Path) -> dict[str, Any]:
-        pos, self.version = self._get(self.actor.restore.remote(str(ckpt_path)), "restore a checkpoint")
+        pos, self.version = self._all("restore", str(ckpt_path), what="restore a checkpoint")
         return pos
 
+    def restart(self) -> None:
+        """Kill every rank (the survivors of a dead one are stuck in a collective) and start fresh ones from the
+        initial model; the caller restores a checkpoint next."""
+        for a in self.actors:
+            self._ray.kill(a)
+        self.restarts += 1
+        self.version = 0
+        self._start()
+
     def shutdown(self) -> None:
-        self._ray.kill(self.actor)
+        for a in self.actors:
+            self._ray.kill(a)

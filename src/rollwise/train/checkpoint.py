@@ -155,8 +155,10 @@ def _fsync_tree(path: Path) -> None:
         os.close(fd)
 
 
-def _save_weights(trainer: Trainer, out: Path) -> None:
-    if trainer.lora:
+def _save_weights(trainer: Trainer, out: Path, full: dict[str, torch.Tensor] | None) -> None:
+    if full is not None:  # gathered from the shards (FSDP2)
+        _save_plain_hf(trainer.model, full, out)
+    elif trainer.lora:
         base = trainer.model.get_base_model()
         merged = {k: v.detach().clone() for k, v in trainer.state_dict_for_sync().items()}
         _save_plain_hf(base, merged, out)
@@ -207,21 +209,28 @@ def save_checkpoint(trainer: Trainer, run_dir: str | Path, step: int, *, data_po
     - tensors and plain containers only. keep: delete all but the newest `keep` checkpoints afterwards.
     """
     root = Path(run_dir) / CHECKPOINTS
-    root.mkdir(parents=True, exist_ok=True)
     final = root / f"step-{step}"
+    # NOTE on ranks: every rank calls this; under FSDP2 the two gathers below are collectives. Only rank 0 writes,
+    # and what it writes is the full (unsharded) state, so the checkpoint loads at any world size.
+    full = trainer.full_weights() if trainer.sync.lockstep else None
+    optimizer_state = trainer.full_optimizer_state()
+    if trainer.sync.rank != 0:
+        return final
+    root.mkdir(parents=True, exist_ok=True)
     tmp = root / f".tmp-step-{step}-{os.getpid()}"
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir()
     try:
-        _save_weights(trainer, tmp)
+        _save_weights(trainer, tmp, full)
         _save_tokenizer(trainer, tokenizer, tmp)
         state = {
             "format_version": FORMAT_VERSION,
             "step": int(step),
             "optimizer_steps": int(trainer.step),
             "rl_steps": int(trainer.rl_step),
-            "optimizer": trainer.optimizer.state_dict(),
+            "optimizer": optimizer_state,
+            "world_size": int(trainer.sync.world_size),
             "scheduler": trainer.scheduler.state_dict(),
             "rng": _rng_state(),
             "data_position": dict(data_position or {}),
@@ -376,7 +385,7 @@ def restore_checkpoint(trainer: Trainer, ckpt: Checkpoint, *, restore_rng: bool 
     else:
         trainer.load_full_weights(_load_weight_files(ckpt.path), source=str(ckpt.path))
     try:
-        trainer.optimizer.load_state_dict(state["optimizer"])
+        trainer.load_optimizer_state(state["optimizer"])
         trainer.scheduler.load_state_dict(state["scheduler"])
     except (ValueError, KeyError, RuntimeError) as e:
         raise CheckpointError(f"{ckpt.path / STATE_FILE}: optimizer state does not fit this trainer ({str(e).splitlines()[0]})") from None

@@ -29,7 +29,12 @@ runs the decoder body, gathers the hidden states that predict targets, and appli
 time (`head_logprobs`), with each chunk recomputed in backward: float32 [tokens, vocab] logits never exist for the
 whole row, only [chunk, vocab]. Other models get their logits from the model's own forward (`logits_to_keep`).
 
-Deliberately left out: FSDP/tensor parallelism, optimizer offload, a fused CUDA linear + cross-entropy kernel.
+NOTE on ranks (`train.world_size` > 1, `train/parallel.py`): every rank gets the same rollouts and computes the
+same mini-batch split and the same zero-advantage filtering, then trains on its own share of each mini-batch
+(`train/rank_split.py`), with the losses normalised by the whole mini-batch's counts and the gradients summed over
+the ranks: the update equals the one-rank update up to float reassociation. The metrics are gathered over ranks.
+
+Deliberately left out: tensor/pipeline parallelism, optimizer offload, a fused CUDA linear + cross-entropy kernel.
 They are new modules when needed, not flags here.
 """
 
@@ -49,6 +54,8 @@ from rollwise.config import TrainConfig
 from rollwise.train.attention import base_implementation, enable_segment_attention, segment_kwargs
 from rollwise.train.batch import PackedMicroBatch, TrainBatch
 from rollwise.train.losses import LossConfig, LossFn, normalizers
+from rollwise.train.parallel import Single
+from rollwise.train.rank_split import split_for_ranks
 
 
 class TrainerError(ValueError):
@@ -253,13 +260,16 @@ class Trainer:
         total_steps: int | None = None,
         attn_implementation: str | None = None,
         tokenizer_path: str | Path | None = None,
+        sync: Single | None = None,
     ) -> None:
         """model_path: an HF checkpoint dir, a .gguf file, a known name ('smollm2-135m') or a hub id (`models.convert.resolve_model`). device: 'cpu', 'cuda', 'cuda:N' or 'auto'. temperature: the sampling temperature of the rollouts (> 0).
         top_p, top_k: the rollouts' sampling truncation (rollout.top_p / rollout.top_k; 1.0 and -1 = off); pass them
         whenever the rollouts were sampled with them (not for greedy rollouts, whose log-probs are untruncated).
         reference: keep a frozen copy of the initial policy for the KL penalty (with LoRA: the adapter-free base).
-        total_steps: RL steps the LR schedule spans (default cfg.steps)."""
+        total_steps: RL steps the LR schedule spans (default cfg.steps).
+        sync: how this rank shares updates with the others (`train.parallel`); None = one process."""
         self.cfg = cfg or TrainConfig()
+        self.sync = sync if sync is not None else Single()
         if temperature <= 0:
             raise TrainerError(f"trainer temperature must be > 0 (the rollouts' sampling temperature), got {temperature}")
         self.temperature = float(temperature)
@@ -288,6 +298,12 @@ class Trainer:
         self.plain_head = (getattr(model.config, "model_type", None) in PLAIN_HEAD_MODEL_TYPES
                            and model.get_output_embeddings() is not None)
         self.lora = self.cfg.lora.enabled
+        if self.sync.lockstep:
+            if self.lora:
+                raise TrainerError("train.parallel: fsdp2 does not shard LoRA adapters yet: use train.parallel: ddp")
+            # NOTE: under FSDP2 the root module's hooks gather the embedding / LM head; calling the decoder body
+            # and the head separately would bypass them, so the model's own forward computes the logits
+            self.plain_head = False
         if self.lora:
             model = self._wrap_lora(model)
         if self.cfg.gradient_checkpointing:
@@ -301,7 +317,10 @@ class Trainer:
             self.ref_model = copy.deepcopy(model).eval()
             for p in self.ref_model.parameters():
                 p.requires_grad_(False)
+            if self.sync.lockstep:
+                self.ref_model = self.sync.wrap(self.ref_model)
         self.has_reference = reference
+        self.model = model = self.sync.wrap(model)  # FSDP2 shards here; DDP makes the replicas equal
 
         self.tokenizer = self._load_tokenizer(tokenizer_path or self.model_path)
         params = [p for p in self.model.parameters() if p.requires_grad]
@@ -422,15 +441,31 @@ class Trainer:
             was_training = model.training
             model.eval()
             try:
+                extra = self._lockstep_extra(len(batch.micro_batches))
                 for mb in batch.micro_batches:
                     lp, ent = self._row_logprobs(model, mb, with_entropy)
                     sel = torch.tensor(mb.seq_ids, dtype=torch.long, device=self.device)
                     lp_out[sel] = self._scatter(lp, mb, t)
                     if ent is not None:
                         ent_out[sel] = self._scatter(ent, mb, t)
+                self._run_dummies(model, extra, backward=False)
             finally:
                 model.train(was_training)
         return (lp_out, ent_out) if with_entropy else lp_out
+
+    def _lockstep_extra(self, n_local: int) -> int:
+        """Under FSDP2 every rank runs as many forwards (and backwards) as the busiest one: how many dummy ones
+        this rank owes. A collective: call it BEFORE the real forwards (their gathers are collectives too)."""
+        return self.sync.max_count(n_local) - n_local if self.sync.lockstep else 0
+
+    def _run_dummies(self, model: torch.nn.Module, extra: int, *, backward: bool) -> None:
+        """`extra` zero-weighted forwards (and backwards): their gradient is exactly 0."""
+        ids = torch.zeros(1, 2, dtype=torch.long, device=self.device)
+        for _ in range(extra):
+            with self._autocast():
+                out = model(input_ids=ids, use_cache=False, logits_to_keep=1)
+            if backward:
+                (out.logits.float().sum() * 0.0).backward()
 
     @torch.no_grad()
     def probe_logprobs(self, prompts: list[list[int]]) -> torch.Tensor:
@@ -466,6 +501,55 @@ class Trainer:
         step) would put the same sequences together in every step's mini-batches; PPO-style epochs shuffle."""
         return torch.Generator().manual_seed((int(self.cfg.seed) * 1_000_003 + 7919 * int(self.rl_step)) % 2**63)
 
+    def _plan(self, batch: TrainBatch, minis: list[tuple[list[int], TrainBatch | None]], loss_cfg: LossConfig
+              ) -> tuple[list[tuple[list[int], TrainBatch | None, float, float]], int]:
+        """Per mini-batch: (batch indices this rank trains on, their sub-batch or None, the whole mini-batch's
+        sequence and token counts), and how many sequences were skipped for carrying no gradient. The same on
+        every rank up to the last step, which takes this rank's share (`train/rank_split.py`)."""
+        plans = []
+        dropped = 0
+        for idx, mini in minis:
+            mini = mini if mini is not None else batch.subset(idx)
+            # the losses divide by whole-mini-batch counts, taken before any sequence is dropped or split off
+            n_seq, n_tok = normalizers(mini.loss_mask)
+            keep = list(range(mini.num_sequences))
+            if loss_cfg.kl_coef == 0 and self.skip_zero_advantage:
+                # NOTE: without a KL term every loss here is a sum of advantage x (ratio term): a sequence whose
+                # advantages are all 0 (a GRPO group with equal rewards) or that has no loss token adds exactly 0
+                # to the loss and to the gradient, so it need not run through the model at all.
+                adv_rows = mini.advantages if mini.advantages.ndim == 1 else mini.advantages.abs().amax(dim=1)
+                has_tok = [float(mini.loss_mask[j].sum()) > 0 for j in range(mini.num_sequences)]
+                keep = [j for j in range(mini.num_sequences) if float(adv_rows[j]) != 0.0 and has_tok[j]]
+                if not keep and any(has_tok):
+                    # keep the shortest one anyway: its gradient is exactly 0 too, and the step still reports
+                    # entropy and the trainer-vs-engine log-prob gap (a weight-sync check) for its tokens
+                    keep = [min((j for j in range(mini.num_sequences) if has_tok[j]),
+                                key=lambda j: int(mini.completion_lens[j]))]
+                dropped += mini.num_sequences - len(keep)
+            if self.sync.world_size > 1 and keep:
+                shares = split_for_ranks([mini.tokens[j] for j in keep], [mini.prompt_lens[j] for j in keep],
+                                         self.sync.world_size)
+                keep = [keep[j] for j in shares[self.sync.rank]]
+            if len(keep) < mini.num_sequences:
+                idx = [idx[j] for j in keep]
+                mini = mini.subset(keep) if keep else None
+            plans.append((idx, mini, n_seq, n_tok))
+        return plans, dropped
+
+    def _logprobs_of(self, batch: TrainBatch, rows: list[int], *, reference: bool = False) -> torch.Tensor:
+        """`compute_logprobs` of `rows` only, laid out as [B, T] for the whole batch (0 elsewhere)."""
+        out = torch.zeros(batch.num_sequences, batch.max_completion_len, dtype=torch.float32, device=self.device)
+        if len(rows) == batch.num_sequences:
+            return self.compute_logprobs(batch, reference=reference)
+        if rows:
+            lp = self.compute_logprobs(batch.subset(rows), reference=reference)
+            out[torch.tensor(rows, dtype=torch.long, device=self.device), :lp.shape[1]] = lp
+        elif self.sync.lockstep:  # nothing of ours: still run the other ranks' number of forwards
+            ctx = self._reference() if reference else contextlib.nullcontext(self.model)
+            with ctx as model, torch.no_grad():
+                self._run_dummies(model, self._lockstep_extra(0), backward=False)
+        return out
+
     def train_step(self, batch: TrainBatch, loss_fn: LossFn, loss_cfg: LossConfig, *,
                    generator: torch.Generator | None = None) -> dict[str, float]:
         """One RL step on `batch`: `cfg.updates_per_step` optimiser steps (shuffled mini-batches when > 1, drawn
@@ -485,22 +569,26 @@ class Trainer:
         use_ref = self.has_reference
         if loss_cfg.kl_coef > 0 and not use_ref:
             raise TrainerError("algo.kl_coef > 0 needs a reference model: build the Trainer with reference=True")
+        collective_s0 = self.sync.clock.seconds
         n_updates = min(self.cfg.updates_per_step, batch.num_sequences)
         dev = self.device
-        ref_full = self.compute_logprobs(batch, reference=True) if use_ref else None  # [B, T]
-        prox_full = None
-        if loss_cfg.uses_proximal and n_updates > 1:
-            # The proximal policy is the one before this step's first update; with a single update the loss
-            # takes logprobs.detach(), which is the same thing without a second forward.
-            prox_full = self.compute_logprobs(batch)  # [B, T]
-        ref_s = time.perf_counter() - t0
-        optim_s = 0.0
         if n_updates == 1:
             minis = [(list(range(batch.num_sequences)), batch)]
         else:
             gen = generator if generator is not None else self.minibatch_generator()
             order = torch.randperm(batch.num_sequences, generator=gen).tolist()
             minis = [(sorted(order[k::n_updates]), None) for k in range(n_updates)]
+        plans, dropped = self._plan(batch, minis, loss_cfg)
+        # reference / proximal log-probs of the sequences this rank trains on, nothing else
+        need = sorted({i for idx, _, _, _ in plans for i in idx})
+        ref_full = self._logprobs_of(batch, need, reference=True) if use_ref else None  # [B, T]
+        prox_full = None
+        if loss_cfg.uses_proximal and n_updates > 1:
+            # The proximal policy is the one before this step's first update; with a single update the loss
+            # takes logprobs.detach(), which is the same thing without a second forward.
+            prox_full = self._logprobs_of(batch, need)  # [B, T]
+        ref_s = time.perf_counter() - t0
+        optim_s = 0.0
 
         sums: dict[str, float] = {}
         weight = 0.0
@@ -512,43 +600,19 @@ class Trainer:
         skipped = 0
         micro_count = 0
         self.model.train()
-        dropped = 0
         fwd_tokens = 0
-        for k, (idx, mini) in enumerate(minis):
-            mini = mini if mini is not None else batch.subset(idx)
-            # the losses divide by whole-mini-batch counts, taken before any sequence is dropped below
-            n_seq, n_tok = normalizers(mini.loss_mask)
-            if loss_cfg.kl_coef == 0 and self.skip_zero_advantage:
-                # NOTE: without a KL term every loss here is a sum of advantage x (ratio term): a sequence whose
-                # advantages are all 0 (a GRPO group with equal rewards) or that has no loss token adds exactly 0
-                # to the loss and to the gradient, so it need not run through the model at all.
-                adv_rows = mini.advantages if mini.advantages.ndim == 1 else mini.advantages.abs().amax(dim=1)
-                has_tok = [float(mini.loss_mask[j].sum()) > 0 for j in range(mini.num_sequences)]
-                live = [j for j in range(mini.num_sequences) if float(adv_rows[j]) != 0.0 and has_tok[j]]
-                if not live and any(has_tok):
-                    # keep the shortest one anyway: its gradient is exactly 0 too, and the step still reports
-                    # entropy and the trainer-vs-engine log-prob gap (a weight-sync check) for its tokens
-                    live = [min((j for j in range(mini.num_sequences) if has_tok[j]),
-                                key=lambda j: int(mini.completion_lens[j]))]
-                dropped += mini.num_sequences - len(live)
-                if len(live) < mini.num_sequences:
-                    idx = [idx[j] for j in live]
-                    mini = mini.subset(live) if live else None
+        for k, (idx, mini, n_seq, n_tok) in enumerate(plans):
             sel_full = torch.tensor(idx, dtype=torch.long)
             self.optimizer.zero_grad(set_to_none=True)
-            if mini is None:
-                # nothing carries gradient: step on exact zeros, as the full computation would (AdamW's moments
-                # and step count still advance)
-                for prm in self.model.parameters():
-                    if prm.requires_grad:
-                        prm.grad = torch.zeros_like(prm)
             t = mini.max_completion_len if mini is not None else 1
             old = mini.old_logprobs.to(dev) if mini is not None else None  # [b, T]
             mask = mini.loss_mask.to(dev) if mini is not None else None  # [b, T]
             adv = mini.advantages.to(dev) if mini is not None else None  # [b]
             ref = ref_full[sel_full.to(dev), :t] if ref_full is not None else None
             prox = prox_full[sel_full.to(dev), :t] if prox_full is not None else None
-            for mb in (mini.micro_batches if mini is not None else []):
+            micro = mini.micro_batches if mini is not None else []
+            extra = self._lockstep_extra(len(micro))
+            for mb in micro:
                 lp_tok, ent_tok = self._row_logprobs(self.model, mb, need_entropy=True)  # [N]
                 fwd_tokens += mb.num_tokens
                 lp = self._scatter(lp_tok, mb, t)  # [b_mb, T]
@@ -559,7 +623,7 @@ class Trainer:
                                     ref_logprobs=ref[sel] if ref is not None else None,
                                     prox_logprobs=prox[sel] if prox is not None else None,
                                     entropy=ent, num_sequences=n_seq, num_tokens=n_tok)
-                loss.backward()
+                (loss * self.sync.loss_scale if self.sync.loss_scale != 1.0 else loss).backward()
                 micro_count += 1
                 w = float(m.sum().item())
                 loss_total += met.pop("loss")
@@ -574,12 +638,15 @@ class Trainer:
                     diff_sum += float(d.sum().item())
                     diff_n += w
                     diff_max = max(diff_max, float(d.max().item()) if d.numel() else 0.0)
+            self._run_dummies(self.model, extra, backward=True)
             t_opt = time.perf_counter()
             lr_used = float(self.optimizer.param_groups[0]["lr"])
             params = [p for p in self.model.parameters() if p.requires_grad]
+            # NOTE: nothing ran here -> exact zero gradients, as the full computation would give (AdamW's moments
+            # and step count still advance); with ranks, the sum over them
+            self.sync.reduce_grads(params)
             clip = self.cfg.grad_clip if self.cfg.grad_clip is not None else float("inf")
-            gn = torch.nn.utils.clip_grad_norm_(params, clip)
-            grad_norm = float(gn.item())
+            grad_norm = self.sync.clip_grad_norm(params, clip)
             if math.isfinite(grad_norm):
                 self.optimizer.step()
             else:  # NOTE: a NaN/inf gradient would poison AdamW's moments for good; drop this update instead
@@ -589,6 +656,16 @@ class Trainer:
             optim_s += time.perf_counter() - t_opt
         self.optimizer.zero_grad(set_to_none=True)
         self.rl_step += 1
+        if self.sync.world_size > 1:  # every rank reports the whole step
+            parts = self.sync.gather((sums, weight, ratio_max, loss_total, diff_sum, diff_n, diff_max, fwd_tokens,
+                                      micro_count))
+            sums = {}
+            for p_sums, *_ in parts:
+                for key, v in p_sums.items():
+                    sums[key] = sums.get(key, 0.0) + v
+            weight, loss_total, diff_sum, diff_n = (sum(p[i] for p in parts) for i in (1, 3, 4, 5))
+            ratio_max, diff_max = max(p[2] for p in parts), max(p[6] for p in parts)
+            fwd_tokens, micro_count = sum(p[7] for p in parts), sum(p[8] for p in parts)
 
         out: dict[str, float] = {key: v / max(weight, 1.0) for key, v in sums.items()}
         out.update(
@@ -605,11 +682,23 @@ class Trainer:
             skipped_steps=float(skipped),
             ref_s=ref_s,
             optim_s=optim_s,
+            **({"collective_s": self.sync.clock.seconds - collective_s0} if self.sync.world_size > 1 else {}),
             train_s=time.perf_counter() - t0,
         )
         return out
 
     # ------------------------------------------------------------------------------------------- weights
+
+    def full_weights(self) -> dict[str, torch.Tensor]:
+        """The unsharded HF-named weights (every rank must call it under FSDP2; rank 0 gets them, others {})."""
+        return self.sync.full_model_state(self.model)
+
+    def full_optimizer_state(self) -> dict[str, Any]:
+        """AdamW's state in `optimizer.state_dict()` layout, whatever the world size (a gather under FSDP2)."""
+        return self.sync.full_optimizer_state(self.model, self.optimizer)
+
+    def load_optimizer_state(self, state: dict[str, Any]) -> None:
+        self.sync.load_optimizer_state(self.model, self.optimizer, state)
 
     @torch.no_grad()
     def state_dict_for_sync(self) -> dict[str, torch.Tensor]:
@@ -619,7 +708,7 @@ class Trainer:
         optimiser step or send them to another process.
         """
         if not self.lora:
-            return {k: v.detach() for k, v in self.model.state_dict().items()}
+            return self.full_weights()  # under FSDP2 a gather every rank joins; rank 0 gets the weights
         from peft.tuners.lora import LoraLayer
 
         prefix = "base_model.model."
@@ -657,15 +746,21 @@ class Trainer:
         unexpected = [k for k in state_dict if k not in live]
         if unexpected:
             raise TrainerError(f"{source or 'weights'}: unexpected parameter {unexpected[0]!r} for this model")
+        for k, v in state_dict.items():
+            if tuple(v.shape) != tuple(live[k].shape):
+                raise TrainerError(f"{source or 'weights'}: parameter {k!r} has shape {tuple(v.shape)}, model expects {tuple(live[k].shape)}")
+        if self.sync.lockstep:  # sharded: each rank keeps its slice of the full tensors
+            tied = {"lm_head.weight"} if getattr(self.model.config, "tie_word_embeddings", False) else set()
+            missing = [k for k in live if k not in state_dict and k not in tied]
+            if missing:
+                raise TrainerError(f"{source or 'weights'}: missing parameter {missing[0]!r}")
+            self.sync.load_model_state(self.model, state_dict)
+            return
         loaded_ptrs = {live[k].data_ptr() for k in state_dict}
         missing = [k for k in live if k not in state_dict and live[k].data_ptr() not in loaded_ptrs]
         if missing:
             raise TrainerError(f"{source or 'weights'}: missing parameter {missing[0]!r}")
-        with torch.no_grad():
-            for k, v in state_dict.items():
-                if tuple(v.shape) != tuple(live[k].shape):
-                    raise TrainerError(f"{source or 'weights'}: parameter {k!r} has shape {tuple(v.shape)}, model expects {tuple(live[k].shape)}")
-                live[k].copy_(v.to(live[k].dtype))
+        self.sync.load_model_state(self.model, state_dict)
 
     def load_trainable(self, state_dict: dict[str, torch.Tensor], source: str = "") -> None:
         """Restore LoRA adapter tensors saved by `trainable_state_dict`."""
