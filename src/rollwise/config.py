@@ -814,6 +814,9 @@ RESUME_MAY_DIFFER: tuple[str, ...] = (
     "run.eval_every", "run.cpu_threads", "run.ray_timeout_s", "run.ray_address", "run.num_scorers",
     "train.steps", "engine.max_num_seqs", "engine.max_num_batched_tokens", "engine.num_kv_blocks",
     "engine.kv_cache_gb", "engine.remote_timeout_s", "warmup.cache", "warmup.cache_dir", "model.device",
+    # the same update at any world size (to float reassociation), and a checkpoint holds full, unsharded state
+    "train.world_size", "train.parallel", "train.max_restarts", "run.ray_gpus_per_engine",
+    "run.ray_gpus_per_trainer_rank",
 )
 
 
