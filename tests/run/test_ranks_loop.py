@@ -9,7 +9,6 @@ import os
 import signal
 import subprocess
 import threading
-import time
 
 import pytest
 

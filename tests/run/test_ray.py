@@ -87,3 +87,48 @@ def test_ray_matches_local_and_survives_a_killed_engine(tmp_path, run_cfg):
     c = summary["rollouts"]
     assert c["total"] == 4 * 4 * 4 == len(RolloutStore(killed).read())
     assert c["kept"] + c["filtered"] + c["errored"] + c["truncated"] + c["aborted"] == c["total"]
+
+
+@pytest.mark.slow
+def test_ray_trainer_ranks_killed_restart_and_the_run_finishes(tmp_path, run_cfg, monkeypatch):
+    """Two trainer ranks as Ray actors; one is SIGKILLed inside step 3: the ranks are replaced, step-2 restored,
+    and the run ends with the weights of an uninterrupted run."""
+    from safetensors.torch import load_file
+
+    from rollwise.run.trainer_handle import RayTrainer
+
+    sets = ["train.steps=4", "run.checkpoint_every=2", "engine.backend=ray", "engine.num_engines=1",
+            "run.num_scorers=1", "run.ray_timeout_s=300", "train.world_size=2", "train.lr=1e-3"]
+    clean = tmp_path / "clean"
+    train(run_cfg(clean, *sets), log=lambda s: None)
+    original = RayTrainer.train_step
+    fired: list[int] = []
+
+    def train_step(self, rollouts):
+        if self.version == 2 and not fired:
+            fired.append(self.pids[1])
+            threading.Timer(0.01, os.kill, (self.pids[1], signal.SIGKILL)).start()
+        return original(self, rollouts)
+
+    monkeypatch.setattr(RayTrainer, "train_step", train_step)
+    out = tmp_path / "killed"
+    lines: list[str] = []
+    summary = train(run_cfg(out, *sets), log=lines.append)
+    assert fired and summary is not None
+    lost = [line for line in lines if line.startswith("trainer lost at step 3")]
+    assert len(lost) == 1 and "restored step-2" in lost[0] and "no step or rollout was lost" in lost[0], lines
+    assert [m["step"] for m in metrics(out)] == [1, 2, 3, 4]
+
+    def final(d):
+        return load_file(str(d / "checkpoints" / "step-4" / "model.safetensors"))
+
+    a, b = final(clean), final(out)
+    assert max(float((a[k] - b[k]).abs().max()) for k in a) < 1e-6
+
+
+def test_ray_config_the_cluster_cannot_hold_is_refused_at_start(tmp_path, run_cfg):
+    cfg = run_cfg(tmp_path / "r", "engine.backend=ray", "engine.num_engines=2", "run.ray_gpus_per_trainer_rank=1",
+                  "run.ray_gpus_per_engine=0.5")
+    with pytest.raises(ValueError, match=r"has \d+ CPU\(s\) and 0 GPU\(s\); this config needs [\d.]+ CPU\(s\) and 2 "
+                                         r"GPU\(s\): 2 engine actor\(s\) \(engine.num_engines\) x 1 CPU \+ 0.5 GPU"):
+        train(cfg, log=lambda s: None)  # before any actor is asked for (it would wait for a GPU that is not there)

@@ -10,6 +10,7 @@ set them. `shortfall` is pure (tested with hand-made numbers); `ensure_ray` star
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -74,8 +75,11 @@ def ensure_ray(cfg: Any, device: str) -> None:
 
     demands = ray_demands(cfg, device)
     need_cpu, _ = totals(demands)
+    local_cpus = max(int(math.ceil(need_cpu)) + 1, os.cpu_count() or 1)  # logical CPUs: scheduling tokens
+    if ray.is_initialized() and not cfg.run.ray_address and ray.cluster_resources().get("CPU", 0) < need_cpu:
+        ray.shutdown()  # a local cluster an earlier run in this process started smaller: start it again, larger
     if not ray.is_initialized():
-        kw: dict[str, Any] = {} if cfg.run.ray_address else {"num_cpus": int(math.ceil(need_cpu)) + 1}
+        kw: dict[str, Any] = {} if cfg.run.ray_address else {"num_cpus": local_cpus}
         ray.init(address=cfg.run.ray_address, include_dashboard=False, ignore_reinit_error=True, log_to_driver=False,
                  **kw)
     msg = shortfall(demands, ray.cluster_resources())
