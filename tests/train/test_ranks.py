@@ -3,6 +3,8 @@ this CPU) give the same weights as 1 rank after 2 steps; a checkpoint saved at 2
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from rollwise.config import TrainConfig
@@ -87,6 +89,25 @@ def test_two_ranks_equal_one_rank_after_two_steps(tiny_llama_tied, parallel, upd
         assert b["collective_s"] > 0
 
 
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp2"])
+def test_two_ranks_with_a_reference_model_and_proximal_policy(tiny_llama, parallel):
+    """KL to a frozen reference, 2 updates per step with the decoupled loss (proximal log-probs): the extra
+    forwards run on each rank's share only (and in lockstep under FSDP2) and the update is still the same."""
+    def sp(world):
+        s = spec(tiny_llama, world, parallel, updates_per_step=2)
+        return dataclasses.replace(s, reference=True, loss_cfg=LossConfig(kl_coef=0.1, decoupled=True))
+
+    ms1, w1 = run_two_steps(sp(1).build())
+    ranks = LocalRanks(sp(2))
+    try:
+        ms2, w2 = run_two_steps(ranks)
+    finally:
+        ranks.shutdown()
+    assert max_diff(w1, w2) < 1e-5
+    for a, b in zip(ms1, ms2):
+        assert a["kl"] == pytest.approx(b["kl"], abs=1e-6) and a["loss"] == pytest.approx(b["loss"], abs=1e-5)
+
+
 def test_checkpoint_saved_at_two_ranks_loads_at_one(tiny_llama, tmp_path):
     ranks = LocalRanks(spec(tiny_llama, 2, "fsdp2"))
     try:
@@ -135,8 +156,8 @@ def test_smollm2_two_ranks_equal_one_rank(smollm2_dir):
         ms = [handle.train_step(b) for b in rs]
         return {k: v.detach().clone() for k, v in handle.weights().items()}, ms
 
-    def sp(world):
-        return TrainerSpec(model_path=str(smollm2_dir), train=TrainConfig(lr=1e-5, micro_batch_tokens=64),
+    def sp(world, mbt=64):
+        return TrainerSpec(model_path=str(smollm2_dir), train=TrainConfig(lr=1e-5, micro_batch_tokens=mbt),
                            loss_name="grpo", loss_cfg=LossConfig(), threads=1, world_size=world, parallel="ddp",
                            total_steps=2)
 
@@ -152,9 +173,13 @@ def test_smollm2_two_ranks_equal_one_rank(smollm2_dir):
         w2, ms2 = two(ranks)
     finally:
         ranks.shutdown()
-    d = max_diff(w1, w2)
-    moved = max_diff(w0, w1)
-    print(f"SmolLM2-135M, 2 steps: max |w1 - w2| = {d:.2e} (the weights moved by up to {moved:.2e})")
-    assert moved > 1e-5 and d < 1e-7  # AdamW at lr 1e-5 moves each weight ~2e-5; the ranks agree to float rounding
+    # float reassociation alone, as a yardstick: one rank, the same sequences packed into other micro-batches
+    w_pack, _ = two(sp(1, mbt=24).build())
+    d, d_pack, moved = max_diff(w1, w2), max_diff(w1, w_pack), max_diff(w0, w1)
+    print(f"SmolLM2-135M, 2 steps: max |w(1 rank) - w(2 ranks)| = {d:.2e}; 1 rank repacked: {d_pack:.2e}; "
+          f"the weights moved by up to {moved:.2e}")
+    # NOTE: AdamW's first steps divide by sqrt(v): for a weight whose gradient is near 0 (~eps), a rounding-level
+    # change of the gradient changes its update by a visible fraction. So the bound is the repacking yardstick.
+    assert moved > 1e-5 and d <= 2 * d_pack + 1e-9
     for a, b in zip(ms1, ms2):
-        assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-4) and a["loss"] == pytest.approx(b["loss"], abs=1e-6)
+        assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-4) and a["loss"] == pytest.approx(b["loss"], abs=1e-5)

@@ -31,6 +31,9 @@ with the current weights (their staleness is 0 where the lost ones' was up to K)
 (control.selector: posterior) and the speculative draft store start empty. With the Ray trainer the update runs
 in its actor, whose RNG is its own: the re-trained steps are exact only when the update draws no random numbers
 (one update per step, the default).
+
+The same machinery brings back a trainer that died mid-run (a rank process or a Ray actor: `recover_trainer`):
+fresh ranks, the latest checkpoint, the stored steps since re-trained, then the step in flight again.
 """
 
 from __future__ import annotations
