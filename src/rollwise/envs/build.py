@@ -7,8 +7,11 @@ reward (`env.reward: "file.py:fn"` or `env.rewards: [{fn, weight}]`), puts it on
 calls a TRL-style reward once per batch. Correctness for any reward is `rewards.base.is_correct(score,
 env.pass_threshold)`.
 
-Deliberately left out: user rewards on multi-turn environments (an episode is scored by the environment's
-own `score_episode`; refused with a clear message rather than silently scoring only the last turn).
+With `environment` (`env.environment: "file.py:Class"`), the tasks of `name` run as episodes of the user's class
+(`envs.agent`), and the reward gets `environments=`.
+
+Deliberately left out: user rewards on registered multi-turn environments (an episode is scored by the
+environment's own `score_episode`; refused with a clear message rather than silently scoring only the last turn).
 """
 
 from __future__ import annotations
@@ -60,12 +63,17 @@ def check_env_section(name: str, kwargs: dict[str, Any] | None = None, module: s
 
 
 def make_env(name: str, kwargs: dict[str, Any] | None = None, *, reward: Any = None, rewards: Sequence[Any] | None = None,
-             module: str | None = None, reward_timeout_s: float | None = 30.0, reward_workers: int = 8) -> Any:
+             module: str | None = None, reward_timeout_s: float | None = 30.0, reward_workers: int = 8,
+             environment: str | None = None, environment_api: str = "tools", tool_timeout_s: float = 10.0,
+             max_tool_calls: int = 4, turn_budget_s: float = 25.0) -> Any:
     """The environment the `env` config section describes (see the module docstring).
 
     name/kwargs: `env.name` / `env.kwargs`; reward/rewards: `env.reward` / `env.rewards`; module: `env.module`
     ("pkg.mod", "path/to/file.py", or "file.py:attr"); reward_timeout_s: the most seconds one reward call may
-    take (a TRL-style batch call counts as one call); reward_workers: concurrent per-sample reward calls.
+    take (a TRL-style batch call counts as one call); reward_workers: concurrent per-sample reward calls;
+    environment / environment_api: `env.environment` ("file.py:Class") and how it is used ("tools" or "gym",
+    `envs.agent`), its episodes over the tasks of `name`; tool_timeout_s, max_tool_calls, turn_budget_s: a tool
+    class's limits per call and per turn.
     """
     if module:
         if ":" in module:
@@ -79,6 +87,11 @@ def make_env(name: str, kwargs: dict[str, Any] | None = None, *, reward: Any = N
         scorer = make_reward(reward, rewards, timeout_s=reward_timeout_s, max_workers=reward_workers)
     except TypeError as e:  # not callable, or a signature neither convention fits: the config's mistake
         raise EnvSpecError(f"env.reward{'s' if rewards else ''}: {e}") from e
+    if environment:
+        from rollwise.envs.agent import make_class_env
+
+        return make_class_env(env, environment, environment_api, scorer, tool_timeout_s=tool_timeout_s,
+                              max_calls=max_tool_calls, turn_budget_s=turn_budget_s)
     if scorer is None:
         if name == "dataset":
             raise ValueError("env.name=dataset has no reward of its own: set env.reward (\"file.py:fn\" or "
