@@ -141,8 +141,8 @@ def trl_arguments(tasks: Sequence[Task], completions: Sequence[str],
     """The keyword arguments TRL passes a reward function, built from rollwise tasks."""
     kw: dict[str, Any] = {
         "prompts": [t.prompt for t in tasks],
-        "completions": [[{"role": "assistant", "content": c}] if isinstance(t.prompt, list) else c
-                        for t, c in zip(tasks, completions)],
+        "completions": [c if isinstance(c, list) else [{"role": "assistant", "content": c}]
+                        if isinstance(t.prompt, list) else c for t, c in zip(tasks, completions)],
     }
     if completion_ids is not None:
         kw["completion_ids"] = [list(ids) for ids in completion_ids]
