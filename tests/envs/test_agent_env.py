@@ -270,3 +270,27 @@ def test_turns_are_token_exact_on_the_real_tokenizer_even_mid_word(smol_tok):
                                    + [{"role": "assistant", "content": call}, {"role": "tool", "content": "42"},
                                       {"role": "assistant", "content": "6 * 7 = 42"}], tokenize=False)
     assert tok.decode(prompt + ids) + "\n" == full  # the template's own rendering of the whole conversation
+
+
+def test_a_turn_cut_by_max_tokens_still_reaches_the_reward():
+    from rollwise.models.tokenizer import build_char_tokenizer
+
+    tok = build_char_tokenizer("abcdefghijklmnopqrstuvwxyzW .,:?*()0123456789\n")
+    env = make_env()
+    cut = TextEngine(tok, lambda conv, ids: tok.encode("it is 42 and more", add_special_tokens=False))
+    task = Data().load()[0]
+    enc = lambda t: tok.encode("What is 6 * 7?")  # noqa: E731
+
+    class Cut(TextEngine):
+        def generate(self, prompts, params):
+            outs = super().generate(prompts, params)
+            for o in outs:
+                for c in o.outputs:
+                    c.finish_reason = "length"
+            return outs
+
+    cut.__class__ = Cut
+    (ep,) = run_episodes(cut, tok, env, [task], SamplingParams(n=1, max_tokens=8), 3, 400, prompts=[enc(task)],
+                         encode=enc)
+    assert ep.finish_reason == "length" and ep.score.error is None and ep.score.value == 0.0  # scored, not errored
+    assert ep.state.transcript == [("policy", "it is 42 and more")]

@@ -304,11 +304,12 @@ def _advance(ep: Episode, out: Any, env: Any, tokenizer: Any, max_turns: int, ma
     ep.turns += 1
     text = out.text if out.text else tokenizer.decode(ids)
     ep.texts.append(("policy", text))
-    if out.finish_reason == "abort":
-        ep.finish_reason = "abort"
-        return False
-    if out.finish_reason == "length":
-        ep.finish_reason = "length"
+    if out.finish_reason in ("abort", "length"):
+        ep.finish_reason = out.finish_reason
+        # NOTE: the environment's step never sees this turn, so its transcript gets it here: a reward reading the
+        # episode's turns (envs.agent) scores what the policy wrote, cut or not.
+        if ep.state is not None:
+            ep.state.transcript.append(("policy", text))
         return False
     try:
         reply = _step_with_timeout(env, ep.state, text, turn_timeout_s)  # type: ignore[arg-type]

@@ -69,6 +69,20 @@ def set_aside(run_dir: Path) -> Path | None:
     return dest
 
 
+def _keep_metrics_through(path: Path, step: int) -> None:
+    """Drop metrics lines after `step` (and a torn last line): a resumed stage logs those steps again."""
+    if not path.is_file():
+        return
+    keep = []
+    for line in path.read_text().splitlines():
+        try:
+            if int(json.loads(line)["step"]) <= step:
+                keep.append(line)
+        except (ValueError, KeyError, TypeError):
+            continue
+    path.write_text("".join(x + "\n" for x in keep))
+
+
 def run_sft(cfg: Any, base_dir: Path, tokenizer: Any, prompt_format: Any, run_dir: Path, device: str, log: Log, *,
             stop_after: int | None = None) -> tuple[Path | None, dict[str, Any]]:
     """Run (or resume, or skip when finished) the SFT stage; (final model dir, info). With `stop_after`, stop after
@@ -108,6 +122,7 @@ def run_sft(cfg: Any, base_dir: Path, tokenizer: Any, prompt_format: Any, run_di
         f"{S.steps} steps of {S.batch_size}, lr {S.lr:g}")
     metrics_path = root / "metrics.jsonl"
     root.mkdir(parents=True, exist_ok=True)
+    _keep_metrics_through(metrics_path, start)  # lines of steps the crash lost are logged again
     last = S.steps if stop_after is None else min(S.steps, start + stop_after)
     loss_cfg = LossConfig()
     m: dict[str, float] = {}
