@@ -294,3 +294,45 @@ def test_a_turn_cut_by_max_tokens_still_reaches_the_reward():
                          encode=enc)
     assert ep.finish_reason == "length" and ep.score.error is None and ep.score.value == 0.0  # scored, not errored
     assert ep.state.transcript == [("policy", "it is 42 and more")]
+
+
+TOOL_TEMPLATE = (
+    "{%- if tools %}<|im_start|>system\n# Tools\n{% for t in tools %}{{ t | tojson }}\n{% endfor %}"
+    "Call one as <tool_call>{\"name\": ..., \"arguments\": ...}</tool_call><|im_end|>\n{% endif %}"
+    "{%- for m in messages %}"
+    "{%- if m.role == 'assistant' and m.tool_calls %}<|im_start|>assistant\n{{ m.content }}"
+    "{% for c in m.tool_calls %}<tool_call>\n{{ {'name': c.function.name, 'arguments': c.function.arguments} | tojson }}"
+    "\n</tool_call>{% endfor %}<|im_end|>\n"
+    "{%- elif m.role == 'tool' %}<|im_start|>user\n<tool_response>\n{{ m.content }}\n</tool_response><|im_end|>\n"
+    "{%- else %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{%- endif %}{%- endfor %}"
+    "{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def test_a_template_that_renders_tools_is_used_for_prompts_calls_and_results(smollm2_dir):
+    """Qwen/Hermes-style: the template writes the tool list, the calls and the results; rollwise follows it."""
+    from transformers import AutoTokenizer
+
+    from rollwise.models.prompting import PromptFormat
+    from rollwise.models.tool_calls import template_renders_tools
+    from rollwise.models.turns import ChatTurns
+
+    tok = AutoTokenizer.from_pretrained(smollm2_dir)
+    tok.chat_template = TOOL_TEMPLATE
+    assert template_renders_tools(tok)
+    env = make_env()
+    fmt = PromptFormat(tools=env.tools)
+    prompt_text = tok.decode(fmt.encode(tok, "What is 6 * 7?"))
+    assert prompt_text.startswith("<|im_start|>system\n# Tools\n") and "Tools:\n- " not in prompt_text
+    demo = [{"role": "user", "content": "What is 6 * 7?"},
+            {"role": "assistant", "content": "", "tool_calls": [
+                {"type": "function", "function": {"name": "multiply", "arguments": {"a": 6, "b": 7}}}]},
+            {"role": "tool", "content": "42"}, {"role": "assistant", "content": "42"}]
+    turns = ChatTurns(tok, fmt)
+    prompt, ids, mask = turns.render_conversation(demo)
+    assert tok.decode(prompt + ids) == tok.apply_chat_template(demo, tools=env.tools, tokenize=False)
+    policy = tok.decode([i for i, m in zip(ids, mask) if m])
+    assert policy.startswith('<tool_call>\n{"name": "multiply"') and policy.endswith("42<|im_end|>")
+    (call,) = parse_tool_calls(policy)  # the template's call syntax parses as a call
+    assert call.name == "multiply" and call.arguments == {"a": 6, "b": 7}
+    tool_turn = tok.decode([i for i, m in zip(ids, mask) if not m])
+    assert tool_turn == "<|im_start|>user\n<tool_response>\n42\n</tool_response><|im_end|><|im_start|>assistant\n"

@@ -272,9 +272,8 @@ class ToolEnv:
             return False, f"error: {call.name}: not run, this turn's tool time is used up"
         fn = getattr(obj, call.name)
         finished, out = _with_timeout(lambda: fn(**call.arguments), budget)
-        if not finished:
-            state_note = f"timed out after {budget:.3g}s"
-            return False, f"error: {call.name}: {state_note}"
+        if not finished:  # NOTE: the call's thread is abandoned (it cannot be killed) and may still touch `obj`
+            return False, f"error: {call.name}: timed out after {budget:.3g}s"
         if isinstance(out, BaseException):
             return False, f"error: {call.name} raised {type(out).__name__}: {str(out)[:300]}"
         text = _result_text(out)
