@@ -50,6 +50,9 @@ def run(args: argparse.Namespace) -> int:
     if not cfg.sft.path:
         raise UserError("the config has no sft.path (a JSONL of {\"messages\": [...]} demonstrations)")
     check_env_section(cfg.env.name, cfg.env.kwargs, cfg.env.module)
+    from rollwise.train.sft import load_demos
+
+    load_demos(cfg.sft.path)  # a missing or broken demonstration file fails here, before any model loads
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()

@@ -313,6 +313,10 @@ def build_run(cfg: RunConfig, log: Log) -> RunParts:
     torch.manual_seed(seed)
     device = resolve_device(cfg.model.device)
     env = make_env(cfg.env)
+    if cfg.sft.path:  # a missing or broken demonstration file fails now, before any model loads
+        from rollwise.train.sft import load_demos
+
+        load_demos(cfg.sft.path)
     from rollwise.control.episodes import is_multi_turn
 
     multi_turn = is_multi_turn(env)
