@@ -336,3 +336,30 @@ def test_a_template_that_renders_tools_is_used_for_prompts_calls_and_results(smo
     assert call.name == "multiply" and call.arguments == {"a": 6, "b": 7}
     tool_turn = tok.decode([i for i, m in zip(ids, mask) if not m])
     assert tool_turn == "<|im_start|>user\n<tool_response>\n42\n</tool_response><|im_end|><|im_start|>assistant\n"
+
+
+def test_a_user_reward_scores_a_registered_multi_turn_env_with_environments():
+    """rollwise's own reset/step protocol (tool_calc) with a TRL-style reward: whole episodes, environments=."""
+    import re
+    import string
+
+    from rollwise.envs.build import RewardedEpisodes
+    from rollwise.envs.build import make_env as build
+    from rollwise.models.tokenizer import build_char_tokenizer
+
+    def reward(completions, environments, answer, **kw):
+        return [float(e.data["calls"] >= 1 and f"<answer>{a}" in c) for c, e, a in zip(completions, environments, answer)]
+
+    env = build("tool_calc", {"terms": 2, "digits": 2}, reward=reward)
+    assert isinstance(env, RewardedEpisodes) and env.stop == ("</calc>", "</python>", "</answer>")
+    tok = build_char_tokenizer(string.printable)
+
+    def script(conv, ids):
+        expr = re.findall(r"What is (.*?)\?", conv)[0]
+        res = re.findall(r"<result>(-?\d+)</result>", conv)
+        text = f"<calc>{expr}</calc>" if not res else f"<answer>{res[-1]}</answer>"
+        return tok.encode(text, add_special_tokens=False)
+
+    tasks = env.load("train", n=2)
+    eps = run_episodes(TextEngine(tok, script), tok, env, tasks, SamplingParams(n=1, max_tokens=40), 4, 800)
+    assert [ep.score.value for ep in eps] == [1.0, 1.0] and all(ep.turns == 2 for ep in eps)

@@ -10,8 +10,8 @@ env.pass_threshold)`.
 With `environment` (`env.environment: "file.py:Class"`), the tasks of `name` run as episodes of the user's class
 (`envs.agent`), and the reward gets `environments=`.
 
-Deliberately left out: user rewards on registered multi-turn environments (an episode is scored by the
-environment's own `score_episode`; refused with a clear message rather than silently scoring only the last turn).
+On a registered multi-turn environment (`reset` / `step`) a configured reward replaces its `score_episode`
+(`RewardedEpisodes`): it scores whole episodes and gets `environments=` (the episodes' states).
 """
 
 from __future__ import annotations
@@ -44,6 +44,50 @@ class RewardedEnv:
     def score_batch(self, tasks: Sequence[Task], completions: Sequence[str],
                     completion_ids: Sequence[Sequence[int]] | None = None) -> list[Score]:
         return self.reward.score_batch(tasks, completions, completion_ids)
+
+
+@dataclass
+class RewardedEpisodes:
+    """A registered multi-turn environment's episodes scored by a user reward instead of its own `score_episode`:
+    one call per batch of episodes, with `completions` (each episode's policy turns and replies as one text, or
+    assistant / user messages for a message-list prompt) and `environments=` (the episodes' states)."""
+
+    env: Any
+    reward: UserReward | RewardSum
+
+    @property
+    def name(self) -> str:
+        return self.env.name
+
+    @property
+    def stop(self) -> tuple[str, ...]:
+        return tuple(getattr(self.env, "stop", ()))
+
+    def load(self, split: str = "train", n: int | None = None, seed: int = 0) -> list[Task]:
+        return self.env.load(split=split, n=n, seed=seed)
+
+    def reset(self, task: Task) -> Any:
+        return self.env.reset(task)
+
+    def step(self, state: Any, completion: str) -> Any:
+        return self.env.step(state, completion)
+
+    def teardown(self, state: Any) -> None:
+        if callable(getattr(self.env, "teardown", None)):
+            self.env.teardown(state)
+
+    def score(self, task: Task, completion: str) -> Score:
+        return self.reward(task, completion)
+
+    def score_episodes(self, states: Sequence[Any]) -> list[Score]:
+        def completion(st: Any) -> Any:
+            texts = st.data.get("episode_texts", [])
+            if isinstance(st.task.prompt, list):
+                return [{"role": "assistant" if r == "policy" else "user", "content": t} for r, t in texts]
+            return "".join(t for _, t in texts)
+
+        return self.reward.score_batch([s.task for s in states], [completion(s) for s in states], None,
+                                       extra={"environments": list(states)})
 
 
 def check_env_section(name: str, kwargs: dict[str, Any] | None = None, module: str | None = None) -> None:
@@ -97,7 +141,6 @@ def make_env(name: str, kwargs: dict[str, Any] | None = None, *, reward: Any = N
             raise ValueError("env.name=dataset has no reward of its own: set env.reward (\"file.py:fn\" or "
                              "\"module:fn\") or env.rewards")
         return env
-    if hasattr(env, "score_episode"):
-        raise ValueError(f"environment {name!r} is multi-turn and scores its own episodes; env.reward / env.rewards "
-                         "apply to single-turn environments")
+    if callable(getattr(env, "reset", None)) and callable(getattr(env, "step", None)):
+        return RewardedEpisodes(env, scorer)  # multi-turn: the user's reward scores whole episodes
     return RewardedEnv(env, scorer)

@@ -124,7 +124,8 @@ def run_episodes(
     turn_end_ids: tokens that end a policy turn without ending the episode (the chat template's end-of-turn token,
     when replies are chat turns); any other EOS ends it. encode: a task's prompt ids, for environments whose
     `opening(state)` returns text to append to the first user turn (`envs.agent`: what the user's `reset` returned).
-    An environment with `score_episodes(states) -> list[Score]` is scored once for all episodes of the call.
+    An environment with `score_episodes(states) -> list[Score]` is scored once for all episodes of the call (each
+    state's `data["episode_texts"]` then holds the episode's (role, text) segments, "policy" and "env").
     """
     if max_turns < 1:
         raise ValueError(f"run_episodes: max_turns must be >= 1, got {max_turns}")
@@ -231,6 +232,8 @@ def _score_batch(env: Any, episodes: list[Episode]) -> list[Score]:
         else:
             todo.append(i)
     if todo:
+        for i in todo:  # what the episode was, as text: the policy's turns and the replies (never used for tokens)
+            episodes[i].state.data["episode_texts"] = [(r, t) for r, t in episodes[i].texts if r != "prompt"]
         try:
             got = list(env.score_episodes([episodes[i].state for i in todo]))
             if len(got) != len(todo):
