@@ -264,6 +264,17 @@ class EnvConfig(_Section):
     engine's max_model_len, or 1024 when that is not set."""
     turn_timeout_s: float = Field(30.0, gt=0)
     """Multi-turn environments: the longest one `env.step` may take; past it the episode ends errored."""
+    environment: str | None = None
+    """A class each episode instantiates, over the tasks of `env.name`: "path/to/file.py:Class" or "module:Class"
+    (`rollwise.envs.agent`). With environment_api 'tools', `reset(**row)` and every public method a tool; rewards
+    get `environments=`."""
+    environment_api: Literal["tools", "gym"] = "tools"
+    """How `env.environment` is used: 'tools' (TRL's environment_factory shape: public methods are tools) or 'gym'
+    (`reset()` / `step(action) -> (observation, reward, done, info)`)."""
+    tool_timeout_s: float = Field(10.0, gt=0)
+    """Tool classes: the longest one tool call may run; past it the model gets a timeout error as the result."""
+    max_tool_calls: int = Field(4, ge=1)
+    """Tool classes: most tool calls run per policy turn (more get an error result)."""
 
     @model_validator(mode="after")
     def _rewards(self) -> "EnvConfig":
@@ -551,6 +562,31 @@ class WarmupConfig(_Section):
     """Where warmed-up models are cached; None = ~/.cache/rollwise/warmup."""
 
 
+class SftConfig(_Section):
+    """Supervised fine-tuning on demonstrations before RL (`rollwise.run.sft`); on when `path` is set. Demonstrations
+    are rendered exactly as rollouts are (`models.turns`), with the loss on assistant tokens only."""
+
+    path: str | None = None
+    """JSONL of demonstrations, one `{"messages": [...]}` per line (OpenAI / transformers chat format: assistant
+    turns may carry `tool_calls`, tool results are `tool`-role turns)."""
+    steps: int = Field(100, ge=1)
+    """Optimiser steps."""
+    lr: float = Field(1e-5, gt=0)
+    """AdamW learning rate (peak, after warm-up)."""
+    batch_size: int = Field(16, ge=1)
+    """Demonstrations per step (drawn in a seeded shuffled order, epoch after epoch)."""
+    schedule: Literal["constant", "linear", "cosine"] = "cosine"
+    """LR schedule over `steps`."""
+    warmup_steps: int = Field(0, ge=0)
+    """Linear LR warm-up steps."""
+    grad_clip: float | None = Field(1.0, gt=0)
+    """Max global gradient norm; None = no clipping."""
+    checkpoint_every: int = Field(25, ge=0)
+    """Save a resumable SFT checkpoint every N steps (RUN_DIR/sft/checkpoints/); the last step is always saved."""
+    eval_base: bool = True
+    """Evaluate the model before SFT too (summary.json `eval_base`); `eval_before` is then after SFT, before RL."""
+
+
 class ControlConfig(_Section):
     """The rollout controller (rollwise.control): which prompts to sample, how many samples, when to stop.
     It runs every step; the default (policy 'uniform', select 'all') samples K completions for each prompt."""
@@ -637,6 +673,8 @@ class RunConfig(BaseModel):
     """Run directory, checkpoints, evaluation."""
     warmup: WarmupConfig = Field(default_factory=WarmupConfig)
     """Supervised warm-up of the built-in model."""
+    sft: SftConfig = Field(default_factory=SftConfig)
+    """Supervised fine-tuning on demonstrations before RL."""
     control: ControlConfig = Field(default_factory=ControlConfig)
     """Rollout controller: prompt selection, group sizes, early stops, partial rollouts."""
     replay: ReplaySection = Field(default_factory=ReplaySection)
@@ -706,6 +744,10 @@ _APPLIES_WHEN: list[tuple[str, Any, str]] = [
     ("algo.overlong_cache", lambda c: c.algo.overlong_penalty or (c.algo.overlong_penalty is None and c.algo.loss == "dapo"),
      "the soft overlong penalty is on (algo.overlong_penalty, or algo.loss 'dapo')"),
     ("env.system_prompt", lambda c: c.env.chat_template is not False, "env.chat_template is not false"),
+    ("env.environment_api", lambda c: c.env.environment is not None, "env.environment is set"),
+    ("env.tool_timeout_s", lambda c: c.env.environment is not None, "env.environment is set"),
+    ("env.max_tool_calls", lambda c: c.env.environment is not None, "env.environment is set"),
+    ("sft", lambda c: c.sft.path is not None, "sft.path is set"),
     ("train.lora.r", lambda c: c.train.lora.enabled, "train.lora.enabled is true"),
     ("train.lora.alpha", lambda c: c.train.lora.enabled, "train.lora.enabled is true"),
     ("train.lora.dropout", lambda c: c.train.lora.enabled, "train.lora.enabled is true"),
@@ -814,6 +856,7 @@ RESUME_MAY_DIFFER: tuple[str, ...] = (
     "run.eval_every", "run.cpu_threads", "run.ray_timeout_s", "run.ray_address", "run.num_scorers",
     "train.steps", "engine.max_num_seqs", "engine.max_num_batched_tokens", "engine.num_kv_blocks",
     "engine.kv_cache_gb", "engine.remote_timeout_s", "warmup.cache", "warmup.cache_dir", "model.device",
+    "sft.checkpoint_every",
     # the same update at any world size (to float reassociation), and a checkpoint holds full, unsharded state
     "train.world_size", "train.parallel", "train.max_restarts", "run.ray_gpus_per_engine",
     "run.ray_gpus_per_trainer_rank",

@@ -72,6 +72,7 @@ def inputs(tmp_path_factory):
     ckpt = build_builtin_model(d / "ckpt", get_env("arithmetic").charset, hidden_size=32, num_layers=1, num_heads=2,
                                num_kv_heads=1, intermediate_size=64, max_position_embeddings=64)
     (d / "bad.yaml").write_text("train: [1, 2\n")
+    (d / "baddemo.jsonl").write_text("not json\n")
     (d / "badkey.yaml").write_text("train:\n  lr_rate: 1\n")
     (d / "badvalue.yaml").write_text("train:\n  lr: fast\n")
     (d / "digitz.yaml").write_text("env:\n  kwargs: {digitz: 3}\n")
@@ -159,6 +160,10 @@ def cases(p: dict) -> list[tuple[str, list[str], str]]:
         ("train", ["train", p["remote_closed"], "--out", out + "4"], "cannot connect"),
         ("train", ["train", p["remote_garbage"], "--out", out + "5"], "BadStatusLine"),
         ("train", ["train", p["long"], "--out", out + "6"], "long.jsonl:2 is"),
+        # sft (all fail before a model loads)
+        ("sft", ["sft", "--set", "env.name=arithmetic"], "no sft.path"),
+        ("sft", ["sft", "--set", f"sft.path={d}/missing.jsonl"], "does not exist"),
+        ("sft", ["sft", "--set", f"sft.path={d}/baddemo.jsonl"], "baddemo.jsonl: line 1: not valid JSON"),
         # eval: the model
         ("eval", [*ev, "--model", str(d / "missing"), "--env", "arithmetic"], "model directory not found"),
         ("eval", [*ev, "--model", str(d / "badjson_model"), "--env", "arithmetic"], "not valid JSON"),

@@ -23,6 +23,7 @@ __all__ = ["COMMANDS", "UserError", "build_parser", "main"]
 # name -> module; each module adds its own parser and runs itself.
 COMMANDS: dict[str, str] = {
     "train": "rollwise.cli.train",
+    "sft": "rollwise.cli.sft",
     "generate": "rollwise.cli.generate",
     "eval": "rollwise.cli.eval",
     "score": "rollwise.cli.score",

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from rollwise.envs.multiturn import Episode, encode_reply, run_episodes
+from rollwise.envs.multiturn import Episode, run_episodes
 from rollwise.types import SamplingParams, Task
 
 
@@ -24,37 +24,19 @@ def is_multi_turn(env: Any) -> bool:
     return callable(getattr(env, "reset", None)) and callable(getattr(env, "step", None))
 
 
-def chat_reply_formatter(tokenizer: Any, uses_template: bool) -> Callable[[str, list[int]], list[int]]:
-    """`format(reply, policy_turn_ids) -> ids` appending an environment reply as the next user turn.
+def chat_reply_formatter(tokenizer: Any, uses_template: bool) -> Callable[[Any, list[int]], list[int]]:
+    """`format(reply, policy_turn_ids) -> ids` appending an environment reply as the next chat turn
+    (`models.turns.ChatTurns.reply_ids`): a string as a user turn, a list of messages (e.g. `tool` results) as those
+    turns. With a chat template the ids are the template's own text between the end of an assistant message and
+    the start of the next one; the end-of-turn token is added first if the policy's turn stopped elsewhere (e.g. at
+    a tool call's closing tag). Without a template: the reply alone."""
+    from rollwise.models.prompting import PromptFormat
+    from rollwise.models.turns import ChatTurns
 
-    With a chat template the ids are the template's own text between the end of an assistant message and the
-    start of the next assistant message, with the reply as a user message in between (found by rendering a short
-    conversation with and without the reply, so any template works); the end-of-turn token is added first if the
-    policy's turn stopped elsewhere (e.g. at a tool call's closing tag). Without a template: the reply alone."""
-    if not uses_template:
-        return lambda reply, _ids: encode_reply(tokenizer, reply)
-    from rollwise.models.prompting import end_of_turn_id
-
-    marker = "\x00rollwise-reply\x00"
-    probe = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
-    before = tokenizer.apply_chat_template(probe, tokenize=False, add_generation_prompt=False)
-    after = tokenizer.apply_chat_template(probe + [{"role": "user", "content": marker}], tokenize=False,
-                                          add_generation_prompt=True)
-    if not after.startswith(before) or marker not in after:
-        raise ValueError("the chat template does not render a conversation as a prefix of its continuation; "
-                         "set env.chat_template: false for multi-turn environments with this model")
-    eot = end_of_turn_id(tokenizer)
-    eot_text = tokenizer.decode([eot]) if eot is not None else ""
-    cut = before.rfind(eot_text) + len(eot_text) if eot_text and eot_text in before else len(before)
-    tail = before[cut:]  # what the template writes after the end-of-turn token (e.g. "\n")
-    head, rest = after[len(before):].split(marker, 1)
-
-    def fmt(reply: str, policy_ids: list[int]) -> list[int]:
-        closed = bool(policy_ids) and eot is not None and policy_ids[-1] == eot
-        text = ("" if closed else eot_text) + tail + head + reply + rest
-        return list(tokenizer.encode(text, add_special_tokens=False))
-
-    return fmt
+    turns = ChatTurns(tokenizer, PromptFormat(chat_template=True if uses_template else False))
+    if uses_template:
+        turns._skeleton(("user",))  # a template that cannot be extended turn by turn fails here, at set-up
+    return turns.reply_ids
 
 
 @dataclass
@@ -69,9 +51,14 @@ class EpisodeRunner:
     max_turns: int = 4
     max_total_tokens: int = 1024
     turn_timeout_s: float | None = 30.0
+    turn_end_ids: frozenset[int] = frozenset()
+    """Tokens that end a policy turn but not the episode (the chat template's end-of-turn token)."""
+    stop: tuple[str, ...] = ()
+    """Extra stop strings for policy turns (a tool call's closing tag when there is no chat template)."""
 
     def run(self, engine: Any, tasks: Sequence[Task], params: Sequence[SamplingParams]) -> list[Episode]:
         """`params[i].n` episodes of `tasks[i]`, task-major."""
         return run_episodes(engine, self.tokenizer, self.env, list(tasks), list(params), self.max_turns,
                             self.max_total_tokens, prompts=[self.encode(t) for t in tasks],
-                            format_reply=self.format_reply, turn_timeout_s=self.turn_timeout_s)
+                            format_reply=self.format_reply, turn_timeout_s=self.turn_timeout_s,
+                            turn_end_ids=self.turn_end_ids, stop=self.stop, encode=self.encode)

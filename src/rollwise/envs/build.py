@@ -7,8 +7,11 @@ reward (`env.reward: "file.py:fn"` or `env.rewards: [{fn, weight}]`), puts it on
 calls a TRL-style reward once per batch. Correctness for any reward is `rewards.base.is_correct(score,
 env.pass_threshold)`.
 
-Deliberately left out: user rewards on multi-turn environments (an episode is scored by the environment's
-own `score_episode`; refused with a clear message rather than silently scoring only the last turn).
+With `environment` (`env.environment: "file.py:Class"`), the tasks of `name` run as episodes of the user's class
+(`envs.agent`), and the reward gets `environments=`.
+
+On a registered multi-turn environment (`reset` / `step`) a configured reward replaces its `score_episode`
+(`RewardedEpisodes`): it scores whole episodes and gets `environments=` (the episodes' states).
 """
 
 from __future__ import annotations
@@ -43,6 +46,50 @@ class RewardedEnv:
         return self.reward.score_batch(tasks, completions, completion_ids)
 
 
+@dataclass
+class RewardedEpisodes:
+    """A registered multi-turn environment's episodes scored by a user reward instead of its own `score_episode`:
+    one call per batch of episodes, with `completions` (each episode's policy turns and replies as one text, or
+    assistant / user messages for a message-list prompt) and `environments=` (the episodes' states)."""
+
+    env: Any
+    reward: UserReward | RewardSum
+
+    @property
+    def name(self) -> str:
+        return self.env.name
+
+    @property
+    def stop(self) -> tuple[str, ...]:
+        return tuple(getattr(self.env, "stop", ()))
+
+    def load(self, split: str = "train", n: int | None = None, seed: int = 0) -> list[Task]:
+        return self.env.load(split=split, n=n, seed=seed)
+
+    def reset(self, task: Task) -> Any:
+        return self.env.reset(task)
+
+    def step(self, state: Any, completion: str) -> Any:
+        return self.env.step(state, completion)
+
+    def teardown(self, state: Any) -> None:
+        if callable(getattr(self.env, "teardown", None)):
+            self.env.teardown(state)
+
+    def score(self, task: Task, completion: str) -> Score:
+        return self.reward(task, completion)
+
+    def score_episodes(self, states: Sequence[Any]) -> list[Score]:
+        def completion(st: Any) -> Any:
+            texts = st.data.get("episode_texts", [])
+            if isinstance(st.task.prompt, list):
+                return [{"role": "assistant" if r == "policy" else "user", "content": t} for r, t in texts]
+            return "".join(t for _, t in texts)
+
+        return self.reward.score_batch([s.task for s in states], [completion(s) for s in states], None,
+                                       extra={"environments": list(states)})
+
+
 def check_env_section(name: str, kwargs: dict[str, Any] | None = None, module: str | None = None) -> None:
     """The `env` section's name and kwargs checked without building anything (so `rollwise train --print-config`
     fails on `env.kwargs: {digitz: 3}` with "did you mean 'digits'"): an unknown built-in name, an unknown or
@@ -60,12 +107,17 @@ def check_env_section(name: str, kwargs: dict[str, Any] | None = None, module: s
 
 
 def make_env(name: str, kwargs: dict[str, Any] | None = None, *, reward: Any = None, rewards: Sequence[Any] | None = None,
-             module: str | None = None, reward_timeout_s: float | None = 30.0, reward_workers: int = 8) -> Any:
+             module: str | None = None, reward_timeout_s: float | None = 30.0, reward_workers: int = 8,
+             environment: str | None = None, environment_api: str = "tools", tool_timeout_s: float = 10.0,
+             max_tool_calls: int = 4, turn_budget_s: float = 25.0) -> Any:
     """The environment the `env` config section describes (see the module docstring).
 
     name/kwargs: `env.name` / `env.kwargs`; reward/rewards: `env.reward` / `env.rewards`; module: `env.module`
     ("pkg.mod", "path/to/file.py", or "file.py:attr"); reward_timeout_s: the most seconds one reward call may
-    take (a TRL-style batch call counts as one call); reward_workers: concurrent per-sample reward calls.
+    take (a TRL-style batch call counts as one call); reward_workers: concurrent per-sample reward calls;
+    environment / environment_api: `env.environment` ("file.py:Class") and how it is used ("tools" or "gym",
+    `envs.agent`), its episodes over the tasks of `name`; tool_timeout_s, max_tool_calls, turn_budget_s: a tool
+    class's limits per call and per turn.
     """
     if module:
         if ":" in module:
@@ -79,12 +131,16 @@ def make_env(name: str, kwargs: dict[str, Any] | None = None, *, reward: Any = N
         scorer = make_reward(reward, rewards, timeout_s=reward_timeout_s, max_workers=reward_workers)
     except TypeError as e:  # not callable, or a signature neither convention fits: the config's mistake
         raise EnvSpecError(f"env.reward{'s' if rewards else ''}: {e}") from e
+    if environment:
+        from rollwise.envs.agent import make_class_env
+
+        return make_class_env(env, environment, environment_api, scorer, tool_timeout_s=tool_timeout_s,
+                              max_calls=max_tool_calls, turn_budget_s=turn_budget_s)
     if scorer is None:
         if name == "dataset":
             raise ValueError("env.name=dataset has no reward of its own: set env.reward (\"file.py:fn\" or "
                              "\"module:fn\") or env.rewards")
         return env
-    if hasattr(env, "score_episode"):
-        raise ValueError(f"environment {name!r} is multi-turn and scores its own episodes; env.reward / env.rewards "
-                         "apply to single-turn environments")
+    if callable(getattr(env, "reset", None)) and callable(getattr(env, "step", None)):
+        return RewardedEpisodes(env, scorer)  # multi-turn: the user's reward scores whole episodes
     return RewardedEnv(env, scorer)

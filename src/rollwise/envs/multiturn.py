@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -106,8 +106,11 @@ def run_episodes(
     max_total_tokens: int = 1024,
     *,
     prompts: Sequence[list[int]] | None = None,
-    format_reply: Callable[[str, list[int]], list[int]] | None = None,
+    format_reply: Callable[[Any, list[int]], list[int]] | None = None,
     turn_timeout_s: float | None = None,
+    turn_end_ids: Collection[int] = (),
+    stop: Sequence[str] = (),
+    encode: Callable[[Task], list[int]] | None = None,
 ) -> list[Episode]:
     """Run `params.n` episodes per task (one SamplingParams for all tasks, or one per task); returns them
     task-major (task 0's samples first).
@@ -117,7 +120,12 @@ def run_episodes(
     format_reply: token ids to append for an environment reply, given the policy turn's ids (default: the reply
     alone); turn_timeout_s: the longest one `env.step` may take before the episode ends errored. If the
     environment has a `stop` attribute, its strings are added to the sampling params' stop strings so a policy
-    turn ends at a tool call's closing tag.
+    turn ends at a tool call's closing tag; `stop` adds more.
+    turn_end_ids: tokens that end a policy turn without ending the episode (the chat template's end-of-turn token,
+    when replies are chat turns); any other EOS ends it. encode: a task's prompt ids, for environments whose
+    `opening(state)` returns text to append to the first user turn (`envs.agent`: what the user's `reset` returned).
+    An environment with `score_episodes(states) -> list[Score]` is scored once for all episodes of the call (each
+    state's `data["episode_texts"]` then holds the episode's (role, text) segments, "policy" and "env").
     """
     if max_turns < 1:
         raise ValueError(f"run_episodes: max_turns must be >= 1, got {max_turns}")
@@ -130,39 +138,53 @@ def run_episodes(
         raise ValueError(f"run_episodes: {len(plist)} sampling params for {len(tasks)} tasks")
     if prompts is not None and len(prompts) != len(tasks):
         raise ValueError(f"run_episodes: {len(prompts)} prompts for {len(tasks)} tasks")
-    env_stops = list(getattr(env, "stop", ()))
+    env_stops = list(getattr(env, "stop", ())) + [x for x in stop if x not in getattr(env, "stop", ())]
     fmt = format_reply or (lambda text, _ids: encode_reply(tokenizer, text))
+    ends = frozenset(turn_end_ids)
+    opening = getattr(env, "opening", None)
     episodes: list[Episode] = []
     params_of: dict[int, SamplingParams] = {}  # id(episode) -> its task's params (with the env's stops)
     first: list[SamplingParams] = []
-    starts: list[int] = []
+    starts: list[tuple[int, int]] = []  # (first episode, samples) of each round-1 request
     for i, task in enumerate(tasks):
         prompt_ids = list(prompts[i]) if prompts is not None else _encode_prompt(tokenizer, task.prompt)
-        if len(prompt_ids) >= max_total_tokens:
-            raise ValueError(f"task {task.id}: prompt has {len(prompt_ids)} tokens, max_total_tokens is {max_total_tokens}")
         sp = plist[i]
         stops = list(sp.stop or []) + [x for x in env_stops if x not in (sp.stop or [])]
         sp = dataclasses.replace(sp, stop=stops or None)
-        first.append(dataclasses.replace(sp, max_tokens=min(sp.max_tokens, max_total_tokens - len(prompt_ids))))
-        starts.append(len(episodes))
+        group: list[Episode] = []
         for j in range(sp.n):
-            ep = Episode(task=task, sample_index=j, prompt_token_ids=prompt_ids, state=env.reset(task))
+            state = env.reset(task)
+            ids = prompt_ids
+            extra = opening(state) if callable(opening) else None
+            if extra:  # the environment's opening text joins the first user turn: this episode's own prompt
+                ids = (encode or (lambda t: _encode_prompt(tokenizer, t.prompt)))(with_opening(task, extra))
+            if len(ids) >= max_total_tokens:
+                raise ValueError(f"task {task.id}: prompt has {len(ids)} tokens, max_total_tokens is {max_total_tokens}")
+            ep = Episode(task=task, sample_index=j, prompt_token_ids=list(ids), state=state)
             ep.texts.append(("prompt", task.prompt if isinstance(task.prompt, str) else str(task.prompt)))
-            episodes.append(ep)
+            group.append(ep)
             params_of[id(ep)] = sp
+        # Round 1 shares one prefill per distinct prompt: all n samples together unless openings differ.
+        same = all(ep.prompt_token_ids == group[0].prompt_token_ids for ep in group)
+        for k, ep in enumerate([group[0]] if same else group):
+            n = sp.n if same else 1
+            seed = sp.seed if same or sp.seed is None else sp.seed + 7919 * k
+            first.append(dataclasses.replace(sp, n=n, seed=seed,
+                                             max_tokens=min(sp.max_tokens, max_total_tokens - len(ep.prompt_token_ids))))
+            starts.append((len(episodes) + (0 if same else k), n))
+        episodes += group
 
     def advance(ep: Episode, sample: Any) -> bool:
         return _advance(ep, sample, env, tokenizer, max_turns, max_total_tokens, params_of[id(ep)].logprobs, fmt,
-                        turn_timeout_s)
+                        turn_timeout_s, ends)
 
-    # Round 1: each task's prompt once with n samples (one shared prefill, the engine's own seeding).
-    outputs = _generate(engine, [episodes[s].prompt_token_ids for s in starts], first)
+    outputs = _generate(engine, [episodes[s].prompt_token_ids for s, _ in starts], first)
     live: list[Episode] = []
-    for i, out in enumerate(outputs):
-        if len(out.outputs) != first[i].n:
-            raise ValueError(f"engine returned {len(out.outputs)} samples for task {tasks[i].id}, expected n={first[i].n}")
+    for (s0, n), out in zip(starts, outputs):
+        if len(out.outputs) != n:
+            raise ValueError(f"engine returned {len(out.outputs)} samples for task {episodes[s0].task.id}, expected n={n}")
         for j, sample in enumerate(out.outputs):
-            ep = episodes[starts[i] + j]
+            ep = episodes[s0 + j]
             if advance(ep, sample):
                 live.append(ep)
     # Later rounds: one sample per episode. NOTE: with a seed, each episode gets its own seed stream per turn
@@ -175,10 +197,52 @@ def run_episodes(
             params.append(dataclasses.replace(sp, n=1, seed=seed, max_tokens=min(sp.max_tokens, max_total_tokens - ep.total_tokens)))
         outputs = _generate(engine, [ep.prompt_token_ids + ep.token_ids for ep in live], params)
         live = [ep for ep, out in zip(live, outputs) if advance(ep, out.outputs[0])]
-    for ep in episodes:
-        ep.score = _score_episode(env, ep)
+    batch = getattr(env, "score_episodes", None)
+    scores = _score_batch(env, episodes) if callable(batch) else [_score_episode(env, ep) for ep in episodes]
+    for ep, sc in zip(episodes, scores):
+        ep.score = sc
         _teardown(env, ep)
     return episodes
+
+
+def with_opening(task: Task, text: str) -> Task:
+    """`task` with `text` appended to its first user turn (a string prompt is that turn)."""
+    if isinstance(task.prompt, str):
+        return dataclasses.replace(task, prompt=f"{task.prompt}\n\n{text}")
+    msgs = [dict(m) for m in task.prompt]
+    for m in msgs:
+        if m.get("role") == "user":
+            m["content"] = f"{m['content']}\n\n{text}"
+            break
+    else:
+        msgs.append({"role": "user", "content": text})
+    return dataclasses.replace(task, prompt=msgs)
+
+
+def _score_batch(env: Any, episodes: list[Episode]) -> list[Score]:
+    """`env.score_episodes` once for all episodes; an episode whose step raised stays errored with that reason."""
+    from rollwise.rewards.base import describe
+
+    out: list[Score | None] = [None] * len(episodes)
+    todo = []
+    for i, ep in enumerate(episodes):
+        err = ep.state.data.get("step_error") if ep.state is not None else None
+        if err:
+            out[i] = Score(0.0, error=f"{env.name}.step raised {err}")
+        else:
+            todo.append(i)
+    if todo:
+        for i in todo:  # what the episode was, as text: the policy's turns and the replies (never used for tokens)
+            episodes[i].state.data["episode_texts"] = [(r, t) for r, t in episodes[i].texts if r != "prompt"]
+        try:
+            got = list(env.score_episodes([episodes[i].state for i in todo]))
+            if len(got) != len(todo):
+                raise ValueError(f"score_episodes returned {len(got)} scores for {len(todo)} episodes")
+        except Exception as e:  # noqa: BLE001 - errored scores, never a silent zero
+            got = [Score(0.0, error=describe(e)) for _ in todo]
+        for i, sc in zip(todo, got):
+            out[i] = sc
+    return [s if s is not None else Score(0.0, error="episode was not scored") for s in out]
 
 
 def _teardown(env: Any, ep: Episode) -> None:
@@ -195,7 +259,7 @@ def _teardown(env: Any, ep: Episode) -> None:
             ep.score.info["teardown_error"] = describe(e)
 
 
-def _step_with_timeout(env: Any, state: EpisodeState, text: str, timeout_s: float | None) -> str | None:
+def _step_with_timeout(env: Any, state: EpisodeState, text: str, timeout_s: float | None) -> Any:
     """env.step, bounded: past `timeout_s` the episode ends (the stuck call is left to finish in a daemon thread)."""
     if timeout_s is None:
         return env.step(state, text)
@@ -226,7 +290,8 @@ def _generate(engine: Any, prompts: list[list[int]], params: list[SamplingParams
 
 
 def _advance(ep: Episode, out: Any, env: Any, tokenizer: Any, max_turns: int, max_total_tokens: int, want_logprobs: bool,
-             format_reply: Callable[[str, list[int]], list[int]], turn_timeout_s: float | None = None) -> bool:
+             format_reply: Callable[[Any, list[int]], list[int]], turn_timeout_s: float | None = None,
+             turn_end_ids: frozenset[int] = frozenset()) -> bool:
     """Append one policy turn and the environment's reply; True while the episode goes on."""
     ids = list(out.token_ids)
     lps = list(out.logprobs or [])
@@ -242,11 +307,12 @@ def _advance(ep: Episode, out: Any, env: Any, tokenizer: Any, max_turns: int, ma
     ep.turns += 1
     text = out.text if out.text else tokenizer.decode(ids)
     ep.texts.append(("policy", text))
-    if out.finish_reason == "abort":
-        ep.finish_reason = "abort"
-        return False
-    if out.finish_reason == "length":
-        ep.finish_reason = "length"
+    if out.finish_reason in ("abort", "length"):
+        ep.finish_reason = out.finish_reason
+        # NOTE: the environment's step never sees this turn, so its transcript gets it here: a reward reading the
+        # episode's turns (envs.agent) scores what the policy wrote, cut or not.
+        if ep.state is not None:
+            ep.state.transcript.append(("policy", text))
         return False
     try:
         reply = _step_with_timeout(env, ep.state, text, turn_timeout_s)  # type: ignore[arg-type]
@@ -257,9 +323,10 @@ def _advance(ep: Episode, out: Any, env: Any, tokenizer: Any, max_turns: int, ma
         ep.state.data["step_error"] = describe(e)  # type: ignore[union-attr]
         return False
     eos = getattr(tokenizer, "eos_token_id", None)
-    if reply is None or (eos is not None and ids and ids[-1] == eos):
+    if reply is None or (eos is not None and ids and ids[-1] == eos and eos not in turn_end_ids):
         # NOTE: a policy turn that ended with EOS ends the episode even if it also made a call: nothing may
-        # follow EOS in a trained sequence. The environment still saw the turn (it may hold the answer).
+        # follow EOS in a trained sequence. The environment still saw the turn (it may hold the answer). The chat
+        # template's end-of-turn token (`turn_end_ids`) is not such an EOS: the template puts turns after it.
         ep.finish_reason = "stop"
         return False
     reply_ids = list(format_reply(reply, ids))
@@ -269,7 +336,8 @@ def _advance(ep: Episode, out: Any, env: Any, tokenizer: Any, max_turns: int, ma
     ep.loss_mask += [0] * len(cut)
     ep.logprobs += [0.0] * len(cut)
     ep.weight_versions += [ENV_WEIGHT_VERSION] * len(cut)
-    ep.texts.append(("env", reply if len(cut) == len(reply_ids) else tokenizer.decode(cut)))
+    shown = reply if isinstance(reply, str) else "\n".join(str(m.get("content", "")) for m in reply)
+    ep.texts.append(("env", shown if len(cut) == len(reply_ids) else tokenizer.decode(cut)))
     if len(cut) < len(reply_ids) or ep.total_tokens >= max_total_tokens:
         ep.finish_reason = "length"
         return False

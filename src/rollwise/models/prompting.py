@@ -16,14 +16,15 @@ turns it into the token ids the engine samples from and the trainer trains on:
 template's end-of-turn token (e.g. `<|im_end|>`), which many converted or fine-tuned checkpoints leave out of
 their eos ids.
 
-Deliberately left out: multi-turn continuation (appending an environment turn to an ongoing episode is the
-multi-turn runner's job), tools/function schemas in the template, and string stop sequences.
+Deliberately left out: multi-turn continuation (appending an environment turn to an ongoing episode is
+`models.turns`' job) and string stop sequences. Tools (`tools=`): the template renders them when it can, else the
+system prompt describes them (`models.tool_calls`).
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Union
 
@@ -60,6 +61,9 @@ class PromptFormat:
     """"auto": use the tokenizer's chat template when it has one; True: require it; False: raw text."""
     system_prompt: str | None = None
     """System message put before the user's (chat template only)."""
+    tools: list[dict[str, Any]] | None = field(default=None, compare=False)
+    """Tool schemas (OpenAI / transformers JSON schema) the prompt offers: passed to the template as `tools=` when it
+    renders them, else described in the system prompt (`models.tool_calls.describe_tools`)."""
 
     def __post_init__(self) -> None:
         if self.chat_template not in ("auto", True, False):
@@ -77,22 +81,45 @@ class PromptFormat:
                              "(set chat_template to 'auto' or false, or use a model whose tokenizer has one)")
         return bool(self.chat_template)
 
-    def messages(self, prompt: Prompt) -> Messages:
-        """The chat messages of a prompt (a string becomes the user message; the system prompt goes first)."""
+    def messages(self, prompt: Prompt, renders_tools: bool = False) -> Messages:
+        """The chat messages of a prompt (a string becomes the user message; the system prompt goes first, with the
+        tool list after it unless `renders_tools`: the template then gets the tools as `tools=`)."""
         if isinstance(prompt, str):
             msgs: Messages = [{"role": "user", "content": prompt}]
         else:
             msgs = list(check_messages(prompt))
-        if self.system_prompt and not any(m["role"] == "system" for m in msgs):
-            msgs = [{"role": "system", "content": self.system_prompt}, *msgs]
+        system = self._system_text(renders_tools)
+        if system and not any(m["role"] == "system" for m in msgs):
+            msgs = [{"role": "system", "content": system}, *msgs]
+        elif system and self.tools and system != self.system_prompt:  # the tool list joins the given system message
+            i = next(k for k, m in enumerate(msgs) if m["role"] == "system")
+            msgs[i] = {**msgs[i], "content": f"{msgs[i]['content']}\n\n{self._tools_text()}"}
         return msgs
+
+    def _tools_text(self) -> str:
+        from rollwise.models.tool_calls import describe_tools
+
+        return describe_tools(self.tools or [])
+
+    def _tools_in_template(self, tokenizer: Any) -> bool:
+        from rollwise.models.tool_calls import template_renders_tools
+
+        return bool(self.tools) and template_renders_tools(tokenizer)
+
+    def _system_text(self, renders_tools: bool) -> str | None:
+        """The system prompt, with the tool list after it when the template will not render `tools` itself."""
+        if not self.tools or renders_tools:
+            return self.system_prompt
+        return f"{self.system_prompt}\n\n{self._tools_text()}" if self.system_prompt else self._tools_text()
 
     def render(self, tokenizer: Any, prompt: Prompt) -> tuple[str, bool]:
         """(prompt text, whether the tokenizer should add its default special tokens when encoding it)."""
         if self.uses_template(tokenizer):
-            msgs = self.messages(prompt)
+            renders = self._tools_in_template(tokenizer)
+            msgs = self.messages(prompt, renders)
             try:
-                text = tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+                text = tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True,
+                                                     **({"tools": self.tools} if renders else {}))
             except Exception as e:  # noqa: BLE001 - e.g. a template that refuses a system message: one line
                 first = (str(e).strip().splitlines() or [""])[0]
                 raise ValueError(f"the tokenizer's chat template failed on {[m['role'] for m in msgs]} messages: "
@@ -101,7 +128,7 @@ class PromptFormat:
         if isinstance(prompt, str):
             if self.system_prompt:
                 raise ValueError("system_prompt is set but the tokenizer has no chat template to put it in")
-            return prompt, True
+            return (f"{self._tools_text()}\n\n{prompt}" if self.tools else prompt), True
         return render_fallback(self.messages(prompt)), False
 
     def encode(self, tokenizer: Any, prompt: Prompt) -> list[int]:

@@ -7,7 +7,8 @@ Two calling conventions are recognised from the function's signature:
   `[{"role": "assistant", "content": text}]` where the prompt was a message list (as TRL does for
   conversational data); `completion_ids` the sampled token ids when the caller has them; every
   `Task.metadata` key is passed as a list (the dataset's other columns), and `answer` too when the metadata
-  has no such key. A function without `**kwargs` gets only the arguments it names.
+  has no such key. A function without `**kwargs` gets only the arguments it names. On multi-turn environment
+  classes (`envs.agent`) it also gets `environments=`, the episodes' objects.
 - rollwise's per-sample `fn(task, completion) -> Score | float`, called concurrently (`score_many`).
 
 Failures are data, never a silent 0: a `None` for a sample, a NaN, an exception, a call that runs past its
@@ -140,8 +141,8 @@ def trl_arguments(tasks: Sequence[Task], completions: Sequence[str],
     """The keyword arguments TRL passes a reward function, built from rollwise tasks."""
     kw: dict[str, Any] = {
         "prompts": [t.prompt for t in tasks],
-        "completions": [[{"role": "assistant", "content": c}] if isinstance(t.prompt, list) else c
-                        for t, c in zip(tasks, completions)],
+        "completions": [c if isinstance(c, list) else [{"role": "assistant", "content": c}]
+                        if isinstance(t.prompt, list) else c for t, c in zip(tasks, completions)],
     }
     if completion_ids is not None:
         kw["completion_ids"] = [list(ids) for ids in completion_ids]
@@ -207,15 +208,16 @@ class UserReward:
             return kw
         return {k: v for k, v in kw.items() if k in params}
 
-    def _call_batch(self, tasks: Sequence[Task], completions: Sequence[str],
-                    completion_ids: Sequence[Sequence[int]] | None) -> list[Score]:
+    def _call_batch(self, tasks: Sequence[Task], completions: Sequence[Any],
+                    completion_ids: Sequence[Sequence[int]] | None, extra: dict[str, list[Any]] | None = None
+                    ) -> list[Score]:
         n = len(tasks)
 
         def errored(reason: str) -> list[Score]:
             return [Score(0.0, error=f"{self.name}: {reason}") for _ in range(n)]
 
         try:
-            kw = self._kwargs_for(trl_arguments(tasks, completions, completion_ids))
+            kw = self._kwargs_for({**trl_arguments(tasks, completions, completion_ids), **(extra or {})})
         except Exception as e:  # noqa: BLE001
             return errored(describe(e))
         box: dict[str, Any] = {}
@@ -242,15 +244,17 @@ class UserReward:
             return errored(f"returned {len(out)} values for {n} completions")
         return [_number_score(v, self.name, i) for i, v in enumerate(out)]
 
-    def score_batch(self, tasks: Sequence[Task], completions: Sequence[str],
-                    completion_ids: Sequence[Sequence[int]] | None = None) -> list[Score]:
-        """Scores of `completions[i]` for `tasks[i]`, in order; never raises."""
+    def score_batch(self, tasks: Sequence[Task], completions: Sequence[Any],
+                    completion_ids: Sequence[Sequence[int]] | None = None, *,
+                    extra: dict[str, list[Any]] | None = None) -> list[Score]:
+        """Scores of `completions[i]` for `tasks[i]`, in order; never raises. `extra`: more per-sample keyword
+        lists for a TRL-style function (multi-turn environments pass `environments`)."""
         if len(tasks) != len(completions):
             raise ValueError(f"score_batch: {len(tasks)} tasks for {len(completions)} completions")
         if not tasks:
             return []
         if self.kind == "batch":
-            return self._call_batch(tasks, completions, completion_ids)
+            return self._call_batch(tasks, completions, completion_ids, extra)
         from rollwise.rewards.concurrent import score_many
 
         def per_sample(task: Task, completion: str) -> Score:
@@ -277,9 +281,10 @@ class RewardSum:
         if len(set(names)) != len(names):
             raise ValueError(f"rewards: part names must be unique, got {names} (give each a 'name')")
 
-    def score_batch(self, tasks: Sequence[Task], completions: Sequence[str],
-                    completion_ids: Sequence[Sequence[int]] | None = None) -> list[Score]:
-        per_part = [r.score_batch(tasks, completions, completion_ids) for _, r, _ in self.parts]
+    def score_batch(self, tasks: Sequence[Task], completions: Sequence[Any],
+                    completion_ids: Sequence[Sequence[int]] | None = None, *,
+                    extra: dict[str, list[Any]] | None = None) -> list[Score]:
+        per_part = [r.score_batch(tasks, completions, completion_ids, extra=extra) for _, r, _ in self.parts]
         out = []
         for i in range(len(tasks)):
             total, parts, errors, info = 0.0, {}, [], {}

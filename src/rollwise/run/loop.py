@@ -93,6 +93,7 @@ def _run_steps(run: Any, log: Log, stop_after: int | None) -> dict[str, Any] | N
     def held_out(eng: Any) -> dict[str, float]:
         return evaluate(eng, run.encode, run.env, run.eval_tasks, **eval_kw)
 
+    eval_base = _eval_base(run, held_out, log) if run.base_dir is not None and cfg.sft.eval_base else None
     eval_b = _eval_before(run, engine, held_out, resumed=start_step > 0)
     K = cfg.control.async_staleness
     log(f"held-out accuracy before RL: {eval_b['accuracy']:.3f} sampled (T={R.temperature}), "
@@ -189,7 +190,7 @@ def _run_steps(run: Any, log: Log, stop_after: int | None) -> dict[str, Any] | N
         return None
     with source.exclusive() as eng:
         after = held_out(eng)
-    return _finish(run, eval_b, after, store, ckpt_dir, prev_wall, log)
+    return _finish(run, eval_b, after, store, ckpt_dir, prev_wall, log, eval_base)
 
 
 def _useful_tokens(trainable: Sequence[Rollout], is_replayed: Callable[[Rollout], bool]) -> int:
@@ -233,13 +234,50 @@ def step_metrics(rollouts: Sequence[Rollout], num_groups: int, zero_var: int, bo
     if staleness_bound:
         rec["time_producer_wait_s"] = producer_wait_s
     rec.update(books.metrics())  # control_* books; staleness_mean / staleness_max of the trained tokens
+    rec.update(episode_metrics(rollouts))
     return {k: v for k, v in rec.items() if v is not None}
+
+
+EPISODE_KEYS = ("turns", "tool_calls", "tool_errors")
+"""Per-episode counts a multi-turn environment records in `env_info`; each step logs their means."""
+
+
+def episode_metrics(rollouts: Sequence[Rollout]) -> dict[str, float]:
+    """`{key}_mean` over the rollouts whose env_info has the key (multi-turn episodes; empty otherwise)."""
+    out = {}
+    for key in EPISODE_KEYS:
+        vals = [float(r.env_info[key]) for r in rollouts if isinstance(r.env_info.get(key), (int, float))]
+        if vals:
+            out[f"{key}_mean"] = sum(vals) / len(vals)
+    return out
 
 
 def _write_json_atomic(path: Path, obj: Any) -> None:
     tmp = path.with_suffix(path.suffix + ".tmp")
     tmp.write_text(json.dumps(obj, indent=2, default=str))
     os.replace(tmp, path)
+
+
+def _eval_base(run: Any, held_out: Callable[[Any], dict[str, float]], log: Log) -> dict[str, float]:
+    """The model before SFT, evaluated once on an in-process engine (kept in RUN_DIR/eval_base.json)."""
+    path = run.run_dir / "eval_base.json"
+    if path.is_file():
+        return json.loads(path.read_text())
+    from rollwise.engine.llm import LLM
+    from rollwise.run.setup import engine_kwargs
+
+    llm = LLM(run.base_dir, device=run.device, dtype=run.cfg.model.dtype, tokenizer=run.tokenizer,
+              **engine_kwargs(run.cfg.engine, run.seed))
+    try:
+        res = held_out(llm)
+    finally:
+        if callable(getattr(llm, "shutdown", None)):
+            llm.shutdown()
+        del llm
+    log(f"held-out accuracy of the base model (before SFT): {res['accuracy']:.3f} sampled, "
+        f"{res['accuracy_greedy']:.3f} greedy")
+    _write_json_atomic(path, res)
+    return res
 
 
 def _eval_before(run: Any, engine: Any, held_out: Callable[[Any], dict[str, float]], *,
@@ -254,7 +292,7 @@ def _eval_before(run: Any, engine: Any, held_out: Callable[[Any], dict[str, floa
 
 
 def _finish(run: Any, before: dict[str, float], after: dict[str, float], store: Any, ckpt_dir: Path | None,
-            prev_wall: float, log: Log) -> dict[str, Any]:
+            prev_wall: float, log: Log, base: dict[str, float] | None = None) -> dict[str, Any]:
     """summary.json (with the rollout card) and report.html."""
     from rollwise.run.evaluate import ACCURACY_METHOD
     from rollwise.store.card import build_rollout_card
@@ -277,6 +315,8 @@ def _finish(run: Any, before: dict[str, float], after: dict[str, float], store: 
         "warmup": run.warm_info, "run_dir": str(run.run_dir), "engine_backend": cfg.engine.backend,
         "async_staleness": cfg.control.async_staleness, "control_policy": cfg.control.policy,
     }
+    if run.base_dir is not None:  # SFT ran first: eval_before is the SFT model's, eval_base the model before it
+        summary.update(eval_base=base, sft=run.sft_info, sft_model=str(run.init_dir), base_model=str(run.base_dir))
     _write_json_atomic(run.run_dir / "summary.json", summary)
     try:
         from rollwise.report import write_report

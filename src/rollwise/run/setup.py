@@ -47,15 +47,22 @@ def make_env(env_cfg: Any) -> Any:
     from rollwise.envs.build import make_env as build
 
     return build(env_cfg.name, env_cfg.kwargs, reward=env_cfg.reward, rewards=env_cfg.rewards, module=env_cfg.module,
-                 reward_timeout_s=SCORE_TIMEOUT_S, reward_workers=SCORE_WORKERS)
+                 reward_timeout_s=SCORE_TIMEOUT_S, reward_workers=SCORE_WORKERS, environment=env_cfg.environment,
+                 environment_api=env_cfg.environment_api, tool_timeout_s=env_cfg.tool_timeout_s,
+                 max_tool_calls=env_cfg.max_tool_calls, turn_budget_s=max(env_cfg.turn_timeout_s - 1.0, 0.5))
 
 
-def prompt_encoder(env_cfg: Any, tokenizer: Any) -> Callable[[Task], list[int]]:
-    """`encode(task)`: the task's prompt as the model expects it (`env.chat_template`, `env.system_prompt`); the
-    same in train, eval and generate."""
+def prompt_format(env_cfg: Any, env: Any = None) -> Any:
+    """The `PromptFormat` of the `env` section (with the tools of a tool class, `envs.agent.ToolEnv`)."""
     from rollwise.models.prompting import PromptFormat
 
-    return PromptFormat(env_cfg.chat_template, env_cfg.system_prompt).task_encoder(tokenizer)
+    return PromptFormat(env_cfg.chat_template, env_cfg.system_prompt, tools=getattr(env, "tools", None) or None)
+
+
+def prompt_encoder(env_cfg: Any, tokenizer: Any, env: Any = None) -> Callable[[Task], list[int]]:
+    """`encode(task)`: the task's prompt as the model expects it (`env.chat_template`, `env.system_prompt`, the
+    environment's tools); the same in train, eval and generate."""
+    return prompt_format(env_cfg, env).task_encoder(tokenizer)
 
 
 def engine_kwargs(engine_cfg: Any, seed: int) -> dict[str, Any]:
@@ -234,13 +241,20 @@ def prepare_model(cfg: RunConfig, env: Any, train_tasks: list, run_dir: Path, lo
 def make_episode_runner(cfg: RunConfig, env: Any, tokenizer: Any, encode: Callable[[Task], list[int]]) -> Any:
     """Episodes of a multi-turn environment: replies as chat turns when the prompts use the chat template."""
     from rollwise.control.episodes import EpisodeRunner, chat_reply_formatter
-    from rollwise.models.prompting import PromptFormat
+    from rollwise.models.tool_calls import CALL_CLOSE
+    from rollwise.models.turns import ChatTurns
 
     E = cfg.env
-    templated = tokenizer is not None and PromptFormat(E.chat_template, E.system_prompt).uses_template(tokenizer)
+    turns = ChatTurns(tokenizer, prompt_format(E, env)) if tokenizer is not None else None
+    templated = turns is not None and turns.templated
     budget = E.max_episode_tokens or cfg.engine.max_model_len or 1024
+    # Tool classes: a turn ends at the template's end-of-turn token and the tool turns follow it; without a
+    # template, at a call's closing tag.
+    tool_class = E.environment is not None
     return EpisodeRunner(env, tokenizer, encode, chat_reply_formatter(tokenizer, templated), max_turns=E.max_turns,
-                         max_total_tokens=budget, turn_timeout_s=E.turn_timeout_s)
+                         max_total_tokens=budget, turn_timeout_s=E.turn_timeout_s,
+                         turn_end_ids=frozenset(turns.turn_end_ids) if templated and tool_class else frozenset(),
+                         stop=(CALL_CLOSE,) if tool_class and not templated else ())
 
 
 @dataclass
@@ -272,6 +286,9 @@ class RunParts:
     closers: list[Callable[[], None]] = field(default_factory=list)
     sync_check: Any = None
     """`run.sync_check.SyncCheck` when engine.sync_check is on for this backend, else None."""
+    base_dir: Path | None = None
+    """The model before SFT (when `sft.path` is set): evaluated as `eval_base`."""
+    sft_info: dict[str, Any] = field(default_factory=dict)
     config_yaml_sha256: str = ""
     """sha256 of RUN_DIR/config.yaml as this invocation wrote it (kept with each checkpoint: an edit is detected)."""
 
@@ -315,6 +332,10 @@ def build_run(cfg: RunConfig, log: Log) -> RunParts:
     torch.manual_seed(seed)
     device = resolve_device(cfg.model.device)
     env = make_env(cfg.env)
+    if cfg.sft.path:  # a missing or broken demonstration file fails now, before any model loads
+        from rollwise.train.sft import load_demos
+
+        load_demos(cfg.sft.path)
     from rollwise.control.episodes import is_multi_turn
 
     multi_turn = is_multi_turn(env)
@@ -363,11 +384,20 @@ def build_run(cfg: RunConfig, log: Log) -> RunParts:
     if tokenizer is None and cfg.model.tokenizer:
         raise ValueError(f"model.tokenizer {str(tok_dir)!r} holds no tokenizer files")
     parts = RunParts(cfg, run_dir, seed, device, env, train_tasks, eval_tasks, ckpt, init_dir, warm_info,
-                     engine=None, tokenizer=tokenizer, encode=prompt_encoder(cfg.env, tokenizer),
+                     engine=None, tokenizer=tokenizer, encode=prompt_encoder(cfg.env, tokenizer, env),
                      stop_token_ids=stop_token_ids(tokenizer, init_dir), scorer=None, episodes=None, trainer=None,
                      controller=None, t_start=t_start, config_yaml_sha256=yaml_sha)
     if multi_turn:
         parts.episodes = make_episode_runner(cfg, env, tokenizer, parts.encode)
+    if cfg.sft.path:  # supervised fine-tuning on demonstrations first: RL starts from its model
+        from rollwise.run.sft import run_sft, set_aside
+
+        if not cfg.run.resume and (aside := set_aside(run_dir)) is not None:
+            log(f"{run_dir} held an earlier run's SFT stage: moved to {aside}")
+        parts.base_dir = init_dir
+        parts.init_dir, parts.sft_info = run_sft(cfg, init_dir, tokenizer, prompt_format(cfg.env, env), run_dir,
+                                                 device, log)  # type: ignore[assignment]
+        init_dir = parts.init_dir
     try:
         launched = None
         if cfg.engine.backend == "remote" and cfg.engine.remote_server == "vllm" and cfg.engine.vllm.launch:

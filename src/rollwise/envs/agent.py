@@ -1,0 +1,388 @@
+"""Environment classes as users write them: a tool class (TRL's `environment_factory` shape) or a gym-style class.
+
+The config names the class, and how it is named decides how it is used, never its method names (a tool may well
+be called `step`):
+
+    env:
+      name: dataset                                  # the data, as for any environment
+      kwargs: {path: data/train.jsonl, test_path: data/test.jsonl}
+      environment: recipes/tools/calculator_env.py:CalculatorEnv     # or "module:Class"
+      environment_api: tools                         # (default) or gym
+      reward: recipes/tools/reward.py:correct        # fn(completions, environments, **columns)
+
+`environment_api: tools` (`ToolEnv`). Each episode builds its own instance (`Class()`) and calls
+`reset(**row)` with the dataset row (the prompt under `prompt`, every other column by name, nested values as
+they are; a `reset` without `**kwargs` gets the names it takes). What `reset` returns, when not None, is appended
+to the first user turn. Every public method other than `reset` is a tool: its name, description and JSON-schema
+parameters come from its signature and docstring (`transformers.utils.get_json_schema`: type hints and a Google
+style `Args:` section are required, and a class whose tool lacks them fails at start naming it). The model calls
+tools in the format of `models.tool_calls` (through the chat template when it renders tools); each result comes
+back as a `tool` turn. A turn without a call ends the episode. Rewards get `environments=` (the episode objects,
+in the same order as `completions`), as TRL passes them.
+
+Every bad call is an observation for the model, never a crashed run: malformed JSON, an unknown tool, missing,
+unknown or wrongly typed arguments, a tool that raises (its exception's type and message), one that runs past
+`tool_timeout_s` (abandoned in its thread: it cannot be killed), more than `max_calls` calls in a turn, a result
+longer than `max_result_chars` (cut). Each episode's `tool_calls`, `tool_errors` and `turns` land in its
+rollout's `env_info`; the step's means in metrics.jsonl.
+
+`environment_api: gym` (`GymEnv`): `reset()` (or `reset(**row)` when it takes the row's names or `**kwargs`)
+returns the first observation (or `(observation, info)`), appended to the first user turn; `step(action_text)`
+returns `(observation, reward, done, info)` or gymnasium's `(observation, reward, terminated, truncated, info)`.
+Each observation becomes the next user turn; `done` ends the episode. The episode's reward is the sum of the step
+rewards, or `env.reward` with `environments=` when one is configured.
+
+rollwise's own protocol (`envs.base.MultiTurnEnvironment`: `reset(task)` / `step(state, text)`) is unchanged:
+environments named by `env.name` keep it.
+
+Deliberately left out: async tools, tools as plain functions without a class (wrap them in a class), killing a
+hung tool (its thread is abandoned; the episode's object is not reused).
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+from rollwise.envs.base import EpisodeState, Task
+from rollwise.models.tool_calls import CallError, ToolCall, parse_tool_calls
+from rollwise.rewards.base import describe
+from rollwise.types import Score
+
+_JSON_TYPES: dict[str, tuple[type, ...]] = {"integer": (int,), "number": (int, float), "string": (str,),
+                                            "boolean": (bool,), "array": (list,), "object": (dict,),
+                                            "null": (type(None),)}
+
+
+class EnvironmentClassError(ValueError):
+    """A user's environment class that cannot be used as configured; one line naming the class and what to fix."""
+
+
+# ------------------------------------------------------------------------------------------------ tools
+def _public_methods(obj: Any, skip: Sequence[str] = ("reset",)) -> dict[str, Callable[..., Any]]:
+    out = {}
+    for name in sorted(dir(type(obj))):
+        if name.startswith("_") or name in skip:
+            continue
+        static = inspect.getattr_static(type(obj), name)
+        if isinstance(static, (property,)) or not callable(getattr(obj, name, None)):
+            continue
+        if inspect.isroutine(static) or isinstance(static, (staticmethod, classmethod)):
+            out[name] = getattr(obj, name)
+    return out
+
+
+def tool_schemas(obj: Any, where: str) -> tuple[list[dict[str, Any]], dict[str, Callable[..., Any]]]:
+    """(JSON schemas, name -> bound method) of an instance's tools: every public method but `reset`."""
+    from transformers.utils import get_json_schema
+
+    methods = _public_methods(obj)
+    if not methods:
+        raise EnvironmentClassError(f"{where}: the class has no public methods besides reset, so no tools")
+    schemas = []
+    for name, fn in methods.items():
+        try:
+            schema = get_json_schema(fn)
+        except Exception as e:  # noqa: BLE001 - transformers' DocstringParsingException / TypeHintParsingException
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            raise EnvironmentClassError(f"{where}: tool {name!r} cannot be described ({first}); give it type hints "
+                                        "and a docstring with an Args: section (or make it private: _name)") from None
+        schema["function"].pop("return", None)
+        schemas.append(schema)
+    return schemas, methods
+
+
+def _check_arguments(schema: dict[str, Any], args: dict[str, Any]) -> str | None:
+    """Why `args` do not fit the tool's JSON schema (None: they do): unknown, missing or wrongly typed ones."""
+    params = schema["function"].get("parameters", {})
+    props = params.get("properties", {})
+    unknown = [k for k in args if k not in props]
+    if unknown:
+        return f"unknown argument {unknown[0]!r}; arguments: {', '.join(props) or 'none'}"
+    missing = [k for k in params.get("required", []) if k not in args]
+    if missing:
+        return f"missing argument {missing[0]!r}"
+    for k, v in args.items():
+        kinds = props[k].get("type")
+        kinds = [kinds] if isinstance(kinds, str) else list(kinds or [])
+        ok = not kinds or any(isinstance(v, _JSON_TYPES.get(t, (object,))) and not (t in ("integer", "number") and
+                                                                                    isinstance(v, bool))
+                              for t in kinds)
+        if not ok:
+            return f"argument {k!r} must be {' or '.join(kinds)}, got {json.dumps(v)[:40]}"
+    return None
+
+
+def _with_timeout(fn: Callable[[], Any], timeout_s: float) -> tuple[bool, Any]:
+    """(finished, result or exception) of `fn()` run in a daemon thread for at most `timeout_s`."""
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            box["out"] = fn()
+        except BaseException as e:  # noqa: BLE001 - reported to the model
+            box["err"] = e
+
+    th = threading.Thread(target=target, daemon=True, name="rollwise-tool")
+    th.start()
+    th.join(max(timeout_s, 0.0))
+    if th.is_alive():
+        return False, None
+    return True, box["err"] if "err" in box else box.get("out")
+
+
+def _result_text(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    try:
+        return json.dumps(value, ensure_ascii=False)
+    except (TypeError, ValueError):
+        return str(value)
+
+
+def _call_kwargs(fn: Callable[..., Any], row: dict[str, Any]) -> dict[str, Any]:
+    """The row's values `fn` takes: all of them with **kwargs, else only the names it has."""
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return dict(row)
+    if any(p.kind == p.VAR_KEYWORD for p in params.values()):
+        return dict(row)
+    return {k: v for k, v in row.items() if k in params}
+
+
+def _row(task: Task) -> dict[str, Any]:
+    return {"prompt": task.prompt, **task.metadata}
+
+
+def _completion(state: EpisodeState) -> Any:
+    """The episode's completion as TRL gives it: text, or assistant / tool messages for a message-list prompt."""
+    if isinstance(state.task.prompt, list):
+        return [{"role": "assistant" if role == "policy" else "tool", "content": text}
+                for role, text in state.transcript]
+    return "".join(text for _, text in state.transcript)
+
+
+def _score_with_reward(reward: Any, states: Sequence[EpisodeState]) -> list[Score]:
+    tasks = [s.task for s in states]
+    comps = [_completion(s) for s in states]
+    return list(reward.score_batch(tasks, comps, None, extra={"environments": [s.data.get("obj") for s in states]}))
+
+
+# ------------------------------------------------------------------------------------------------ tool classes
+@dataclass
+class ToolEnv:
+    """A user's tool class as a rollwise multi-turn environment (see the module docstring)."""
+
+    data: Any
+    """Where tasks come from (e.g. the `dataset` environment): `load(split, n, seed)`."""
+    factory: Callable[[], Any]
+    """The user's class (called with no arguments, once per episode)."""
+    spec: str
+    """How the config named it (for messages)."""
+    reward: Any = None
+    """A `rewards.user` scorer (`score_batch(..., extra={"environments": ...})`)."""
+    tool_timeout_s: float = 10.0
+    max_calls: int = 4
+    max_result_chars: int = 2000
+    turn_budget_s: float = 25.0
+    """All of a turn's tool calls together: calls after it is spent are timed out without running."""
+    tools: list[dict[str, Any]] = field(default_factory=list)
+    methods: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.reward is None:
+            raise EnvironmentClassError(f"env.environment {self.spec!r} needs env.reward or env.rewards: a function "
+                                        "that scores episodes, e.g. fn(completions, environments, **kwargs)")
+        probe = self._new()
+        if not callable(getattr(probe, "reset", None)):
+            raise EnvironmentClassError(f"{self.spec}: the class has no reset(**row) method")
+        self.tools, methods = tool_schemas(probe, self.spec)
+        self.methods = list(methods)
+
+    @property
+    def name(self) -> str:
+        return getattr(self.data, "name", "environment")
+
+    def _new(self) -> Any:
+        try:
+            return self.factory()
+        except Exception as e:  # noqa: BLE001 - the user's constructor: one line naming it
+            raise EnvironmentClassError(f"{self.spec}: constructing it with no arguments failed: {describe(e)}") from None
+
+    def load(self, split: str = "train", n: int | None = None, seed: int = 0) -> list[Task]:
+        return self.data.load(split=split, n=n, seed=seed)
+
+    def score(self, task: Task, completion: str) -> Score:
+        return Score(0.0, error=f"{self.spec} scores whole episodes (environments=); a single text has no episode")
+
+    # -- episode protocol ---------------------------------------------------------------------------
+    def reset(self, task: Task) -> EpisodeState:
+        state = EpisodeState(task=task, data={"tool_calls": 0, "tool_errors": 0, "calls": []})
+        try:
+            obj = self.factory()
+            state.data["obj"] = obj
+            ret = obj.reset(**_call_kwargs(obj.reset, _row(task)))
+        except Exception as e:  # noqa: BLE001 - the episode is errored with the reason
+            state.data["step_error"] = f"(reset) {describe(e)}"
+            return state
+        if ret is not None:
+            state.data["opening"] = _result_text(ret)
+        return state
+
+    def opening(self, state: EpisodeState) -> str | None:
+        return state.data.get("opening")
+
+    def step(self, state: EpisodeState, completion: str) -> list[dict[str, Any]] | None:
+        """The tool turns for the policy's calls; None (the episode ends) when the turn made none."""
+        state.turn += 1
+        state.transcript.append(("policy", completion))
+        obj = state.data.get("obj")
+        calls = parse_tool_calls(completion, max_calls=self.max_calls)
+        if not calls or obj is None:
+            state.done = True
+            return None
+        deadline = time.monotonic() + self.turn_budget_s
+        replies = []
+        for call in calls:
+            ok, text = self._run(obj, call, deadline)
+            state.data["tool_calls"] += 1
+            state.data["tool_errors"] += 0 if ok else 1
+            state.data["calls"].append({"tool": getattr(call, "name", None), "ok": ok, "result": text[:200]})
+            replies.append({"role": "tool", "content": text})
+        state.transcript.append(("env", "\n".join(r["content"] for r in replies)))
+        return replies
+
+    def _run(self, obj: Any, call: ToolCall | CallError, deadline: float) -> tuple[bool, str]:
+        """(ok, the observation) of one call."""
+        if isinstance(call, CallError):
+            return False, f"error: {call.reason}"
+        if call.name not in self.methods:
+            return False, f"error: unknown tool {call.name!r}; tools: {', '.join(self.methods)}"
+        schema = next(s for s in self.tools if s["function"]["name"] == call.name)
+        bad = _check_arguments(schema, call.arguments)
+        if bad:
+            return False, f"error: {call.name}: {bad}"
+        budget = min(self.tool_timeout_s, deadline - time.monotonic())
+        if budget <= 0:
+            return False, f"error: {call.name}: not run, this turn's tool time is used up"
+        fn = getattr(obj, call.name)
+        finished, out = _with_timeout(lambda: fn(**call.arguments), budget)
+        if not finished:  # NOTE: the call's thread is abandoned (it cannot be killed) and may still touch `obj`
+            return False, f"error: {call.name}: timed out after {budget:.3g}s"
+        if isinstance(out, BaseException):
+            return False, f"error: {call.name} raised {type(out).__name__}: {str(out)[:300]}"
+        text = _result_text(out)
+        if len(text) > self.max_result_chars:
+            text = text[: self.max_result_chars] + f"... [cut at {self.max_result_chars} characters]"
+        return True, text
+
+    def score_episodes(self, states: Sequence[EpisodeState]) -> list[Score]:
+        scores = _score_with_reward(self.reward, states)
+        for s, sc in zip(states, scores):
+            sc.info.update(tool_calls=s.data["tool_calls"], tool_errors=s.data["tool_errors"])
+        return scores
+
+
+# ------------------------------------------------------------------------------------------------ gym style
+@dataclass
+class GymEnv:
+    """A gym-style class (`reset()` -> observation, `step(action)` -> (observation, reward, done, info)) as a
+    rollwise multi-turn environment (see the module docstring)."""
+
+    data: Any
+    factory: Callable[[], Any]
+    spec: str
+    reward: Any = None
+    """A `rewards.user` scorer with `environments=`; None = the sum of the step rewards."""
+
+    def __post_init__(self) -> None:
+        try:
+            probe = self.factory()
+        except Exception as e:  # noqa: BLE001
+            raise EnvironmentClassError(f"{self.spec}: constructing it with no arguments failed: {describe(e)}") from None
+        missing = [m for m in ("reset", "step") if not callable(getattr(probe, m, None))]
+        if missing:
+            raise EnvironmentClassError(f"{self.spec}: environment_api 'gym' needs reset() and step(action); it has "
+                                        f"no {' or '.join(missing)}")
+
+    @property
+    def name(self) -> str:
+        return getattr(self.data, "name", "environment")
+
+    def load(self, split: str = "train", n: int | None = None, seed: int = 0) -> list[Task]:
+        return self.data.load(split=split, n=n, seed=seed)
+
+    def score(self, task: Task, completion: str) -> Score:
+        return Score(0.0, error=f"{self.spec} scores whole episodes; a single text has no episode")
+
+    def reset(self, task: Task) -> EpisodeState:
+        state = EpisodeState(task=task, data={"return": 0.0, "steps": 0})
+        try:
+            obj = self.factory()
+            state.data["obj"] = obj
+            out = obj.reset(**_call_kwargs(obj.reset, _row(task)))
+        except Exception as e:  # noqa: BLE001
+            state.data["step_error"] = f"(reset) {describe(e)}"
+            return state
+        obs = out[0] if isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], dict) else out
+        if obs is not None:
+            state.data["opening"] = _result_text(obs)
+        return state
+
+    def opening(self, state: EpisodeState) -> str | None:
+        return state.data.get("opening")
+
+    def step(self, state: EpisodeState, completion: str) -> str | None:
+        state.turn += 1
+        state.transcript.append(("policy", completion))
+        obj = state.data.get("obj")
+        if obj is None:
+            return None
+        out = obj.step(completion)
+        if not isinstance(out, tuple) or len(out) not in (4, 5):
+            raise TypeError(f"{self.spec}.step returned {type(out).__name__}; expected (observation, reward, done, "
+                            "info) or (observation, reward, terminated, truncated, info)")
+        obs, reward, *flags, _info = out
+        state.data["return"] += float(reward or 0.0)
+        state.data["steps"] += 1
+        if any(bool(f) for f in flags):
+            state.done = True
+            return None
+        text = _result_text(obs)
+        state.transcript.append(("env", text))
+        return text
+
+    def score_episodes(self, states: Sequence[EpisodeState]) -> list[Score]:
+        if self.reward is not None:
+            return _score_with_reward(self.reward, states)
+        return [Score(float(s.data["return"]), parts={"return": float(s.data["return"])}) for s in states]
+
+
+ENVIRONMENT_APIS: dict[str, type] = {"tools": ToolEnv, "gym": GymEnv}
+
+
+def make_class_env(data: Any, spec: str, api: str, reward: Any, *, tool_timeout_s: float = 10.0, max_calls: int = 4,
+                   turn_budget_s: float = 25.0) -> ToolEnv | GymEnv:
+    """The environment `env.environment` / `env.environment_api` name, over the tasks of `data`."""
+    from rollwise.rewards.user import load_object
+
+    if api not in ENVIRONMENT_APIS:
+        raise EnvironmentClassError(f"env.environment_api must be one of {sorted(ENVIRONMENT_APIS)}, got {api!r}")
+    try:
+        cls = load_object(spec)
+    except (ValueError, FileNotFoundError) as e:
+        raise EnvironmentClassError(f"env.environment: {e}") from None
+    if not callable(cls):
+        raise EnvironmentClassError(f"env.environment {spec!r} is a {type(cls).__name__}, not a class")
+    if api == "gym":
+        return GymEnv(data, cls, spec, reward)
+    return ToolEnv(data, cls, spec, reward, tool_timeout_s=tool_timeout_s, max_calls=max_calls,
+                   turn_budget_s=turn_budget_s)
+
+
+__all__ = ["ENVIRONMENT_APIS", "EnvironmentClassError", "GymEnv", "ToolEnv", "make_class_env", "tool_schemas"]

@@ -1,0 +1,151 @@
+"""The SFT stage: supervised fine-tuning on demonstrations, before RL in `rollwise train`, or alone (`rollwise sft`).
+
+    demos    = train.sft.load_demos(sft.path)                      # {"messages": [...]} per line
+    rendered = render_demos(demos, ChatTurns(tokenizer, prompt))   # exactly as rollouts are laid out
+    for step in 1..sft.steps:                                      # a seeded order, epoch after epoch
+        trainer.train_step(batch of sft.batch_size, sft_loss)      # loss on assistant tokens only
+        checkpoint every sft.checkpoint_every (RUN_DIR/sft/checkpoints/step-N, resumable)
+    -> RUN_DIR/sft/checkpoints/step-{sft.steps}: the model RL starts from
+
+Resume: the newest complete SFT checkpoint is restored (weights, optimiser, LR schedule, RNG) and the stage goes on
+from its step; a batch depends only on (seed, step), so a resumed stage trains on exactly the batches the
+uninterrupted one would. A finished stage (`RUN_DIR/sft/done.json`) is not run again: `rollwise train --resume`
+after SFT goes straight to RL. A fresh run in a used RUN_DIR moves an earlier `sft/` aside into `quarantine/`.
+
+Deliberately left out: evaluation inside the stage (the loop evaluates the base model and the SFT model on the
+held-out set, as `eval_base` and `eval_before`), and SFT on a Ray trainer (it runs in-process).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+Log = Callable[[str], None]
+SFT_DIR = "sft"
+DONE = "done.json"
+
+
+def batch_indices(n: int, batch_size: int, step: int, seed: int) -> list[int]:
+    """The demonstrations of 1-based `step`: positions [(step-1)*B, step*B) of the stream made of one seeded
+    permutation of range(n) per epoch. A function of its arguments only (so a resume needs just the step)."""
+    out = []
+    for pos in range((step - 1) * batch_size, step * batch_size):
+        epoch, k = divmod(pos, n)
+        perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed * 1_000_003 + epoch)).tolist()
+        out.append(perm[k])
+    return out
+
+
+def sft_train_config(cfg: Any) -> Any:
+    """The trainer config of the SFT stage: the `train` section with `sft`'s optimiser settings."""
+    S = cfg.sft
+    return cfg.train.model_copy(update={"lr": S.lr, "steps": S.steps, "schedule": S.schedule,
+                                        "warmup_steps": S.warmup_steps, "grad_clip": S.grad_clip,
+                                        "updates_per_step": 1})
+
+
+def finished_sft(run_dir: Path) -> Path | None:
+    """The final SFT model of a run whose stage finished, else None."""
+    done = run_dir / SFT_DIR / DONE
+    if not done.is_file():
+        return None
+    p = Path(json.loads(done.read_text())["model"])
+    return p if (p / "config.json").is_file() else None
+
+
+def set_aside(run_dir: Path) -> Path | None:
+    """A fresh run: move an earlier run's `sft/` into `quarantine/` (nothing is deleted)."""
+    old = run_dir / SFT_DIR
+    if not old.exists():
+        return None
+    dest = run_dir / "quarantine" / f"previous-sft-{time.strftime('%Y%m%d-%H%M%S')}"
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    old.rename(dest)
+    return dest
+
+
+def _keep_metrics_through(path: Path, step: int) -> None:
+    """Drop metrics lines after `step` (and a torn last line): a resumed stage logs those steps again."""
+    if not path.is_file():
+        return
+    keep = []
+    for line in path.read_text().splitlines():
+        try:
+            if int(json.loads(line)["step"]) <= step:
+                keep.append(line)
+        except (ValueError, KeyError, TypeError):
+            continue
+    path.write_text("".join(x + "\n" for x in keep))
+
+
+def run_sft(cfg: Any, base_dir: Path, tokenizer: Any, prompt_format: Any, run_dir: Path, device: str, log: Log, *,
+            stop_after: int | None = None) -> tuple[Path | None, dict[str, Any]]:
+    """Run (or resume, or skip when finished) the SFT stage; (final model dir, info). With `stop_after`, stop after
+    that many steps of this invocation as if interrupted (returns (None, info))."""
+    from rollwise.models.turns import ChatTurns
+    from rollwise.train.checkpoint import find_latest_checkpoint, load_checkpoint, restore_checkpoint, save_checkpoint
+    from rollwise.train.sft import demo_rollouts, load_demos, render_demos, sft_loss
+    from rollwise.train.batch import TrainBatch
+    from rollwise.train.losses import LossConfig
+    from rollwise.train.trainer import Trainer
+
+    S = cfg.sft
+    root = run_dir / SFT_DIR
+    done = finished_sft(run_dir)
+    if done is not None:
+        info = json.loads((root / DONE).read_text())
+        log(f"sft: finished earlier ({info.get('steps')} steps); RL starts from {done}")
+        return done, info
+    demos = render_demos(load_demos(S.path), ChatTurns(tokenizer, prompt_format))
+    tokens = [len(d.prompt_ids) + len(d.completion_ids) for d in demos]
+    limit = cfg.engine.max_model_len
+    if limit and max(tokens) > limit:
+        raise ValueError(f"sft.path: demonstration {tokens.index(max(tokens)) + 1} has {max(tokens)} tokens, over "
+                         f"engine.max_model_len {limit}")
+    rollouts = demo_rollouts(demos)
+    t0 = time.perf_counter()
+    trainer = Trainer(base_dir, sft_train_config(cfg), device=device, temperature=1.0, total_steps=S.steps,
+                      tokenizer_path=cfg.model.tokenizer)
+    start = 0
+    latest = find_latest_checkpoint(root)
+    if latest is not None:
+        ckpt = load_checkpoint(latest)
+        restore_checkpoint(trainer, ckpt)
+        start = ckpt.step
+        log(f"sft: resuming after step {start} from {latest}")
+    log(f"sft: {len(demos)} demonstrations ({sum(sum(d.loss_mask) for d in demos)} assistant tokens), "
+        f"{S.steps} steps of {S.batch_size}, lr {S.lr:g}")
+    metrics_path = root / "metrics.jsonl"
+    root.mkdir(parents=True, exist_ok=True)
+    _keep_metrics_through(metrics_path, start)  # lines of steps the crash lost are logged again
+    last = S.steps if stop_after is None else min(S.steps, start + stop_after)
+    loss_cfg = LossConfig()
+    m: dict[str, float] = {}
+    path = latest
+    for step in range(start + 1, last + 1):
+        batch = [rollouts[i] for i in batch_indices(len(rollouts), S.batch_size, step, cfg.train.seed)]
+        m = trainer.train_step(TrainBatch.from_rollouts(batch, cfg.train.micro_batch_tokens), sft_loss, loss_cfg)
+        rec = {"step": step, "loss": m.get("loss"), "nll": m.get("nll"), "lr": m.get("lr"),
+               "grad_norm": m.get("grad_norm"), "train_s": m.get("train_s")}
+        with open(metrics_path, "a") as fh:
+            fh.write(json.dumps(rec) + "\n")
+        if step % 10 == 0 or step == S.steps:
+            log(f"sft step {step}/{S.steps}: loss {m.get('loss', float('nan')):.4f} ({m.get('train_s', 0):.1f}s)")
+        if step == S.steps or (S.checkpoint_every and step % S.checkpoint_every == 0) or step == last:
+            path = save_checkpoint(trainer, root, step, data_position={"sft_step": step}, keep=1)
+    info = {"steps": S.steps, "demos": len(demos), "final_loss": m.get("loss"), "sft_s": time.perf_counter() - t0,
+            "model": str(path) if path is not None else None}
+    del trainer
+    if last < S.steps:
+        return None, info
+    (root / DONE).write_text(json.dumps(info, indent=1))
+    log(f"sft: done in {info['sft_s']:.0f}s; RL starts from {path}")
+    return path, info
+
+
+__all__ = ["batch_indices", "finished_sft", "run_sft", "set_aside", "sft_train_config"]
