@@ -182,3 +182,15 @@ def test_int8_needs_the_local_cpu_engine():
 
     with pytest.raises(ValueError, match="int8"):
         load_config(None, ["model.dtype=int8", "engine.backend=remote", "engine.remote_urls=[http://x:1]"])
+
+
+@needs_kernels
+def test_bf16_mode_switches_layout_by_rows_with_the_same_numbers():
+    g = torch.Generator().manual_seed(9)
+    w, b = torch.randn(96, 64, generator=g) * 0.1, torch.randn(96, generator=g)
+    f = cl.make_fast(w, b, "bfloat16")
+    assert isinstance(f, cl.Bf16Dual)
+    for n in (cl.BF16_PACKED_MAX_ROWS, cl.BF16_PACKED_MAX_ROWS + 1):
+        x = torch.randn(n, 64, generator=g)
+        want = _ref(x.bfloat16().float(), w.bfloat16().float(), b)
+        torch.testing.assert_close(f(x), want, rtol=1e-2, atol=1e-2 * float(want.abs().max()))

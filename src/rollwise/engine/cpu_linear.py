@@ -51,6 +51,9 @@ _SOURCE = r"""
 bool has_avx512() { return RW_HAVE_AVX512 != 0; }
 
 #if RW_HAVE_AVX512
+// Software prefetch distance in k steps (1 KB ahead per tile for bf16, 1 KB for float32): at 8 rows the hardware
+// prefetcher alone left the float32 LM head at ~8 GB/s, with it ~10.5 GB/s (this machine's copy bandwidth).
+#define RW_PF 16
 // ---- float32: rows [R] x 32 columns (two tiles of 16), k from 0 to K; w0, w1: [K, 16] floats each.
 template <int R>
 static inline void mk_f32(const float* x, int64_t ldx, const float* w0, const float* w1, int64_t K, float* y,
@@ -58,6 +61,8 @@ static inline void mk_f32(const float* x, int64_t ldx, const float* w0, const fl
   __m512 acc[R][2];
   for (int r = 0; r < R; ++r) { acc[r][0] = _mm512_setzero_ps(); acc[r][1] = _mm512_setzero_ps(); }
   for (int64_t k = 0; k < K; ++k) {
+    _mm_prefetch(reinterpret_cast<const char*>(w0 + (k + RW_PF) * 16), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(w1 + (k + RW_PF) * 16), _MM_HINT_T0);
     const __m512 b0 = _mm512_loadu_ps(w0 + k * 16), b1 = _mm512_loadu_ps(w1 + k * 16);
     for (int r = 0; r < R; ++r) {
       const __m512 a = _mm512_set1_ps(x[r * ldx + k]);
@@ -80,6 +85,8 @@ static inline void mk_bf16(const uint16_t* x, int64_t ldx, const uint16_t* w0, c
   __m512 acc[R][2];
   for (int r = 0; r < R; ++r) { acc[r][0] = _mm512_setzero_ps(); acc[r][1] = _mm512_setzero_ps(); }
   for (int64_t p = 0; p < P; ++p) {
+    _mm_prefetch(reinterpret_cast<const char*>(w0 + (p + RW_PF) * 32), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(w1 + (p + RW_PF) * 32), _MM_HINT_T0);
     const __m512bh b0 = (__m512bh)_mm512_loadu_si512(w0 + p * 32);
     const __m512bh b1 = (__m512bh)_mm512_loadu_si512(w1 + p * 32);
     for (int r = 0; r < R; ++r) {
@@ -204,6 +211,8 @@ torch::Tensor packed_linear(torch::Tensor x, torch::Tensor w, int64_t kind, int6
 
 KINDS = {"float32": 0, "bfloat16": 1, "int8": 2}
 INT8_PACKED_MAX_ROWS = 16
+BF16_PACKED_MAX_ROWS = 16
+"""bfloat16 rows up to this run the packed tiles; more rows run torch's bf16 matmul (`Bf16Dual`)."""
 """int8 rows up to this run the packed kernel (memory-bound: a quarter of the float32 bytes); more rows run
 `PackedWeight._int8_wide` (arithmetic-bound: the AMX bf16 matmul)."""
 
@@ -223,7 +232,7 @@ def _load() -> Any | None:
             try:
                 from torch.utils.cpp_extension import load_inline
 
-                m = load_inline(name="rollwise_cpu_linear_v1", cpp_sources=[_SOURCE],
+                m = load_inline(name="rollwise_cpu_linear_v2", cpp_sources=[_SOURCE],
                                 functions=["packed_linear", "has_avx512"],
                                 extra_cflags=["-O3", "-march=native", "-fopenmp"], verbose=False)
                 if not m.has_avx512():
@@ -261,6 +270,7 @@ class PackedWeight:
     padded_out: int  # Mp, a multiple of 32
     scale: torch.Tensor | None  # [Mp] float32 per-channel scales (int8 only)
     bias: torch.Tensor | None  # [Mp] float32
+    wide: torch.Tensor | None = None  # int8 only: the integers as a plain bf16 [M, K] matrix (exact) for many rows
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """x [..., K] float32 -> [..., M] float32."""
@@ -278,14 +288,14 @@ class PackedWeight:
         return y.reshape(*shape[:-1], self.out_features)
 
     def _int8_wide(self, x: torch.Tensor) -> torch.Tensor:
-        """Many rows (a prefill, a large decode batch): expand the int8 tiles to a plain bf16 [M, K] matrix (exact
-        integers) and run torch's bf16 matmul on it (oneDNN; AMX where the CPU has it), then the channel scales.
-        NOTE: the expansion costs one pass over the int8 weight and a bf16 temporary per call; at 64 rows that is
-        2-3x cheaper than expanding into the AVX512-BF16 kernel's scratch once per 8 rows (measured here)."""
-        M, K, Mp = self.out_features, self.in_features, self.padded_out
-        Kp = (K + 1) // 2 * 2
-        wq = self.data.view(Mp // 16, Kp // 2, 16, 2).permute(0, 2, 1, 3).reshape(Mp, Kp)[:M, :K].to(torch.bfloat16)
-        y = torch.nn.functional.linear(x.to(torch.bfloat16), wq).float().mul_(self.scale[:M])
+        """Many rows (a prefill, a large decode batch): torch's bf16 matmul (oneDNN; AMX where the CPU has it) on the
+        integers held as bf16 (exact), then the channel scales: the int8 mode's numbers at the bf16 mode's speed.
+        NOTE: expanding the int8 tiles per call instead costs a pass over every weight per step (measured here: 2x
+        slower than float32 at 64 rows), and the AVX512-BF16 kernel with a per-tile scratch is 3-4x slower than AMX
+        at 64 rows; holding the bf16 copy makes the int8 mode 3 bytes a weight in memory (float32: 4)."""
+        M = self.out_features
+        assert self.wide is not None and self.scale is not None
+        y = torch.nn.functional.linear(x.to(torch.bfloat16), self.wide).float().mul_(self.scale[:M])
         return y if self.bias is None else y.add_(self.bias[:M])
 
     def dequantized(self) -> torch.Tensor:
@@ -333,7 +343,23 @@ def pack(weight: torch.Tensor, bias: torch.Tensor | None, kind: str) -> PackedWe
     if bias is not None:
         b = torch.zeros(Mp, dtype=torch.float32)
         b[:M] = bias.detach().float()
-    return PackedWeight(kind, data, M, K, Mp, scale, b)
+    wide = q.to(torch.bfloat16).contiguous() if kind == "int8" else None
+    return PackedWeight(kind, data, M, K, Mp, scale, b, wide)
+
+
+@dataclass
+class Bf16Dual:
+    """bfloat16 at every batch size: the packed AVX512-BF16 tiles up to `BF16_PACKED_MAX_ROWS` rows (decode tail: one
+    streamed pass over the weights), torch's bf16 matmul (oneDNN, AMX where present) above. Both give bf16 inputs
+    with float32 accumulation; the oneDNN path also rounds its result to bf16. Holds both layouts (2 x the bf16
+    bytes: the float32 size)."""
+
+    packed: PackedWeight
+    wide: "Bf16Weight"
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.numel() // x.shape[-1]
+        return self.packed(x) if rows <= BF16_PACKED_MAX_ROWS else self.wide(x)
 
 
 @dataclass
@@ -363,13 +389,15 @@ class DequantWeight:
 
 
 # NOTE: which format runs at which batch size is decided here, once per weight load, never per step.
-# float32 and int8 use the packed kernels at every row count (measured here at 8, 64 and 300 rows: float32 at or
-# above MKL's sgemm, 2x at 8 rows); bfloat16 uses oneDNN (AMX) at every row count.
+# float32 uses the packed kernel at every row count (measured here at 8, 64, 300, 512 and 2048 rows: at or above
+# MKL's sgemm, 2x at 8 rows); bfloat16 and int8 use the packed kernels up to 16 rows and torch's bf16 matmul (oneDNN;
+# on this machine AMX, 3-4x the AVX512-BF16 kernel at 64 rows) above.
 def make_fast(weight: torch.Tensor, bias: torch.Tensor | None, kind: str) -> Any:
     """The `Linear.fast` callable for one weight in `kind` (float32 | bfloat16 | int8); None = plain F.linear."""
     if kind == "bfloat16":
-        return Bf16Weight(weight.detach().to(torch.bfloat16).contiguous(),
+        wide = Bf16Weight(weight.detach().to(torch.bfloat16).contiguous(),
                           None if bias is None else bias.detach().float().clone())
+        return Bf16Dual(pack(weight, bias, kind), wide) if available() else wide
     if available():
         return pack(weight, bias, kind)
     if kind == "int8":
@@ -398,7 +426,7 @@ def weight_bytes(model: torch.nn.Module) -> int:
     total = 0
     for mod in model.modules():
         if isinstance(mod, Linear):
-            f = mod.fast
+            f = mod.fast.packed if isinstance(mod.fast, Bf16Dual) else mod.fast
             t = f.data if isinstance(f, PackedWeight) else f.weight if f is not None else mod.weight
             total += t.numel() * t.element_size()
     return total

@@ -107,14 +107,15 @@ class ModelRunner:
         slots: list[int] = []
         seq_meta = []
         last_idx: list[int] = []
-        for seq in out.seqs:
-            start = seq.num_cached_tokens
-            n = len(seq) - start
+        for i, seq in enumerate(out.seqs):
+            # [start, end): a whole prompt past its cached prefix, or one chunk of a long one (scheduler.py NOTE)
+            start, end = out.prefill_ranges[i] if out.prefill_ranges is not None else (seq.num_cached_tokens, len(seq))
+            n = end - start
             q_start = len(ids)
-            ids.extend(seq.token_ids[start:])
-            pos.extend(range(start, len(seq)))
+            ids.extend(seq.token_ids[start:end])
+            pos.extend(range(start, end))
             table = seq.block_table
-            slots.extend(table[p // bs] * bs + p % bs for p in range(start, len(seq)))
+            slots.extend(table[p // bs] * bs + p % bs for p in range(start, end))
             seq_meta.append((q_start, n, start, torch.tensor(table, dtype=torch.long, device=self.device)))
             last_idx.append(q_start + n - 1)
         dev = self.device
@@ -219,6 +220,8 @@ class ModelRunner:
         rows = out.sample_rows
         if out.drafts is None and rows != list(range(hidden.shape[0])):
             hidden = hidden.index_select(0, torch.tensor(rows, dtype=torch.long, device=self.device))
+        if not out.sample_seqs:  # a chunk of a long prompt: its KV is written, nothing is sampled
+            return StepResult([], [])
         logits = self.model.logits(hidden)
         tokens, logprobs = sample(logits, self._sampling_batch(out), self.logprobs_mode, self._sample_kernel)
         return StepResult(tokens.tolist(), logprobs.tolist())
