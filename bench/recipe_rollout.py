@@ -94,6 +94,10 @@ def main() -> None:
                 rat = [f / x for f, x in zip(gen["float32"], gen[d])]
                 res["rollout_s"][d]["speedup_vs_float32"] = {"runs": rat, "median": statistics.median(rat),
                                                              "min": min(rat), "max": max(rat)}
+    print("rollout:", json.dumps({d: {k: v for k, v in x.items() if k != "runs"} for d, x in res["rollout_s"].items()}),
+          flush=True)
+    if a.json:
+        Path(a.json).write_text(json.dumps(res, indent=1))
 
     # 2. greedy agreement on the held-out problems
     test = tasks(data / "addition-test.jsonl", a.eval)
@@ -113,6 +117,8 @@ def main() -> None:
                     "token_identical": sum(x == y for x, y in zip(greedy[d], greedy["float32"])) / len(test),
                     "answer_identical": sum(x == y for x, y in zip(answers[d], answers["float32"])) / len(test)}
     print("greedy:", json.dumps(res["greedy"]), flush=True)
+    if a.json:  # partial results first: the gap phase is the slowest on a loaded box
+        Path(a.json).write_text(json.dumps(res, indent=1))
 
     # 3. log-prob gap against the float32 trainer
     hf = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).eval()
