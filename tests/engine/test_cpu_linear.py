@@ -194,3 +194,12 @@ def test_bf16_mode_switches_layout_by_rows_with_the_same_numbers():
         x = torch.randn(n, 64, generator=g)
         want = _ref(x.bfloat16().float(), w.bfloat16().float(), b)
         torch.testing.assert_close(f(x), want, rtol=1e-2, atol=1e-2 * float(want.abs().max()))
+
+
+def test_bf16_rows_are_bucketed_without_changing_results():
+    assert [cl.bucket_rows(n) for n in (1, 16, 17, 64, 250, 257, 300)] == [16, 16, 32, 64, 256, 384, 384]
+    g = torch.Generator().manual_seed(4)
+    w = torch.randn(40, 24, generator=g).bfloat16()
+    for n in (1, 17, 300):
+        x = torch.randn(n, 24, generator=g)
+        torch.testing.assert_close(cl.bf16_matmul(x, w), F.linear(x.bfloat16(), w).float())

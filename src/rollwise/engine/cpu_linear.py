@@ -295,7 +295,7 @@ class PackedWeight:
         at 64 rows; holding the bf16 copy makes the int8 mode 3 bytes a weight in memory (float32: 4)."""
         M = self.out_features
         assert self.wide is not None and self.scale is not None
-        y = torch.nn.functional.linear(x.to(torch.bfloat16), self.wide).float().mul_(self.scale[:M])
+        y = bf16_matmul(x, self.wide).mul_(self.scale[:M])
         return y if self.bias is None else y.add_(self.bias[:M])
 
     def dequantized(self) -> torch.Tensor:
@@ -372,8 +372,28 @@ class Bf16Weight:
     bias: torch.Tensor | None  # [M] float32
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        y = torch.nn.functional.linear(x.to(torch.bfloat16), self.weight).float()
+        y = bf16_matmul(x, self.weight)
         return y if self.bias is None else y.add_(self.bias)
+
+
+def bucket_rows(n: int) -> int:
+    """Rows padded to a bucket (a multiple of 16 up to 256, of 128 above) before a oneDNN call.
+    NOTE: oneDNN JIT-compiles a kernel per new shape (measured here: 8.7 ms a call for unseen row counts against
+    3.8 ms for seen ones at [~48, 576] x [576, 3072]); a decode batch shrinks one row at a time and every prefill has
+    its own token count, so unpadded rows would compile all the time."""
+    return -(-n // 16) * 16 if n <= 256 else -(-n // 128) * 128
+
+
+def bf16_matmul(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """x [..., K] float -> x_bf16 @ w^T in float32 ([..., M]), rows bucketed (`bucket_rows`)."""
+    shape = x.shape
+    x2 = x.reshape(-1, shape[-1])
+    n = x2.shape[0]
+    nb = bucket_rows(n)
+    xb = torch.zeros(nb, shape[-1], dtype=torch.bfloat16)
+    xb[:n] = x2
+    y = torch.nn.functional.linear(xb, w)[:n].float()
+    return y.reshape(*shape[:-1], w.shape[0])
 
 
 @dataclass
