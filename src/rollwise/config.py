@@ -100,8 +100,12 @@ class ModelConfig(_Section):
 
     path: str = "builtin:tiny"
     """An HF causal-LM checkpoint directory, or 'builtin:tiny' for the built-in model trained from scratch."""
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    """Engine weights dtype. The trainer keeps float32 master weights and uses bf16 autocast on CUDA (train.bf16)."""
+    dtype: Literal["float32", "bfloat16", "float16", "int8"] = "float32"
+    """Engine weights dtype. The trainer keeps float32 master weights and uses bf16 autocast on CUDA (train.bf16).
+    On the CPU, 'bfloat16' and 'int8' (weight-only, per-channel scales) change only the engine's linear layers
+    (activations, KV cache and sampling stay float32; engine/cpu_linear.py); 'int8' is CPU-only. The behaviour
+    log-probs are the low-precision sampler's; when this is not float32 the loss corrects the engine/trainer gap
+    with truncated importance sampling (algo.tis_cap 2.0) unless algo.tis_cap or algo.decoupled is set."""
     device: str = "auto"
     """'auto' (CUDA when available, else CPU), 'cpu', 'cuda' or 'cuda:N'."""
     tokenizer: str | None = None
@@ -682,12 +686,19 @@ class RunConfig(BaseModel):
 
     @model_validator(mode="after")
     def _cross_checks(self) -> RunConfig:
+        if self.model.dtype != "float32" and not ({"tis_cap", "decoupled"} & self.algo.model_fields_set):
+            # NOTE: the engine samples at lower precision than the float32 trainer: correct the mismatch by default.
+            self.algo.tis_cap = LOW_PRECISION_TIS_CAP
         for problem in cross_section_problems(self):
             raise ValueError(problem)
         return self
 
 
 # ------------------------------------------------------------------------------------------------- cross-section
+
+LOW_PRECISION_TIS_CAP = 2.0
+"""algo.tis_cap set when model.dtype is not float32 and neither algo.tis_cap nor algo.decoupled is given (the cap
+Yao et al. 2025 use for bf16/fp8 rollouts under a higher-precision trainer)."""
 
 _STEPWISE_POLICIES = ("early_stop", "partial")
 """Policies that abort and resume samples mid-generation: they need a step-level engine (in-process, or remote
@@ -823,6 +834,9 @@ def cross_section_problems(cfg: RunConfig) -> list[str]:
     ov_cache = c.algo.overlong_cache
     if ov_cache is not None and ov_cache > c.rollout.max_tokens:
         out.append(f"algo.overlong_cache ({ov_cache}) must be at most rollout.max_tokens ({c.rollout.max_tokens})")
+    if c.model.dtype == "int8" and (c.engine.backend != "local" or c.model.device.startswith("cuda")):
+        out.append("model.dtype 'int8' is the in-process CPU engine's weight-only mode: it needs engine.backend "
+                   "'local' and model.device cpu or auto (use bfloat16 for remote servers and GPUs)")
     if c.engine.logprobs_mode != "processed":
         out.append("engine.logprobs_mode 'raw' records log-probs of another distribution than the one sampled from: "
                    "the trainer's importance ratios need 'processed'")

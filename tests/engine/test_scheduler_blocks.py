@@ -153,9 +153,6 @@ def test_request_that_can_never_fit_raises():
     sch.add(seq(range(20)))
     with pytest.raises(RuntimeError, match="raise the KV cache size"):
         sch.schedule()
-    sch2, _ = make_sched(budget=8)
-    with pytest.raises(ValueError, match="max_num_batched_tokens"):
-        sch2.add(seq(range(9)))
 
 
 def test_stop_checks():
@@ -173,3 +170,66 @@ def test_stop_checks():
     s.token_ids[-1] = 6
     sch.append_token(s, 7, 0.0, 0)
     assert sch.check_stop(s) == "length"
+
+
+# ---------------------------------------------------------------------------------------------- chunked prefill
+
+def test_long_prompt_is_prefilled_in_chunks_then_sampled():
+    sch, bm = make_sched(budget=8, block_size=4)
+    long = seq(range(20))
+    sch.add(long)
+    out = sch.schedule()
+    assert out.is_prefill and out.seqs == [long] and out.prefill_ranges == [(0, 8)] and out.sample_seqs == []
+    assert sch.prefilling is long and sch.has_unfinished() and sch.num_unfinished_seqs == 1
+    out = sch.schedule()
+    assert out.prefill_ranges == [(8, 16)] and out.sample_seqs == [] and out.num_batched_tokens == 8
+    out = sch.schedule()  # the last chunk samples
+    assert out.prefill_ranges == [(16, 20)] and out.sample_seqs == [long] and sch.prefilling is None
+    assert long in sch.running
+
+
+def test_chunks_alternate_with_decode_and_share_the_last_step():
+    sch, bm = make_sched(budget=8, block_size=4)
+    short = seq(range(3), rid="s")
+    sch.add(short)
+    out = sch.schedule()
+    assert out.seqs == [short]
+    sch.append_token(short, 7, -0.1, 0)
+    long, other = seq(range(18), rid="l"), seq(range(2), rid="o")
+    sch.add(long)
+    sch.add(other)
+    kinds = []
+    for _ in range(6):
+        out = sch.schedule()
+        kinds.append(("chunk" if out.is_prefill and not out.sample_seqs else "prefill" if out.is_prefill else "decode",
+                      out.prefill_ranges))
+        for s in out.sample_seqs:
+            sch.append_token(s, 5, -0.2, 0)
+    # chunk, decode, chunk, decode, then the last chunk (2 tokens) batched with the other prompt, then decode
+    assert kinds[0] == ("chunk", [(0, 8)]) and kinds[1][0] == "decode"
+    assert kinds[2] == ("chunk", [(8, 16)]) and kinds[3][0] == "decode"
+    assert kinds[4] == ("prefill", [(16, 18), (0, 2)]) and kinds[5][0] == "decode"
+
+
+def test_chunked_blocks_enter_the_prefix_cache_only_once_computed():
+    sch, bm = make_sched(budget=8, block_size=4)
+    a = seq(range(20), rid="a")
+    sch.add(a)
+    sch.schedule()  # chunk [0, 8): blocks 0-1 computed
+    registered = [bm.block_hash[b] is not None for b in a.block_table]
+    assert registered == [True, True, False, False, False]
+    b = seq(range(20), rid="b")
+    bm2_hits = bm._prefix_hits(b)
+    assert len(bm2_hits) == 2  # a second copy of the prompt finds only the computed blocks
+
+
+def test_abort_between_chunks_frees_everything():
+    sch, bm = make_sched(budget=8, block_size=4)
+    free0 = bm.num_free_blocks
+    a = seq(range(20), rid="a")
+    sch.add(a)
+    sch.schedule()
+    assert sch.prefilling is a and bm.num_free_blocks < free0
+    sch.finish(a, "abort")
+    assert sch.prefilling is None and not sch.has_unfinished() and bm.num_free_blocks == free0
+    assert a.status is SeqStatus.FINISHED

@@ -36,7 +36,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--samples", type=int, default=None, help=f"samples per problem at --temperature (default {EVAL_SAMPLES})")
     p.add_argument("--max-tokens", type=int, default=None, help="default 16 (with --config: rollout.max_tokens)")
     p.add_argument("--device", default=None, help="default auto (with --config: model.device)")
-    p.add_argument("--dtype", default=None, choices=("float32", "bfloat16", "float16"),
+    p.add_argument("--dtype", default=None, choices=("float32", "bfloat16", "float16", "int8"),
                    help="default float32 (with --config: model.dtype)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
 

@@ -31,7 +31,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--top-p", type=float, default=None, help="default 1.0 (rollout.top_p)")
     p.add_argument("--max-tokens", type=int, default=None, help="default 64 (rollout.max_tokens)")
     p.add_argument("--device", default=None, help="default auto (model.device)")
-    p.add_argument("--dtype", default=None, choices=("float32", "bfloat16", "float16"), help="default float32 (model.dtype)")
+    p.add_argument("--dtype", default=None, choices=("float32", "bfloat16", "float16", "int8"), help="default float32 (model.dtype)")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -120,8 +120,11 @@ class BlockManager:
         self.block_token_ids[b] = tuple(tokens)
         self.hash_to_block[h] = b
 
-    def allocate(self, seq: Sequence) -> None:
-        """Give `seq` a block table covering all its tokens, reusing cached full blocks of its prefix."""
+    def allocate(self, seq: Sequence, register: bool = True) -> None:
+        """Give `seq` a block table covering all its tokens, reusing cached full blocks of its prefix.
+
+        register: hash its new full blocks now (their KV is computed in this very step). False for a prompt that is
+        prefilled in chunks: the scheduler registers each chunk's blocks in the step that computes them."""
         assert not seq.block_table, "sequence already has blocks"
         bs = self.block_size
         hits = self._prefix_hits(seq) if self.enable_prefix_caching else []
@@ -142,7 +145,7 @@ class BlockManager:
                 seq.block_table.append(hits[i])
                 continue
             b = self._take_free_block()
-            if full and self.enable_prefix_caching:
+            if full and register and self.enable_prefix_caching:
                 # Its KV is computed in this very step, before anyone else can read it.
                 self._register(b, h, toks)
             seq.block_table.append(b)

@@ -18,7 +18,7 @@ import torch
 
 from rollwise.config import EngineConfig  # the one definition of the engine knobs; the sizing fields are read here
 from rollwise.engine.block_manager import BlockManager
-from rollwise.engine.model_runner import ModelRunner, resolve_dtype
+from rollwise.engine.model_runner import ModelRunner, engine_precision
 from rollwise.engine.scheduler import Scheduler, SchedulerConfig
 from rollwise.engine.sequence import Sequence, SeqStatus
 from rollwise.engine.speculative import DraftSpec, RequestDrafter, SpecStats, StepCost, accepted_prefix
@@ -60,8 +60,9 @@ class EngineStats:
 
 class EngineCore:
     def __init__(self, model: DecoderLM, hf_config: Any, tokenizer: Any = None, config: EngineConfig | None = None,
-                 device: str | torch.device = "cpu", seed: int = 0) -> None:
-        """seed: seeds the per-sample seeds of requests submitted without one."""
+                 device: str | torch.device = "cpu", seed: int = 0, linear_kind: str | None = None) -> None:
+        """seed: seeds the per-sample seeds of requests submitted without one. linear_kind: the CPU linear-weight
+        format (`model_runner.engine_precision`; None = F.linear on the parameters)."""
         self.config = config or EngineConfig()
         self.model = model
         self.hf_config = hf_config
@@ -81,7 +82,7 @@ class EngineCore:
         self.scheduler = Scheduler(
             SchedulerConfig(cfg.max_num_seqs, cfg.max_num_batched_tokens, self.max_model_len), self.block_manager
         )
-        self.runner = ModelRunner(model, num_blocks, cfg.block_size, self.device, cfg.logprobs_mode)
+        self.runner = ModelRunner(model, num_blocks, cfg.block_size, self.device, cfg.logprobs_mode, linear_kind)
         self.eos_token_ids = frozenset(_eos_ids(hf_config, tokenizer))
         self.weight_version = 0
         self.requests: dict[str, _Request] = {}
@@ -106,10 +107,11 @@ class EngineCore:
             raise ValueError("device 'cuda' requested but CUDA is not available")
         max_len = config.max_model_len or 4096
         model_dir = resolve_model(model_dir)  # a checkpoint dir, a .gguf file, a known name or a hub id
-        model, hf_config = load_model(model_dir, resolve_dtype(dtype), dev, max_len)
+        param_dtype, linear_kind = engine_precision(dtype, dev)
+        model, hf_config = load_model(model_dir, param_dtype, dev, max_len)
         if tokenizer is None:
             tokenizer = load_tokenizer(model_dir)
-        return cls(model, hf_config, tokenizer, config, dev, seed=seed)
+        return cls(model, hf_config, tokenizer, config, dev, seed=seed, linear_kind=linear_kind)
 
     # ------------------------------------------------------------------ requests
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
@@ -335,6 +337,7 @@ class EngineCore:
         every token agrees on what a version means); None = the current version + 1. Returns the new version."""
         items = weights.items() if isinstance(weights, Mapping) else weights
         self._mapper.load(items, strict=strict, source="load_weights: ")
+        self.runner.refresh_weights()
         if version is not None and (not isinstance(version, int) or version < 0):
             raise ValueError(f"load_weights: version must be a non-negative integer, got {version!r}")
         self.weight_version = self.weight_version + 1 if version is None else version

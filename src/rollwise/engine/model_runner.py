@@ -19,12 +19,35 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
           "fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
+ENGINE_DTYPES = ("float32", "bfloat16", "float16", "int8")
+
+
 def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
     if isinstance(dtype, torch.dtype):
         return dtype
     if dtype not in DTYPES:
-        raise ValueError(f"unknown dtype {dtype!r}; use one of float32, bfloat16, float16")
+        raise ValueError(f"unknown dtype {dtype!r}; use one of {', '.join(ENGINE_DTYPES)}")
     return DTYPES[dtype]
+
+
+def engine_precision(dtype: str | torch.dtype, device: torch.device) -> tuple[torch.dtype, str | None]:
+    """(the model's parameter dtype, the format of its linear weights on the CPU) for an engine `dtype`.
+
+    On the CPU every mode keeps the parameters, activations, KV cache, norms, attention and sampling in float32 (the
+    fused kernels of engine/cpu_kernels.py) and changes only the linear layers' weights (engine/cpu_linear.py):
+    'float32' packed float32 tiles; 'bfloat16' bf16 weights with bf16 matmul inputs and float32 results; 'int8'
+    per-channel int8 weights. 'float16' (CPU) and every GPU mode cast the whole model, as before."""
+    if isinstance(dtype, torch.dtype):
+        name = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}.get(dtype, str(dtype))
+    else:
+        name = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}.get(dtype, dtype)
+    if name not in ENGINE_DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}; use one of {', '.join(ENGINE_DTYPES)}")
+    if device.type == "cpu" and name in ("float32", "bfloat16", "int8"):
+        return torch.float32, name
+    if name == "int8":
+        raise ValueError("dtype 'int8' (weight-only int8 linear layers) runs on the CPU only; use bfloat16 on a GPU")
+    return DTYPES[name], None
 
 
 @dataclass
@@ -35,8 +58,10 @@ class StepResult:
 
 class ModelRunner:
     def __init__(self, model: DecoderLM, num_blocks: int, block_size: int, device: torch.device,
-                 logprobs_mode: LogprobsMode = "processed") -> None:
+                 logprobs_mode: LogprobsMode = "processed", linear_kind: str | None = None) -> None:
+        """linear_kind: the CPU linear-weight format (`engine_precision`); None = plain F.linear on the parameters."""
         self.model = model
+        self.linear_kind = linear_kind
         self.logprobs_mode = logprobs_mode
         self.device = device
         self.block_size = block_size
@@ -57,10 +82,18 @@ class ModelRunner:
             if dtype == torch.float32:
                 self._kernel = cpu_kernels.paged_decode_kernel()
                 self._layer_ops = cpu_kernels.layer_ops()
+        self.refresh_weights()
         for layer in model.layers:
             cache = torch.zeros(2, spec.num_kv_heads, num_blocks, block_size, spec.head_dim, dtype=dtype, device=device)
             layer.self_attn.kv_cache = cache
             self.kv_caches.append(cache)
+
+    def refresh_weights(self) -> None:
+        """Rebuild the linear layers' engine-format weights from the parameters (at start and after every load)."""
+        if self.linear_kind is not None:
+            from rollwise.engine import cpu_linear
+
+            cpu_linear.prepare_linears(self.model, self.linear_kind)
 
     @staticmethod
     def kv_bytes_per_block(spec, block_size: int, dtype: torch.dtype) -> int:
@@ -74,14 +107,15 @@ class ModelRunner:
         slots: list[int] = []
         seq_meta = []
         last_idx: list[int] = []
-        for seq in out.seqs:
-            start = seq.num_cached_tokens
-            n = len(seq) - start
+        for i, seq in enumerate(out.seqs):
+            # [start, end): a whole prompt past its cached prefix, or one chunk of a long one (scheduler.py NOTE)
+            start, end = out.prefill_ranges[i] if out.prefill_ranges is not None else (seq.num_cached_tokens, len(seq))
+            n = end - start
             q_start = len(ids)
-            ids.extend(seq.token_ids[start:])
-            pos.extend(range(start, len(seq)))
+            ids.extend(seq.token_ids[start:end])
+            pos.extend(range(start, end))
             table = seq.block_table
-            slots.extend(table[p // bs] * bs + p % bs for p in range(start, len(seq)))
+            slots.extend(table[p // bs] * bs + p % bs for p in range(start, end))
             seq_meta.append((q_start, n, start, torch.tensor(table, dtype=torch.long, device=self.device)))
             last_idx.append(q_start + n - 1)
         dev = self.device
@@ -186,6 +220,8 @@ class ModelRunner:
         rows = out.sample_rows
         if out.drafts is None and rows != list(range(hidden.shape[0])):
             hidden = hidden.index_select(0, torch.tensor(rows, dtype=torch.long, device=self.device))
+        if not out.sample_seqs:  # a chunk of a long prompt: its KV is written, nothing is sampled
+            return StepResult([], [])
         logits = self.model.logits(hidden)
         tokens, logprobs = sample(logits, self._sampling_batch(out), self.logprobs_mode, self._sample_kernel)
         return StepResult(tokens.tolist(), logprobs.tolist())

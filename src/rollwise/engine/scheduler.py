@@ -16,7 +16,13 @@ NOTE on the scheduling algorithm (deliberately simple, after nano-vllm):
   length follows the sample's acceptance rate and the batch size (`speculative.draft_length`): the fewer
   sequences are left, the longer the drafts. Drafts never preempt anyone: a draft gets KV slots only from free
   blocks, and the blocks past the accepted tokens are handed back after the step (`BlockManager.trim`).
-- Left out on purpose: chunked prefill and mixed prefill/decode batches; a prompt must fit the token budget.
+- Chunked prefill: a prompt whose uncached tokens exceed the token budget is prefilled in chunks of at most
+  `max_num_batched_tokens` tokens, one chunk per step and one such sequence at a time (`prefilling`); nothing is
+  sampled until its last chunk, which is batched with other prompts like any prefill (and forks its siblings).
+  While a long prompt is being chunked, prefill and decode steps alternate, so the running batch keeps producing
+  tokens (a chunk delays each decode step by at most one chunk's forward). The KV of a chunk's full blocks is
+  registered in the prefix cache only from the step that computes it.
+- Left out on purpose: mixed prefill/decode batches (a chunk and the decode rows in one forward).
 
 Pure bookkeeping: ids, counts and block ids; the model runner turns a `SchedulerOutput` into tensors.
 """
@@ -36,7 +42,7 @@ class SchedulerConfig:
     max_num_seqs: int = 256
     """Most sequences in one forward pass (the decode batch size)."""
     max_num_batched_tokens: int = 8192
-    """Token budget of one prefill step; a prompt longer than this is rejected at submission."""
+    """Token budget of one prefill step; a prompt longer than this is prefilled in chunks of this size."""
     max_model_len: int = 2048
     """Longest sequence (prompt + output) allowed; a sample reaching it ends with finish_reason 'length'."""
     spec_overhead_rows: float = 16.0
@@ -66,6 +72,9 @@ class SchedulerOutput:
     num_batched_tokens: int = 0
     drafts: list[list[int]] | None = None
     """Decode only: per sequence of `seqs`, the draft tokens to verify after its last token (None: no drafts)."""
+    prefill_ranges: list[tuple[int, int]] | None = None
+    """Prefill only: per sequence of `seqs`, the token positions [start, end) computed this step (end < len for a
+    chunk that is not the prompt's last: that sequence samples nothing this step)."""
 
 
 class Scheduler:
@@ -75,28 +84,34 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
+        # A sequence between chunks of its prefill: it holds its blocks, is neither waiting nor running.
+        self.prefilling: Sequence | None = None
+        self._chunk_last = False  # the last step computed a chunk: let the running batch decode next
 
     # ------------------------------------------------------------------ queue
     def add(self, seq: Sequence) -> None:
         """Queue a sequence. A group leader carries its unforked siblings in `pending_forks`."""
-        if len(seq) > self.config.max_num_batched_tokens:
-            raise ValueError(
-                f"prompt of {len(seq)} tokens exceeds max_num_batched_tokens={self.config.max_num_batched_tokens}"
-            )
         if len(seq) >= self.config.max_model_len:
             raise ValueError(f"prompt of {len(seq)} tokens leaves no room under max_model_len={self.config.max_model_len}")
         seq.status = SeqStatus.WAITING
         self.waiting.append(seq)
 
     def has_unfinished(self) -> bool:
-        return bool(self.waiting or self.running)
+        return bool(self.waiting or self.running or self.prefilling is not None)
 
     @property
     def num_unfinished_seqs(self) -> int:
-        return sum(1 + len(s.pending_forks) for s in self.waiting) + len(self.running)
+        pre = self.prefilling
+        return (sum(1 + len(s.pending_forks) for s in self.waiting) + len(self.running)
+                + (1 + len(pre.pending_forks) if pre is not None else 0))
 
     # ------------------------------------------------------------------ schedule
     def schedule(self) -> SchedulerOutput | None:
+        if self._chunk_last and self.running:  # a long prompt is being chunked: the batch decodes in between
+            self._chunk_last = False
+            out = self._schedule_decode()
+            if out is not None:
+                return out
         out = self._schedule_prefill()
         if out is not None:
             return out
@@ -104,29 +119,52 @@ class Scheduler:
 
     def _schedule_prefill(self) -> SchedulerOutput | None:
         cfg = self.config
+        budget = cfg.max_num_batched_tokens
         seqs: list[Sequence] = []
         sample_seqs: list[Sequence] = []
         sample_rows: list[int] = []
         copies: list[tuple[int, int]] = []
+        ranges: list[tuple[int, int]] = []
         tokens = 0
         num_running = len(self.running)
-        while self.waiting:
-            seq = self.waiting[0]
+        self._chunk_last = False
+        pre = self.prefilling
+        if pre is not None:  # continue the chunked prompt first
+            start = pre.num_cached_tokens
+            end = min(len(pre), start + budget)
+            self.bm.register_full_blocks(pre, end)  # their KV is computed in this very step
+            if end < len(pre):
+                return self._chunk(pre, start, end)
+            self.prefilling = None
+            tokens = end - start
+        queue: list[Sequence] = ([pre] if pre is not None else [])
+        while queue or self.waiting:
+            resumed = bool(queue)
+            seq = queue.pop() if resumed else self.waiting[0]
             group = 1 + len(seq.pending_forks)
-            if num_running + group > cfg.max_num_seqs:
-                break
-            # Forked siblings each need one fresh block for the copied partial last block.
-            partial = 1 if len(seq) % self.bm.block_size else 0
-            extra = partial * len(seq.pending_forks)
-            if not self.bm.can_allocate(seq, extra_blocks=extra):
-                break
-            self.bm.allocate(seq)
-            new_tokens = len(seq) - seq.num_cached_tokens
-            if seqs and tokens + new_tokens > cfg.max_num_batched_tokens:
-                self.bm.free_seq(seq)
-                break
-            self.waiting.popleft()
-            tokens += new_tokens
+            if not resumed:
+                if num_running + group > cfg.max_num_seqs:
+                    break
+                # Forked siblings each need one fresh block for the copied partial last block.
+                partial = 1 if len(seq) % self.bm.block_size else 0
+                extra = partial * len(seq.pending_forks)
+                if not self.bm.can_allocate(seq, extra_blocks=extra):
+                    break
+                long_prompt = len(seq) > budget
+                self.bm.allocate(seq, register=not long_prompt)
+                new_tokens = len(seq) - seq.num_cached_tokens
+                if seqs and tokens + new_tokens > budget:
+                    self.bm.free_seq(seq)
+                    break
+                self.waiting.popleft()
+                start = seq.num_cached_tokens
+                if long_prompt:
+                    end = min(len(seq), start + budget)
+                    self.bm.register_full_blocks(seq, end)
+                    if end < len(seq):  # only when it is the first of the step (see the check above)
+                        return self._chunk(seq, start, end)
+                tokens += new_tokens
+            ranges.append((seq.num_cached_tokens, len(seq)))
             row = len(seqs)
             seqs.append(seq)
             seq.status = SeqStatus.RUNNING
@@ -144,7 +182,7 @@ class Scheduler:
             seq.pending_forks = []
             num_running += group
         if not seqs:
-            if self.waiting and not self.running:
+            if self.waiting and not self.running and self.prefilling is None:
                 seq = self.waiting[0]
                 raise RuntimeError(
                     f"request {seq.request_id!r} cannot be scheduled: it needs {self.bm.blocks_to_allocate(seq)}"
@@ -152,7 +190,14 @@ class Scheduler:
                     f" {self.bm.num_blocks} blocks and max_num_seqs={cfg.max_num_seqs}; raise the KV cache size"
                 )
             return None
-        return SchedulerOutput(True, seqs, sample_seqs, sample_rows, copies, tokens)
+        return SchedulerOutput(True, seqs, sample_seqs, sample_rows, copies, tokens, prefill_ranges=ranges)
+
+    def _chunk(self, seq: Sequence, start: int, end: int) -> SchedulerOutput:
+        """A prefill step computing tokens [start, end) of `seq`'s prompt and sampling nothing."""
+        seq.num_cached_tokens = end  # the KV up to `end` is in the cache after this step
+        self.prefilling = seq
+        self._chunk_last = True
+        return SchedulerOutput(True, [seq], [], [], [], end - start, prefill_ranges=[(start, end)])
 
     def _schedule_decode(self) -> SchedulerOutput | None:
         if not self.running:
@@ -238,9 +283,13 @@ class Scheduler:
         return None
 
     def finish(self, seq: Sequence, reason: str) -> None:
-        """End a sequence wherever it is (running, waiting, or a not-yet-forked sibling)."""
+        """End a sequence wherever it is (running, waiting, between prefill chunks, or a not-yet-forked sibling)."""
         if seq.status is SeqStatus.FINISHED:
             return
+        if seq is self.prefilling:
+            self.prefilling = None
+            seq.status = SeqStatus.WAITING  # holds blocks and unforked siblings, as a waiting leader does
+            self.waiting.appendleft(seq)
         if seq.status is SeqStatus.RUNNING:
             self.running.remove(seq)
             self.bm.free_seq(seq)

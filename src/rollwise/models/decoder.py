@@ -71,6 +71,20 @@ class AttnMetadata:
     workspace: tuple[torch.Tensor, torch.Tensor] | None = None
 
 
+class Linear(nn.Linear):
+    """nn.Linear with an optional engine-side fast path: `fast` (set by the engine's model runner, e.g. a packed
+    low-precision weight from `engine.cpu_linear`) computes x @ W^T + b instead of F.linear. The parameters keep
+    their HF names and float dtype, so loading and `load_weights` see an ordinary Linear; the runner rebuilds `fast`
+    after every weight load."""
+
+    fast: Any = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.fast is not None:
+            return self.fast(x)
+        return F.linear(x, self.weight, self.bias)
+
+
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
@@ -95,8 +109,8 @@ class Attention(nn.Module):
         super().__init__()
         self.h, self.kvh, self.d = spec.num_heads, spec.num_kv_heads, spec.head_dim
         self.q_size, self.kv_size = self.h * self.d, self.kvh * self.d
-        self.qkv_proj = nn.Linear(spec.hidden_size, self.q_size + 2 * self.kv_size, bias=spec.qkv_bias)
-        self.o_proj = nn.Linear(self.q_size, spec.hidden_size, bias=spec.o_bias)
+        self.qkv_proj = Linear(spec.hidden_size, self.q_size + 2 * self.kv_size, bias=spec.qkv_bias)
+        self.o_proj = Linear(self.q_size, spec.hidden_size, bias=spec.o_bias)
         self.q_norm = RMSNorm(self.d, spec.rms_norm_eps) if spec.qk_norm else None
         self.k_norm = RMSNorm(self.d, spec.rms_norm_eps) if spec.qk_norm else None
         self.scale = self.d**-0.5
@@ -181,8 +195,8 @@ class MLP(nn.Module):
     def __init__(self, spec: ArchSpec) -> None:
         super().__init__()
         self.inter = spec.intermediate_size
-        self.gate_up_proj = nn.Linear(spec.hidden_size, 2 * spec.intermediate_size, bias=spec.mlp_bias)
-        self.down_proj = nn.Linear(spec.intermediate_size, spec.hidden_size, bias=spec.mlp_bias)
+        self.gate_up_proj = Linear(spec.hidden_size, 2 * spec.intermediate_size, bias=spec.mlp_bias)
+        self.down_proj = Linear(spec.intermediate_size, spec.hidden_size, bias=spec.mlp_bias)
 
     def forward(self, x: torch.Tensor, fused: Any = None) -> torch.Tensor:
         gu = self.gate_up_proj(x)
@@ -212,7 +226,7 @@ class DecoderLM(nn.Module):
         self.embed_tokens = nn.Embedding(spec.vocab_size, spec.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(spec) for _ in range(spec.num_layers))
         self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
-        self.lm_head = nn.Linear(spec.hidden_size, spec.vocab_size, bias=False)
+        self.lm_head = Linear(spec.hidden_size, spec.vocab_size, bias=False)
         if spec.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
         self.cos_cached: torch.Tensor = torch.empty(0)

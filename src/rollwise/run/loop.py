@@ -226,6 +226,7 @@ def step_metrics(rollouts: Sequence[Rollout], num_groups: int, zero_var: int, bo
         "time_train_s": train_m.get("train_s", 0.0), "time_sync_s": sync_s, "step_s": step_s,
         "tokens_per_s": gen_tokens / step_s if step_s > 0 else None,
         "logprob_mismatch_mean": train_m.get("logprob_diff_mean"), "logprob_mismatch_max": train_m.get("logprob_diff_max"),
+        "tis_clip_frac": train_m.get("tis_clip_frac"),  # with algo.tis_cap (on by default for a low-precision engine)
         "kl": train_m.get("kl"), "entropy": train_m.get("entropy"), "grad_norm": train_m.get("grad_norm"),
         "loss": train_m.get("loss"), "clip_frac": train_m.get("clip_frac"), "lr": train_m.get("lr"),
         "weight_version": weight_version, "async_staleness_bound": staleness_bound,

@@ -181,10 +181,6 @@ class OpenAIServer:
         if need > bm.num_blocks:
             raise APIError(400, f"a prompt of {prompt_len} tokens with n={n} needs {need} KV-cache blocks but the "
                                 f"server has {bm.num_blocks}; shorten the prompt or lower n", "prompt")
-        limit = self.engine.config.max_num_batched_tokens
-        if prompt_len > limit:
-            raise APIError(400, f"the prompt has {prompt_len} tokens, over the server's prefill budget of {limit}"
-                                " (--max-num-batched-tokens)", "prompt")
 
     def check_admin(self, headers: Any) -> None:
         key = self.config.admin_key
