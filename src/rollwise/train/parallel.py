@@ -34,7 +34,8 @@ BUCKET_ELEMS = 1 << 23
 
 @dataclass
 class CollectiveClock:
-    """Seconds spent in collectives (gradient reduction, metric gathering, weight gathering) since the last read."""
+    """Seconds spent in the collectives rollwise calls (gradient all-reduce, counts, norm, metrics, full-state
+    gathers). FSDP2's own all-gathers and reduce-scatters inside forward and backward are not counted."""
 
     seconds: float = 0.0
     calls: int = 0
