@@ -26,7 +26,7 @@ def naive(q, k, v, bt, cl):
 def test_kernel_matches_naive_attention():
     fn = cpu_kernels.paged_decode_kernel()
     if fn is None:
-        pytest.skip(f"CPU kernel unavailable here: {cpu_kernels._failed}")
+        pytest.skip(f"CPU kernel unavailable here: {cpu_kernels._EXT.failed}")
     g = torch.Generator().manual_seed(0)
     # head_dim 32 and 320 run the generic loop, 64 and 128 the compiled-constant ones; mb * bs up to 320 keys.
     for h, kvh, bs, d, mb in [(8, 2, 16, 32, 5), (4, 4, 4, 32, 5), (6, 1, 8, 32, 5), (9, 3, 16, 64, 20), (4, 2, 16, 128, 7), (2, 1, 4, 320, 3)]:
@@ -61,7 +61,7 @@ def test_engine_same_outputs_with_and_without_kernel(tiny_ckpts, monkeypatch):
 def _kernels_or_skip():
     fn = cpu_kernels.sample_kernel()
     if fn is None:
-        pytest.skip(f"CPU kernels unavailable here: {cpu_kernels._failed}")
+        pytest.skip(f"CPU kernels unavailable here: {cpu_kernels._EXT.failed}")
     return fn
 
 
@@ -144,7 +144,7 @@ def test_sample_kernel_left_out_where_it_does_not_apply():
 def test_engine_same_outputs_with_and_without_sample_kernel(tiny_ckpts, monkeypatch):
     sp = SamplingParams(n=3, temperature=0.8, max_tokens=16, seed=9, ignore_eos=True)
     if cpu_kernels.sample_kernel() is None:
-        pytest.skip(f"CPU kernels unavailable here: {cpu_kernels._failed}")
+        pytest.skip(f"CPU kernels unavailable here: {cpu_kernels._EXT.failed}")
     llm = LLM(tiny_ckpts["llama"], block_size=4)
     assert llm.engine.runner._sample_kernel is not None
     with_k = llm.generate(PROMPTS, sp)
@@ -158,7 +158,7 @@ def test_layer_ops_match_the_torch_ops():
     """The fused per-layer ops against the torch arithmetic they replace (models/decoder.py)."""
     ops = cpu_kernels.layer_ops()
     if ops is None:
-        pytest.skip(f"CPU kernels unavailable here: {cpu_kernels._failed}")
+        pytest.skip(f"CPU kernels unavailable here: {cpu_kernels._EXT.failed}")
     from rollwise.models.decoder import RMSNorm, rotate_half
 
     g = torch.Generator().manual_seed(0)

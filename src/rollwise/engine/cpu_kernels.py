@@ -26,10 +26,9 @@ engine uses the torch paths, with the same results to float32 rounding.
 
 from __future__ import annotations
 
-import os
-import threading
-import warnings
 from typing import Any
+
+from rollwise.engine.inline_ext import InlineExtension
 
 _SOURCE = r"""
 #include <torch/extension.h>
@@ -314,33 +313,14 @@ torch::Tensor rope_store(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin
 }
 """
 
-_lock = threading.Lock()
-_module: Any = None
-_failed: str | None = None
+_EXT = InlineExtension("rollwise_cpu_kernels_v4", _SOURCE,
+                       ["paged_decode_attention", "sample_rows", "add_rmsnorm_", "silu_mul", "rope_store"],
+                       "CPU decode kernels", "the torch paths")
 
 
 def _load() -> Any | None:
-    """The compiled module, or None when unavailable (the reason is warned about once)."""
-    global _module, _failed
-    if os.environ.get("ROLLWISE_CPU_KERNELS", "1") == "0":
-        return None
-    if _module is not None or _failed is not None:
-        return _module
-    with _lock:
-        if _module is None and _failed is None:
-            try:
-                from torch.utils.cpp_extension import load_inline
-
-                _module = load_inline(
-                    name="rollwise_cpu_kernels_v4", cpp_sources=[_SOURCE],
-                    functions=["paged_decode_attention", "sample_rows", "add_rmsnorm_", "silu_mul", "rope_store"],
-                    extra_cflags=["-O3", "-march=native", "-fopenmp"], verbose=False,
-                )
-            except Exception as e:  # noqa: BLE001 - no compiler/ninja: fall back to the torch path, loudly once
-                _failed = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-                warnings.warn(f"rollwise: CPU decode kernels unavailable ({_failed}); using the torch paths",
-                              RuntimeWarning, stacklevel=3)
-    return _module
+    """The compiled module, or None when unavailable (`_EXT.failed` says why)."""
+    return _EXT.get()
 
 
 def paged_decode_kernel() -> Any | None:

@@ -26,11 +26,10 @@ fall back to weights dequantized to float32, same numbers as the packed path up 
 
 from __future__ import annotations
 
-import os
-import threading
-import warnings
 from dataclasses import dataclass
 from typing import Any
+
+from rollwise.engine.inline_ext import InlineExtension
 
 import torch
 
@@ -211,39 +210,18 @@ torch::Tensor packed_linear(torch::Tensor x, torch::Tensor w, int64_t kind, int6
 
 KINDS = {"float32": 0, "bfloat16": 1, "int8": 2}
 INT8_PACKED_MAX_ROWS = 16
-BF16_PACKED_MAX_ROWS = 16
-"""bfloat16 rows up to this run the packed tiles; more rows run torch's bf16 matmul (`Bf16Dual`)."""
 """int8 rows up to this run the packed kernel (memory-bound: a quarter of the float32 bytes); more rows run
 `PackedWeight._int8_wide` (arithmetic-bound: the AMX bf16 matmul)."""
+BF16_PACKED_MAX_ROWS = 16
+"""bfloat16 rows up to this run the packed tiles; more rows run torch's bf16 matmul (`Bf16Dual`)."""
 
-_lock = threading.Lock()
-_module: Any = None
-_failed: str | None = None
+_EXT = InlineExtension("rollwise_cpu_linear_v2", _SOURCE, ["packed_linear", "has_avx512"], "packed CPU linear kernels",
+                       "torch's F.linear", check=lambda m: None if m.has_avx512() else "this CPU or compiler has no AVX-512 BF16")
 
 
 def _load() -> Any | None:
-    global _module, _failed
-    if os.environ.get("ROLLWISE_CPU_KERNELS", "1") == "0":
-        return None
-    if _module is not None or _failed is not None:
-        return _module
-    with _lock:
-        if _module is None and _failed is None:
-            try:
-                from torch.utils.cpp_extension import load_inline
-
-                m = load_inline(name="rollwise_cpu_linear_v2", cpp_sources=[_SOURCE],
-                                functions=["packed_linear", "has_avx512"],
-                                extra_cflags=["-O3", "-march=native", "-fopenmp"], verbose=False)
-                if not m.has_avx512():
-                    _failed = "this CPU or compiler has no AVX-512 BF16"
-                else:
-                    _module = m
-            except Exception as e:  # noqa: BLE001 - no compiler/ninja: the torch path, said once
-                _failed = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-                warnings.warn(f"rollwise: packed CPU linear kernels unavailable ({_failed}); using torch's F.linear",
-                              RuntimeWarning, stacklevel=3)
-    return _module
+    """The compiled module, or None when unavailable (`_EXT.failed` says why)."""
+    return _EXT.get()
 
 
 def available() -> bool:
