@@ -196,7 +196,3 @@ class LocalRanks:
             pass
         finally:
             self._kill()
-
-    @property
-    def rank_pids(self) -> list[int]:
-        return [p.pid for p in self.procs if p.pid is not None]
