@@ -474,6 +474,10 @@ class RunOptions(_Section):
     """Evaluate on held-out problems every N RL steps (and before and after training); 0 = before and after only."""
     eval_size: int | None = Field(None, ge=1)
     """Held-out problems per evaluation; None = env.eval_size."""
+    eval_samples: int = Field(4, ge=1)
+    """Samples per held-out problem for the sampled accuracy (at rollout.temperature); the greedy accuracy always
+    takes one. Frequent evaluations (bench/time_to_accuracy.py) use 1: the held-out set, not the samples per
+    problem, is what bounds the noise of a greedy curve."""
     loggers: list[str] = Field(default_factory=lambda: ["jsonl"])
     """Where each step's metrics go (train/loggers.py): 'jsonl' (RUN_DIR/metrics.jsonl, the run's record: always
     on, listed or not), 'tensorboard' (RUN_DIR/tensorboard), 'wandb' (W&B; files under RUN_DIR/wandb,
@@ -591,14 +595,37 @@ class SftConfig(_Section):
     """Evaluate the model before SFT too (summary.json `eval_base`); `eval_before` is then after SFT, before RL."""
 
 
+PolicyName = Literal["uniform", "dynamic", "adaptive", "early_stop", "partial"]
+
+
 class ControlConfig(_Section):
     """The rollout controller (rollwise.control): which prompts to sample, how many samples, when to stop.
     It runs every step; the default (policy 'uniform', select 'all') samples K completions for each prompt."""
 
-    policy: Literal["uniform", "dynamic", "adaptive", "early_stop", "partial"] = "uniform"
-    """Generation policy (`rollwise.control.POLICIES`): 'uniform' K samples per prompt; 'dynamic' DAPO over-sample
-    and refill with informative groups; 'adaptive' pilot groups, full groups only for mixed pilots; 'early_stop'
-    abort groups decided zero-variance; 'partial' stop at the batch target and carry unfinished samples over."""
+    policy: PolicyName | list[PolicyName] = "uniform"
+    """Generation policy (`rollwise.control.POLICIES`), or a list that composes an allocation with a stopping rule:
+    'uniform' K samples per prompt; 'dynamic' DAPO over-sample and refill with informative groups; 'adaptive' pilot
+    groups, full groups only for mixed pilots; 'partial' stop at the batch target and carry unfinished samples over;
+    'early_stop' abort groups decided zero-variance (alone: under uniform allocation; `[dynamic, early_stop]`,
+    `[adaptive, early_stop]`: under that one). Prompt selection is `select`, a separate concern."""
+
+    @field_validator("policy")
+    @classmethod
+    def _one_allocation(cls, v: Any) -> Any:
+        names = [v] if isinstance(v, str) else list(v)
+        alloc = [n for n in names if n != "early_stop"]
+        if not names or len(set(names)) != len(names) or len(alloc) > 1:
+            raise ValueError(f"control.policy takes one allocation (uniform, dynamic, adaptive or partial), optionally "
+                             f"with early_stop, each once; got {names}")
+        if "partial" in alloc and "early_stop" in names:
+            raise ValueError("control.policy [partial, early_stop]: partial rollouts drive the engine across steps "
+                             "themselves and do not take a stopping rule yet; use one of the two")
+        return v
+
+    @property
+    def policies(self) -> tuple[str, ...]:
+        """`policy` as a tuple of names (a single name is a tuple of one)."""
+        return (self.policy,) if isinstance(self.policy, str) else tuple(self.policy)
     select: Literal["all", "posterior"] = "all"
     """Prompt selector (`rollwise.control.SELECTORS`): 'all', or 'posterior' to skip prompts whose Beta pass-rate
     posterior says the group would almost surely be all-correct or all-wrong."""
@@ -630,6 +657,10 @@ class ControlConfig(_Section):
     """posterior: skip a prompt when P(its next group is zero-variance) exceeds this."""
     explore: float = Field(0.1, ge=0, le=1)
     """posterior: probability of sampling a prompt anyway when it would be skipped."""
+    refill: bool = True
+    """posterior: replace each skipped prompt with the next one from the data, so a step samples
+    rollout.prompts_per_step groups (true); or not (false: the step samples only the prompts it did not skip, at
+    least one, and costs less: GRESO's trade, measured in docs/control.md)."""
     async_staleness: int = Field(0, ge=0)
     """K: generation runs ahead of training by at most K weight versions, in a background thread
     (rollwise.run.sources.AsyncSource); the loss corrects with algo.tis_cap / algo.decoupled. 0 = synchronous."""
@@ -724,20 +755,21 @@ _APPLIES_WHEN: list[tuple[str, Any, str]] = [
     ("run.ray_timeout_s", lambda c: c.engine.backend == "ray", "engine.backend is 'ray'"),
     ("model.builtin", lambda c: c.model.path == "builtin:tiny", "model.path is 'builtin:tiny'"),
     ("warmup", lambda c: c.model.path == "builtin:tiny", "model.path is 'builtin:tiny'"),
-    ("control.oversample", lambda c: c.control.policy in _ADAPTIVE_OR_DYNAMIC, "control.policy is dynamic or adaptive"),
-    ("control.max_rounds", lambda c: c.control.policy in _ADAPTIVE_OR_DYNAMIC, "control.policy is dynamic or adaptive"),
-    ("control.pilot_samples", lambda c: c.control.policy == "adaptive", "control.policy is 'adaptive'"),
-    ("control.budget_factor", lambda c: c.control.policy == "adaptive", "control.policy is 'adaptive'"),
-    ("control.direct_above", lambda c: c.control.policy == "adaptive", "control.policy is 'adaptive'"),
-    ("control.confidence", lambda c: c.control.policy == "early_stop", "control.policy is 'early_stop'"),
-    ("control.min_finished", lambda c: c.control.policy == "early_stop", "control.policy is 'early_stop'"),
-    ("control.over_provision", lambda c: c.control.policy == "partial", "control.policy is 'partial'"),
+    ("control.oversample", lambda c: bool(set(c.control.policies) & set(_ADAPTIVE_OR_DYNAMIC)), "control.policy is dynamic or adaptive"),
+    ("control.max_rounds", lambda c: bool(set(c.control.policies) & set(_ADAPTIVE_OR_DYNAMIC)), "control.policy is dynamic or adaptive"),
+    ("control.pilot_samples", lambda c: "adaptive" in c.control.policies, "control.policy is 'adaptive'"),
+    ("control.budget_factor", lambda c: "adaptive" in c.control.policies, "control.policy is 'adaptive'"),
+    ("control.direct_above", lambda c: "adaptive" in c.control.policies, "control.policy is 'adaptive'"),
+    ("control.confidence", lambda c: "early_stop" in c.control.policies, "control.policy is 'early_stop'"),
+    ("control.min_finished", lambda c: "early_stop" in c.control.policies, "control.policy is 'early_stop'"),
+    ("control.over_provision", lambda c: "partial" in c.control.policies, "control.policy is 'partial'"),
     ("control.decay", lambda c: c.control.select == "posterior", "control.select is 'posterior'"),
     ("control.skip_above", lambda c: c.control.select == "posterior", "control.select is 'posterior'"),
     ("control.explore", lambda c: c.control.select == "posterior", "control.select is 'posterior'"),
-    ("control.prior_a", lambda c: c.control.select == "posterior" or c.control.policy in ("early_stop", "adaptive"),
+    ("control.refill", lambda c: c.control.select == "posterior", "control.select is 'posterior'"),
+    ("control.prior_a", lambda c: c.control.select == "posterior" or bool({"early_stop", "adaptive"} & set(c.control.policies)),
      "control.select is 'posterior' or control.policy is early_stop or adaptive"),
-    ("control.prior_b", lambda c: c.control.select == "posterior" or c.control.policy in ("early_stop", "adaptive"),
+    ("control.prior_b", lambda c: c.control.select == "posterior" or bool({"early_stop", "adaptive"} & set(c.control.policies)),
      "control.select is 'posterior' or control.policy is early_stop or adaptive"),
     ("rollout.speculative.k", lambda c: c.rollout.speculative.source != "off", "rollout.speculative.source is not 'off'"),
     ("rollout.speculative.per_prompt", lambda c: c.rollout.speculative.source in ("past", "both"),
@@ -798,10 +830,11 @@ def cross_section_problems(cfg: RunConfig) -> list[str]:
     """Combinations that cannot work, and keys set where they take no effect; one line each (empty: fine)."""
     out: list[str] = []
     c = cfg
-    if c.control.policy in _STEPWISE_POLICIES and c.engine.backend == "ray":
-        out.append(f"control.policy '{c.control.policy}' needs engine.backend 'local' or 'remote': it aborts and "
+    stepwise = [p for p in c.control.policies if p in _STEPWISE_POLICIES]
+    if stepwise and c.engine.backend == "ray":
+        out.append(f"control.policy '{stepwise[0]}' needs engine.backend 'local' or 'remote': it aborts and "
                    "resumes samples mid-generation, which Ray engine actors do not expose")
-    if c.control.policy == "adaptive" and c.control.pilot_samples >= c.rollout.samples_per_prompt:
+    if "adaptive" in c.control.policies and c.control.pilot_samples >= c.rollout.samples_per_prompt:
         out.append(f"control.pilot_samples ({c.control.pilot_samples}) must be smaller than "
                    f"rollout.samples_per_prompt ({c.rollout.samples_per_prompt}) for control.policy=adaptive")
     if c.rollout.speculative.source != "off" and c.engine.backend != "local":
@@ -867,7 +900,7 @@ def inert_keys(cfg: RunConfig, given: set[str] | list[str]) -> list[str]:
 # and how fast the run goes, not what it computes.
 RESUME_MAY_DIFFER: tuple[str, ...] = (
     "run.out_dir", "run.resume", "run.tensorboard", "run.loggers", "run.checkpoint_every", "run.keep_checkpoints",
-    "run.eval_every", "run.cpu_threads", "run.ray_timeout_s", "run.ray_address", "run.num_scorers",
+    "run.eval_every", "run.eval_samples", "run.cpu_threads", "run.ray_timeout_s", "run.ray_address", "run.num_scorers",
     "train.steps", "engine.max_num_seqs", "engine.max_num_batched_tokens", "engine.num_kv_blocks",
     "engine.kv_cache_gb", "engine.remote_timeout_s", "warmup.cache", "warmup.cache_dir", "model.device",
     "sft.checkpoint_every",

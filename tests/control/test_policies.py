@@ -144,6 +144,30 @@ def test_selector_fills_the_step_even_when_every_prompt_would_be_skipped():
     assert len(res.groups) == 2 and res.accounting.skipped_prompts == 8  # 4 x 2 draws skipped, then accepted
 
 
+def test_selector_without_refill_samples_only_the_prompts_it_keeps():
+    """control.refill false: a step draws its prompts_per_step prompts and drops the skipped ones (a cheaper step);
+    with every prompt skipped it still samples one, so a step is never empty."""
+    tasks = [task(0, 1.0), task(1, 0.5), task(2, 1.0), task(3, 0.5)]
+    post = PassRatePosterior(explore=0.0)
+    for tid in ("t0", "t2"):
+        for _ in range(50):
+            post.update(tid, 1.0)
+    eng = FakeEngine(tasks)
+    res = controller(UniformPolicy(), selector=post, refill=False).run_step(eng, TaskStream(tasks), SP, step=1,
+                                                                           batch_groups=4)
+    check_books(res, eng)
+    assert [g.prompt_id for g in res.groups] == ["t1", "t3"] and res.accounting.skipped_prompts == 2
+    assert res.accounting.generated_tokens == eng.produced == 2 * 8 * 3  # two groups generated, not four
+    solved = [task(i, 1.0) for i in range(3)]
+    post2 = PassRatePosterior(explore=0.0)
+    for t in solved:
+        for _ in range(50):
+            post2.update(t.id, 1.0)
+    res = controller(UniformPolicy(), selector=post2, refill=False).run_step(FakeEngine(solved), TaskStream(solved),
+                                                                            SP, step=1, batch_groups=2)
+    assert [g.prompt_id for g in res.groups] == ["t0"] and res.accounting.skipped_prompts == 1
+
+
 def test_adaptive_pilots_every_prompt_and_extends_only_mixed_ones_within_budget():
     # Three prompts in four are always or never solved (the common case the policy is for).
     tasks = [task(i, [1.0, 0.0, 1.0, 0.5][i % 4]) for i in range(400)]
@@ -302,3 +326,64 @@ def test_config_rejects_a_pilot_as_large_as_the_group_at_load_time():
         load_config(None, ["control.policy=adaptive", "control.pilot_samples=4", "rollout.samples_per_prompt=4"])
     with pytest.raises(ConfigError, match="'control.pilot_samples' is set but has no effect unless control.policy is 'adaptive'"):
         load_config(None, ["control.pilot_samples=4", "rollout.samples_per_prompt=4"])
+
+
+def test_early_stop_composes_with_dynamic_and_adaptive_allocation():
+    """`control.policy: [dynamic, early_stop]` / `[adaptive, early_stop]`: the allocation decides what to sample, the
+    rule aborts decided groups inside it; the books balance and fewer tokens are generated than without the rule."""
+    from types import SimpleNamespace
+
+    from rollwise.control import make_controller
+
+    lens = [2, 2, 30]
+    tasks = [task(i, p, length=lens) for i, p in enumerate([1.0, 0.0, 0.5, 1.0, 0.0, 0.5, 0.0, 1.0])]
+    # direct_above 0.5 and a budget that allows it: an unseen prompt (0.61 under the prior) gets its full group at
+    # once, so the rule can stop it (a pilot of 2 is never stopped: min_finished is 3)
+    base = dict(select="all", oversample=1.5, max_rounds=2, pilot_samples=2, budget_factor=3.0, direct_above=0.5,
+                confidence=0.6, min_finished=3, over_provision=0.5, prior_a=0.5, prior_b=0.5, decay=0.95,
+                skip_above=0.6, explore=0.1, refill=True)
+    for alloc in ("dynamic", "adaptive"):
+        spent = {}
+        for names in ([alloc], [alloc, "early_stop"]):
+            ctl = make_controller(SimpleNamespace(policy=names, **base), FakeEnv(), FakeTokenizer())
+            ctl.score_workers = 2
+            eng = FakeEngine(tasks)
+            res = ctl.run_step(eng, TaskStream(tasks), SP, step=1, batch_groups=2)
+            check_books(res, eng)
+            assert res.accounting.generated_tokens == eng.produced
+            spent[len(names)] = res.accounting.generated_tokens
+            aborted = [r for g in res.groups for r in g.rollouts if r.status == "aborted"]
+            if len(names) == 1:
+                assert not aborted
+            else:  # only groups decided zero-variance lose samples; a group's finished rewards all agree
+                assert aborted
+                for g in res.groups:
+                    if any(r.status == "aborted" for r in g.rollouts):
+                        assert len({r.reward for r in g.rollouts if r.status != "aborted"}) == 1
+        assert spent[2] < spent[1], (alloc, spent)
+
+
+def test_adaptive_pilots_under_early_stop_only_wait_for_the_samples_they_asked_for():
+    """A pilot of 2 out of K=8 leaves six slots never requested: the rule must not count them as still running
+    (it would then wait on, or abort, samples that do not exist)."""
+    from rollwise.control import EarlyStop
+
+    tasks = [task(0, 1.0, length=2), task(1, 0.0, length=2)]
+    eng = FakeEngine(tasks)
+    ctl = controller(AdaptiveGroupPolicy(pilot=2, max_rounds=1, oversample=1.0),
+                     stop=EarlyStop(confidence=0.6, min_finished=2))
+    res = ctl.run_step(eng, TaskStream(tasks), SP, step=1, batch_groups=2)
+    check_books(res, eng)
+    assert [len(g.rollouts) for g in res.groups] == [2, 2] and eng.added == 4
+    assert {r.status for g in res.groups for r in g.rollouts} == {"filtered"}
+
+
+def test_config_composes_policies_and_refuses_what_does_not_compose():
+    from rollwise.config import ControlConfig
+
+    assert ControlConfig(policy=["dynamic", "early_stop"]).policies == ("dynamic", "early_stop")
+    assert ControlConfig(policy="adaptive").policies == ("adaptive",)
+    for bad, msg in ((["adaptive", "dynamic"], "one allocation"), (["early_stop", "early_stop"], "each once"),
+                     ([], "one allocation"), (["partial", "early_stop"], "partial rollouts drive")):
+        with pytest.raises(ValueError, match=msg):
+            ControlConfig(policy=bad)

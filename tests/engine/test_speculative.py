@@ -96,6 +96,33 @@ def test_draft_store_keeps_each_prompts_most_recent_completions():
         DraftStore("sometimes")
 
 
+def test_cold_start_acceptance_comes_from_the_runs_history():
+    """A new request's acceptance estimate starts from the run's measured acceptance (DraftSpec.prior), not
+    Beta(1, 1): with 90% of drafts accepted so far, a sample drafts at a full batch from its first step."""
+    from types import SimpleNamespace as NS
+
+    from rollwise.control.drafts import PRIOR_WEIGHT, DraftStore
+    from rollwise.engine.speculative import RequestDrafter
+
+    st = DraftStore("past", k=8)
+    st.observe([NS(prompt_id="a", rollouts=[NS(prompt_id="a", completion_token_ids=[1, 2, 3])])])
+    assert st.for_task("a").prior == (1.0, 1.0)  # no history yet
+    st.observe_acceptance(90, 100)
+    a0, b0 = st.for_task("a").prior
+    assert a0 / (a0 + b0) == pytest.approx(0.9) and a0 + b0 == pytest.approx(PRIOR_WEIGHT)
+    st.observe_acceptance(0, 100)  # a bad step weighs more than the older history (decay per step)
+    a1, b1 = st.for_task("a").prior
+    assert a1 / (a1 + b1) < 0.45
+
+    def first_step_length(prior):
+        d = RequestDrafter([5, 6], DraftSpec(((1, 2, 3),), 8, prior=prior))
+        return draft_length(d.attach(NS(num_output_tokens=0), 0).acceptance, 64, 16.0, 8)
+
+    assert first_step_length((1.0, 1.0)) == 0 and first_step_length((7.2, 0.8)) >= 1
+    with pytest.raises(ValueError, match="acceptance prior"):
+        DraftSpec((), 8, prior=(0.0, 1.0))
+
+
 def test_drafter_follows_a_past_continuation_and_resyncs():
     class Seq:  # what the drafter reads of a Sequence
         def __init__(self, ids, n_prompt):

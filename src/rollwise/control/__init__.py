@@ -1,6 +1,7 @@
 """rollwise.control: decide what to generate each step, and account for every rollout and token.
 
-`RolloutController` (base.py) runs one generation policy, optionally behind a prompt selector, and returns a
+`RolloutController` (base.py) runs one generation policy (an allocation, optionally under a stopping rule),
+optionally behind a prompt selector, and returns a
 step's scored groups with an `Accounting` whose counts add up. Policies are one module each, registered in
 `POLICIES` by the name `control.policy` takes; selectors in `SELECTORS` by `control.select`. See docs/control.md.
 """
@@ -13,7 +14,7 @@ from rollwise.control.adaptive import AdaptiveGroupPolicy
 from rollwise.control.base import (Accounting, ControlStep, Driver, ParamsFn, Policy, RolloutController, Selector,
                                    StepContext)
 from rollwise.control.dynamic import DynamicSamplingPolicy
-from rollwise.control.early_stop import EarlyStopPolicy
+from rollwise.control.early_stop import EarlyStop, EarlyStopPolicy
 from rollwise.control.partial import PartialRolloutPolicy
 from rollwise.control.posterior import PassRatePosterior
 from rollwise.control.uniform import UniformPolicy
@@ -24,7 +25,7 @@ POLICIES: dict[str, Callable[[Any], Policy]] = {
     "adaptive": lambda c: AdaptiveGroupPolicy(pilot=c.pilot_samples, budget_factor=c.budget_factor,
                                               oversample=c.oversample, max_rounds=c.max_rounds,
                                               direct_above=c.direct_above),
-    "early_stop": lambda c: EarlyStopPolicy(confidence=c.confidence, min_finished=c.min_finished),
+    "early_stop": lambda c: EarlyStopPolicy(confidence=c.confidence, min_finished=c.min_finished),  # uniform + stop
     "partial": lambda c: PartialRolloutPolicy(over_provision=c.over_provision),
 }
 """control.policy name -> factory taking the `control` config section."""
@@ -42,16 +43,23 @@ def make_controller(control_cfg: Any, env: Any, tokenizer: Any, *, seed: int = 0
                     rules: Any = None) -> RolloutController:
     """Build the controller a `control` config section describes (duck-typed: no pydantic import here); `rules`:
     the run's `filter.FilterRules`."""
-    if control_cfg.policy not in POLICIES:
-        raise ValueError(f"unknown control.policy {control_cfg.policy!r}; known: {', '.join(sorted(POLICIES))}")
+    names = (control_cfg.policy,) if isinstance(control_cfg.policy, str) else tuple(control_cfg.policy)
+    for n in names:
+        if n not in POLICIES:
+            raise ValueError(f"unknown control.policy {n!r}; known: {', '.join(sorted(POLICIES))}")
+    # A list composes one allocation with the early-stop rule (config.ControlConfig checks the combination).
+    alloc = next((n for n in names if n != "early_stop"), None)
+    stop = EarlyStop(control_cfg.confidence, control_cfg.min_finished) if alloc and "early_stop" in names else None
+    policy = POLICIES[alloc or "early_stop"](control_cfg)
     if control_cfg.select not in SELECTORS:
         raise ValueError(f"unknown control.select {control_cfg.select!r}; known: {', '.join(sorted(SELECTORS))}")
-    return RolloutController(POLICIES[control_cfg.policy](control_cfg), env, tokenizer,
+    return RolloutController(policy, env, tokenizer, stop=stop, refill=control_cfg.refill,
                              selector=SELECTORS[control_cfg.select](control_cfg, seed),
                              prior=(control_cfg.prior_a, control_cfg.prior_b), params_fn=params_fn,
                              encode=encode, scorer=scorer, episodes=episodes, drafts=drafts, rules=rules)
 
 
-__all__ = ["Accounting", "AdaptiveGroupPolicy", "ControlStep", "Driver", "DynamicSamplingPolicy", "EarlyStopPolicy",
+__all__ = ["Accounting", "AdaptiveGroupPolicy", "ControlStep", "Driver", "DynamicSamplingPolicy", "EarlyStop",
+           "EarlyStopPolicy",
            "POLICIES", "PartialRolloutPolicy", "PassRatePosterior", "RolloutController", "SELECTORS", "StepContext",
            "UniformPolicy", "make_controller"]

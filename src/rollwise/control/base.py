@@ -186,15 +186,16 @@ class Driver:
             return None
         return (sp.accepted_tokens, sp.tested_tokens, sp.decode_emitted, sp.decode_seq_steps, sp.saved_s_est)
 
-    def spec_books(self) -> tuple[float, float, float] | None:
-        """(acceptance, tokens per forward, seconds saved) of the drafts verified since `reset`; None if none were."""
+    def spec_books(self) -> tuple[float, float, float, float] | None:
+        """(acceptance, tokens per forward, seconds saved, draft tokens tested) of the drafts verified since `reset`;
+        None if none were."""
         now, before = self._spec_counts(), self._spec0
         if now is None or before is None:
             return None
         acc, tested, emitted, seq_steps, saved = (a - b for a, b in zip(now, before))
         if not tested:
             return None
-        return acc / tested, emitted / max(seq_steps, 1), saved
+        return acc / tested, emitted / max(seq_steps, 1), saved, tested
 
     @property
     def stepwise(self) -> bool:
@@ -369,6 +370,8 @@ class StepContext:
     """`control.episodes.EpisodeRunner` for a multi-turn environment: samples are whole episodes."""
     drafts: Callable[[str], Any] | None = None
     """Speculative rollouts: `drafts(task_id)` -> the drafts for a new request of that prompt (control/drafts.py)."""
+    stop: Stopping | None = None
+    """A stopping rule every `generate` runs under (control/early_stop.py `EarlyStop`), whatever the allocation."""
     _next_group: int = 0
 
     @property
@@ -431,6 +434,9 @@ class StepContext:
     def generate(self, groups: Sequence[PendingGroup], indices: Sequence[Sequence[int]] | None = None) -> None:
         """Generate and score the given sample indices of each group (default: all of them) in one batch."""
         idx = indices if indices is not None else [range(g.size) for g in groups]
+        if self.stop is not None:
+            self.stop.generate(self, groups, idx)
+            return
         reqs = [(g, r) for g, js in zip(groups, idx) for r in self.requests(g, js)]
         if self.episodes is not None:
             self._run_episodes(reqs)
@@ -493,6 +499,12 @@ def informative(group: RolloutGroup, rules: room.FilterRules = room.DEFAULT_RULE
     return room.informative(group, rules)
 
 
+class Stopping(Protocol):
+    """A stopping rule: generates the requested samples of some groups itself, and may abort them mid-way."""
+
+    def generate(self, ctx: StepContext, groups: Sequence[PendingGroup], indices: Sequence[Sequence[int]]) -> None: ...
+
+
 class Policy(Protocol):
     """A generation policy: given the step's context, return the step's scored groups."""
 
@@ -530,14 +542,17 @@ class RolloutController:
                  score_timeout_s: float | None = 30.0, params_fn: ParamsFn | None = None,
                  encode: Callable[[Task], list[int]] | None = None,
                  scorer: Callable[[list[tuple[Task, str]]], list[Score]] | None = None, episodes: Any = None,
-                 drafts: Any = None, rules: room.FilterRules | None = None) -> None:
+                 drafts: Any = None, rules: room.FilterRules | None = None, stop: Stopping | None = None,
+                 refill: bool = True) -> None:
         """rules: the Filter room's rules the run applies (which groups are informative; default
         `filter.DEFAULT_RULES`); encode: a task's prompt token ids (default: the tokenizer's plain encoding of
         `task.prompt`);
         scorer: `scorer(items) -> scores` in input order (default: `score_many` over `env` in this process; the
         Ray backend passes its scoring actors); episodes: a `control.episodes.EpisodeRunner` when the environment is
         multi-turn (samples are then whole episodes, scored by the environment); drafts: a `control.drafts.DraftStore`
-        for speculative rollouts (fed every step's groups; step-level engines only)."""
+        for speculative rollouts (fed every step's groups; step-level engines only); stop: a stopping rule
+        (`early_stop.EarlyStop`) every policy's generation runs under; refill: replace prompts the selector skips
+        (true, the step keeps its size) or not (false: the step samples fewer groups, at least one)."""
         if max_skip_factor < 1:
             raise ValueError(f"max_skip_factor must be >= 1, got {max_skip_factor}")
         self.policy = policy
@@ -554,6 +569,8 @@ class RolloutController:
         self.params_fn = params_fn
         self.drafts = drafts
         self.rules = rules if rules is not None else room.DEFAULT_RULES
+        self.stop = stop
+        self.refill = refill
         self._driver: Driver | None = None
         self._version: int | None = None
 
@@ -571,6 +588,17 @@ class RolloutController:
         def take(k: int) -> list[Task]:
             out: list[Task] = []
             drawn = 0
+            if not self.refill:  # k prompts drawn, the skipped ones not replaced; the first kept if all are skipped
+                got = source(k)
+                for t in got:
+                    if sel.skip(t.id, group_size):
+                        acc.skipped_prompts += 1
+                    else:
+                        out.append(t)
+                if not out and got:
+                    acc.skipped_prompts -= 1
+                    out.append(got[0])
+                return out
             while len(out) < k:
                 for t in source(k - len(out)):
                     drawn += 1
@@ -603,12 +631,15 @@ class RolloutController:
                           self._score, self.params_fn, acc,
                           prior=(sel.belief if sel is not None else (lambda _tid: self.prior)), rules=self.rules,
                           episodes=self.episodes,
-                          drafts=self.drafts.for_task if self.drafts is not None and drv.speculative else None)
+                          drafts=self.drafts.for_task if self.drafts is not None and drv.speculative else None,
+                          stop=self.stop)
         groups = self.policy.run(ctx)
         acc.gen_s, acc.idle_s, acc.generated_tokens = drv.gen_s, drv.idle_s, drv.generated_tokens
         books = drv.spec_books()
         if books is not None:
-            acc.spec_acceptance, acc.spec_tokens_per_forward, acc.spec_saved_s = books
+            acc.spec_acceptance, acc.spec_tokens_per_forward, acc.spec_saved_s, tested = books
+            if self.drafts is not None:  # the next requests' cold-start acceptance estimate
+                self.drafts.observe_acceptance(acc.spec_acceptance * tested, tested)
         if self.drafts is not None:
             self.drafts.observe(groups)
         acc.groups = len(groups)

@@ -5,7 +5,10 @@ policy wrote for a prompt last time is a good guess of what it writes now. The c
 step's groups (`observe`) and asks it for a group's drafts when it builds the group's engine requests (`for_task`);
 the engine verifies them exactly (engine/speculative.py), so a stale or wrong draft costs time, never correctness.
 
-Configured by `rollout.speculative` (`source`: off | past | ngram | both, `k`, `per_prompt`).
+Configured by `rollout.speculative` (`source`: off | past | ngram | both, `k`, `per_prompt`). The store also keeps
+the run's measured draft acceptance (decayed per step) and hands it to each new request as its cold-start estimate
+(`DraftSpec.prior`): with Beta(1, 1) a request drafts nothing at a full batch until its own samples have shown
+acceptance, which on short completions is most of their life.
 
 Left out: drafts from the on-disk rollout store or the replay buffer across a resume (the store starts empty on a
 resumed run and fills again in one epoch), and drafts for multi-turn episodes.
@@ -21,6 +24,12 @@ from rollwise.engine.speculative import DraftSpec
 SOURCES = ("off", "past", "ngram", "both")
 
 
+HISTORY_DECAY = 0.7
+"""Per step, the weight of older acceptance history (the policy moves, so old acceptance says less)."""
+PRIOR_WEIGHT = 8.0
+"""A new request's acceptance prior is worth this many draft tokens of history (`DraftSpec.prior`)."""
+
+
 class DraftStore:
     """Most recent completion token ids per prompt (task id), as `DraftSpec`s for the engine."""
 
@@ -32,6 +41,7 @@ class DraftStore:
         DraftSpec((), k)  # validates k
         self.source, self.k, self.per_prompt, self.max_prompts = source, k, per_prompt, max_prompts
         self._past: OrderedDict[str, deque[tuple[int, ...]]] = OrderedDict()  # LRU over prompts
+        self._accepted = self._tested = 0.0  # the run's draft tokens, decayed by HISTORY_DECAY per step
 
     @classmethod
     def from_config(cls, spec_cfg: Any) -> "DraftStore | None":
@@ -59,6 +69,19 @@ class DraftStore:
                     self._past.move_to_end(r.prompt_id)
                 q.append(ids)
 
+    def observe_acceptance(self, accepted: float, tested: float) -> None:
+        """A step's verified draft tokens (the engine's books): the history new requests start from."""
+        self._accepted = HISTORY_DECAY * self._accepted + max(0.0, accepted)
+        self._tested = HISTORY_DECAY * self._tested + max(0.0, tested)
+
+    def prior(self) -> tuple[float, float]:
+        """Beta prior of a new sample's acceptance: Beta(1, 1) before any history, then the run's decayed
+        acceptance rate worth PRIOR_WEIGHT tokens (each side at least 0.5, so no estimate is ever certain)."""
+        if self._tested < 1.0:
+            return (1.0, 1.0)
+        rate = self._accepted / self._tested
+        return (max(0.5, PRIOR_WEIGHT * rate), max(0.5, PRIOR_WEIGHT * (1.0 - rate)))
+
     def for_task(self, task_id: str) -> DraftSpec | None:
         """The drafts for a new group of this prompt, or None (no speculation for it)."""
         if self.source == "off":
@@ -66,7 +89,7 @@ class DraftStore:
         past = tuple(reversed(self._past.get(task_id, ()))) if self.source in ("past", "both") else ()
         if self.source == "past" and not past:
             return None
-        return DraftSpec(past, self.k, ngram=self.source in ("ngram", "both"))
+        return DraftSpec(past, self.k, ngram=self.source in ("ngram", "both"), prior=self.prior())
 
     def __len__(self) -> int:
         return len(self._past)

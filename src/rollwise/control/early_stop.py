@@ -1,29 +1,38 @@
 """Early group termination: score samples as they finish, abort a group once it is surely zero-variance.
 
-The controller drives the engine step by step. Each finished sample is scored at once; when a group's first
-m >= `min_finished` finished samples all have the same reward, the chance that the r samples still running
-agree too is B(a+r, b)/B(a, b) under the prompt's Beta(a, b) pass-rate belief updated with those m results
-(the posterior selector's belief when it is on, else the config prior). Above `confidence` the rest of the
-group is aborted: the group carries no GRPO signal, and its remaining tokens are better spent elsewhere.
-Aborted samples are returned with status 'aborted' and their tokens counted as aborted tokens.
+`EarlyStop` is a stopping rule, not an allocation: any policy's `ctx.generate` runs under it when the run's
+`control.policy` lists `early_stop` (alone it means uniform allocation; `[adaptive, early_stop]` or `[dynamic,
+early_stop]` stop the groups those policies sample). Under it every requested sample is its own engine request, so
+each is seen, scored and abortable on its own. When a group's m >= `min_finished` finished samples all have the
+same reward, the chance that the r samples of it still running agree too is B(a+r, b)/B(a, b) under the prompt's
+Beta(a, b) pass-rate belief updated with those m results (the posterior selector's belief when it is on, else the
+config prior). Above `confidence` the group's running samples are aborted: the group carries no GRPO signal, and
+its remaining tokens are better spent elsewhere. Aborted samples come back with status 'aborted' and their tokens
+counted as aborted tokens.
 
 NOTE: samples that finish first are the short ones, so the decision sees a length-biased subset; with rewards
 that depend on length, set `confidence` high.
 
-Deliberately left out: starting new prompts in the freed slots (that is what partial rollouts do).
+Deliberately left out: starting new prompts in the freed slots (that is what partial rollouts do), and early
+stops inside partial rollouts (which drive the engine across steps themselves; the config refuses the pair).
 """
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-from rollwise.control.base import PendingGroup, StepContext, beta_all_equal, build_group
+from rollwise.control.base import PendingGroup, StepContext, beta_all_equal
+from rollwise.control.uniform import UniformPolicy
 from rollwise.filter import DEFAULT_RULES, FilterRules, score_values
 from rollwise.types import RolloutGroup
 
 
 @dataclass
-class EarlyStopPolicy:
+class EarlyStop:
+    """The stopping rule (`StepContext.stop`): generate the requested samples one request each, abort decided groups."""
+
     confidence: float = 0.75
     """Abort the rest of a group when P(all remaining samples agree) exceeds this."""
     min_finished: int = 2
@@ -34,46 +43,64 @@ class EarlyStopPolicy:
             raise ValueError(f"early_stop needs confidence in (0, 1) and min_finished >= 1, got "
                              f"{self.confidence} and {self.min_finished}")
 
-    def run(self, ctx: StepContext) -> list[RolloutGroup]:
+    def generate(self, ctx: StepContext, groups: Sequence[PendingGroup], indices: Sequence[Sequence[int]]) -> None:
+        """Generate and score `indices[i]` of `groups[i]`; a group decided zero-variance has its running samples
+        aborted (their slots hold the partial outputs, finish_reason 'abort')."""
         drv = ctx.driver
         if ctx.episodes is not None:
-            raise ValueError("control.policy=early_stop works on single-turn environments only: episodes of a multi-turn "
-                             "environment are not aborted or carried mid-way")
+            raise ValueError("control.policy early_stop works on single-turn environments only: episodes of a "
+                             "multi-turn environment are not aborted or carried mid-way")
         if not drv.stepwise:
-            raise ValueError("control.policy=early_stop needs a step-level engine (the in-process engine or a remote server)")
-        groups = [ctx.new_group(t, ctx.group_size) for t in ctx.take(ctx.batch_groups)]
+            raise ValueError("control.policy early_stop needs a step-level engine (the in-process engine or a remote "
+                             "server)")
         by_id = {g.group_id: g for g in groups}
-        # NOTE: one request per sample (n=1), so each is seen, scored and abortable on its own.
-        for g in groups:
-            for j in range(g.size):
-                for req in ctx.requests(g, [j]):
+        running: dict[str, set[int]] = {g.group_id: set() for g in groups}
+        for g, js in zip(groups, indices):
+            for j in js:
+                for req in ctx.requests(g, [j]):  # NOTE: one request per sample, so each is abortable alone
                     drv.submit(req)
-        ctx.acc.rounds = 1
-        while drv.inflight:
+                    running[g.group_id].add(j)
+        while any(running.values()):
             done = drv.step()
             for req, outs in done:
                 ctx.place(by_id[req.group_id], req, outs)
+                running[req.group_id].discard(req.start)
             ctx.score([(by_id[req.group_id], req.start) for req, _ in done])
             for gid in {req.group_id for req, _ in done}:
                 g = by_id[gid]
-                if self._decided(g, ctx.prior(g.task.id), ctx.rules):
-                    late = []
-                    for j, o in enumerate(g.outputs):
-                        if o is None:
-                            got = drv.abort(f"{gid}/{j}")
-                            if got is not None:
-                                ctx.place(g, *got)
-                                late.append((g, j))
-                    # NOTE: a streaming (remote) engine may have finished a sample between the step and its abort:
-                    # such a sample is a real completion and is scored like any other (aborted ones are skipped).
-                    ctx.score(late)
-        return [build_group(g, ctx.step, ctx.params.max_tokens) for g in groups]
+                if not running[gid] or not self.decided(g, len(running[gid]), ctx.prior(g.task.id), ctx.rules):
+                    continue
+                late = []
+                for j in sorted(running[gid]):
+                    got = drv.abort(f"{gid}/{j}")
+                    if got is not None:
+                        ctx.place(g, *got)
+                        late.append((g, j))
+                running[gid].clear()
+                # NOTE: a streaming (remote) engine may have finished a sample between the step and its abort: such
+                # a sample is a real completion and is scored like any other (aborted ones are skipped).
+                ctx.score(late)
 
-    def _decided(self, g: PendingGroup, prior: tuple[float, float], rules: FilterRules = DEFAULT_RULES) -> bool:
-        remaining = sum(o is None for o in g.outputs)
+    def decided(self, g: PendingGroup, remaining: int, prior: tuple[float, float],
+                rules: FilterRules = DEFAULT_RULES) -> bool:
+        """True when the `remaining` running samples of `g` almost surely agree with its finished, unanimous ones."""
         rs = score_values(g.scores, rules)  # the Filter room's values: an errored sample counts as it will train
         if remaining == 0 or len(rs) < self.min_finished or max(rs) - min(rs) > 1e-9:
             return False
         succ = min(1.0, max(0.0, rs[0]))
         a, b = prior[0] + succ * len(rs), prior[1] + (1.0 - succ) * len(rs)
         return beta_all_equal(a, b, remaining, succ >= 0.5) >= self.confidence
+
+
+@dataclass
+class EarlyStopPolicy:
+    """`control.policy: early_stop` on its own: uniform allocation, every group under the `EarlyStop` rule."""
+
+    confidence: float = 0.75
+    min_finished: int = 2
+
+    def __post_init__(self) -> None:
+        self.rule = EarlyStop(self.confidence, self.min_finished)
+
+    def run(self, ctx: StepContext) -> list[RolloutGroup]:
+        return UniformPolicy().run(dataclasses.replace(ctx, stop=self.rule))

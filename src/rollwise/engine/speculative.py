@@ -60,10 +60,17 @@ class DraftSpec:
     """Most draft tokens verified per sample per step."""
     ngram: bool = True
     """Also draft from n-grams of the prompt and the group's other samples."""
+    prior: tuple[float, float] = (1.0, 1.0)
+    """Beta prior (pseudo-accepted, pseudo-rejected draft tokens) of a new sample's acceptance rate. The draft
+    length of a sample's first steps follows it (`draft_length`); Beta(1, 1) says 0.5, which at a full batch drafts
+    nothing. A caller with history (control/drafts.py: the run's measured acceptance) passes it here, so drafts fire
+    from a request's first step when they have been paying."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.k, int) or self.k < 1:
             raise ValueError(f"draft length k must be an integer >= 1, got {self.k!r}")
+        if len(self.prior) != 2 or not all(math.isfinite(x) and x > 0 for x in self.prior):
+            raise ValueError(f"draft acceptance prior must be two positive numbers, got {self.prior!r}")
 
     @classmethod
     def make(cls, drafts: "DraftSpec | Seq[Seq[int]] | None", k: int = 8, ngram: bool = True) -> "DraftSpec | None":
@@ -103,10 +110,12 @@ class SpecState:
     @property
     def acceptance(self) -> float:
         """Estimated acceptance rate of this sample's next draft token: its own counts, plus its request's counts
-        weighted as one sample's worth (the samples share the drafts), on a Beta(1, 1) prior."""
+        weighted as one sample's worth (the samples share the drafts), on the request's Beta prior
+        (`DraftSpec.prior`)."""
         d = self.drafter
         w = 1.0 / max(len(d.members), 1)
-        return (self.accepted + w * d.accepted + 1) / (self.tested + w * d.tested + 2)
+        a0, b0 = d.spec.prior
+        return (self.accepted + w * d.accepted + a0) / (self.tested + w * d.tested + a0 + b0)
 
 
 def draft_length(acceptance: float, num_seqs: int, overhead_rows: float, k_max: int) -> int:

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from rollwise.report import svg
-from rollwise.report.data import Metrics, RolloutData, load_metrics, load_rollouts, load_summary
+from rollwise.report.data import Metrics, RolloutData, accuracy_curve, load_metrics, load_rollouts, load_summary
 from rollwise.report.page import CSS, JS
 from rollwise.types import ROLLOUT_STATUSES
 
@@ -72,7 +72,7 @@ def write_report(run_dir: str | os.PathLike[str], output: str | os.PathLike[str]
         for note in rollouts.notes:
             if note.startswith("skipped unreadable shard"):
                 warn(note)
-    plots, missing = build_plots(metrics, rollouts)
+    plots, missing = build_plots(metrics, rollouts, summary)
     notes = metrics.notes + summary_notes + rollouts.notes
     if missing:
         notes.append("not recorded in metrics.jsonl, so not plotted: " + ", ".join(missing))
@@ -94,9 +94,21 @@ def _xy(metrics: Metrics, key: str, x: list[float | None]) -> tuple[list[float],
     return xs, ys
 
 
-def build_plots(metrics: Metrics, rollouts: RolloutData) -> tuple[list[Plot], list[str]]:
+def build_plots(metrics: Metrics, rollouts: RolloutData,
+                summary: dict[str, Any] | None = None) -> tuple[list[Plot], list[str]]:
     """Every plot the data supports, and the metric names that were expected but absent."""
     plots: list[Plot] = []
+    curve = accuracy_curve(metrics, summary or {})
+    if curve is not None and len(curve.greedy) > 1:
+        unit, div = ("min", 60.0) if curve.train_s[-1] > 300 else ("s", 1.0)
+        xs = [x / div for x in curve.train_s]
+        drawn = svg.line_chart([svg.Series("greedy", xs, curve.greedy), svg.Series("sampled", xs, curve.sampled)],
+                               x_label=f"training wall-clock ({unit}, evaluations excluded)", y_label="held-out accuracy",
+                               y_zero=True)
+        if drawn:
+            plots.append(Plot("accuracy_time", "Held-out accuracy against training time",
+                              "One point per evaluation (before, every run.eval_every steps, after); time is the sum of "
+                              "the steps' wall-clock, evaluations left out.", drawn))
     steps: list[float | None] = [float(r.get("step", i)) for i, r in enumerate(metrics.rows)]
     wall = metrics.wall_clock()
     wall_max = max((w for w in wall if w is not None), default=0.0)
@@ -141,7 +153,8 @@ def build_plots(metrics: Metrics, rollouts: RolloutData) -> tuple[list[Plot], li
     known = {"step", "wall_s", *TIME_PARTS, "reward_mean", "accuracy", "zero_var_frac", "resp_len_mean", "resp_len_max",
              "truncation_rate", "gen_tokens_per_s", "staleness_mean", "logprob_mismatch_mean", "kl", "entropy", "grad_norm"}  # fmt: skip
     missing = sorted(k for k in known - {"step"} if not metrics.has(k)) if metrics.rows else []
-    extra = sorted({k for r in metrics.rows for k, v in r.items() if k not in known and isinstance(v, (int, float)) and not isinstance(v, bool)})
+    elsewhere = {"eval_accuracy", "eval_accuracy_greedy"}  # the accuracy-against-time plot
+    extra = sorted({k for r in metrics.rows for k, v in r.items() if k not in known and k not in elsewhere and isinstance(v, (int, float)) and not isinstance(v, bool)})
     for k in extra:
         lines(f"extra-{k}", k, "Also in metrics.jsonl.", [(k, k)], steps, "step", k)
     return plots, missing

@@ -202,3 +202,57 @@ def _sample(row: dict[str, Any], max_tokens: int) -> dict[str, Any]:
         s["mask"] = mask[:max_tokens]
     s["parts"] = {k: _clean(v) if isinstance(v, float) else v for k, v in s["parts"].items()}
     return s
+
+
+@dataclass
+class AccuracyCurve:
+    """Held-out accuracy against training cost: one point per evaluation (before training, every `run.eval_every`
+    steps, after). Cost is cumulative over the steps up to the point: `train_s` sums `step_s` (the loop's step
+    wall-clock, evaluations excluded), `tokens` the generated tokens, `cpu_s` the process CPU seconds (None where a
+    record lacks them: a run from before they were logged). The same definitions for every run, so curves of
+    different runs compare (bench/time_to_accuracy.py reads runs through this)."""
+
+    steps: list[int]
+    train_s: list[float]
+    tokens: list[int]
+    cpu_s: list[float | None]
+    greedy: list[float]
+    sampled: list[float]
+
+    def first_reaching(self, target: float) -> int | None:
+        """Index of the first point whose greedy accuracy is >= target, or None."""
+        return next((i for i, a in enumerate(self.greedy) if a >= target - 1e-9), None)
+
+
+def accuracy_curve(metrics: Metrics, summary: dict[str, Any]) -> AccuracyCurve | None:
+    """The run's accuracy curve; None without an evaluation before training (`summary.eval_before`)."""
+    before = summary.get("eval_before") if isinstance(summary.get("eval_before"), dict) else None
+    if before is None or not _num(before.get("accuracy_greedy")):
+        return None
+    c = AccuracyCurve([0], [0.0], [0], [0.0], [float(before["accuracy_greedy"])], [float(before.get("accuracy", 0.0))])
+    t = cpu = 0.0
+    tok = 0
+    cpu_ok = True
+    for r in metrics.rows:
+        if not _num(r.get("step")):
+            continue
+        t += float(r.get("step_s", 0.0)) if _num(r.get("step_s")) else 0.0
+        tok += int(r.get("gen_tokens", 0)) if _num(r.get("gen_tokens")) else 0
+        cpu_ok = cpu_ok and _num(r.get("cpu_s"))
+        cpu += float(r["cpu_s"]) if cpu_ok else 0.0
+        if _num(r.get("eval_accuracy_greedy")):
+            c.steps.append(int(r["step"]))
+            c.train_s.append(t)
+            c.tokens.append(tok)
+            c.cpu_s.append(cpu if cpu_ok else None)
+            c.greedy.append(float(r["eval_accuracy_greedy"]))
+            c.sampled.append(float(r.get("eval_accuracy", 0.0)))
+    after = summary.get("eval_after") if isinstance(summary.get("eval_after"), dict) else None
+    if after is not None and _num(after.get("accuracy_greedy")) and metrics.rows:
+        c.steps.append(int(summary.get("steps", metrics.rows[-1].get("step", 0))))
+        c.train_s.append(t)
+        c.tokens.append(tok)
+        c.cpu_s.append(cpu if cpu_ok else None)
+        c.greedy.append(float(after["accuracy_greedy"]))
+        c.sampled.append(float(after.get("accuracy", 0.0)))
+    return c

@@ -31,7 +31,6 @@ from rollwise.config import RunConfig, config_hash
 from rollwise.types import ROLLOUT_STATUSES, Rollout, SamplingParams
 
 Log = Callable[[str], None]
-EVAL_SAMPLES = 4
 """Samples per held-out problem for the sampled accuracy (ACCURACY_METHOD states it)."""
 
 
@@ -86,7 +85,7 @@ def _run_steps(run: Any, log: Log, stop_after: int | None) -> dict[str, Any] | N
         log(note)
     metrics = MetricsLogger(run.run_dir, total_steps=cfg.train.steps, loggers=cfg.run.loggers,
                             resume_from_step=start_step, run_config=cfg.model_dump(mode="json"))
-    eval_kw = dict(temperature=R.temperature, samples=EVAL_SAMPLES, max_tokens=R.max_tokens, seed=run.seed + 7919,
+    eval_kw = dict(temperature=R.temperature, samples=cfg.run.eval_samples, max_tokens=R.max_tokens, seed=run.seed + 7919,
                    scorer=run.scorer, stop_token_ids=run.stop_token_ids, pass_threshold=cfg.env.pass_threshold,
                    episodes=run.episodes)
 
@@ -127,7 +126,7 @@ def _run_steps(run: Any, log: Log, stop_after: int | None) -> dict[str, Any] | N
                          sync_check=run.sync_check, trainer=trainer)
     try:
         for step in range(start_step + 1, last + 1):
-            t_step = time.perf_counter()
+            t_step, cpu_step = time.perf_counter(), time.process_time()
             batch = source.next_batch(step)  # select prompts -> generate -> score
             t_got = time.perf_counter()
             groups = batch.result.groups
@@ -162,12 +161,17 @@ def _run_steps(run: Any, log: Log, stop_after: int | None) -> dict[str, Any] | N
                 extra = {"replay_used": len(replayed), **replay.stats(trainer.version)}
             if run.sync_check is not None and run.sync_check.last_diff is not None:
                 extra["sync_logprob_gap"] = run.sync_check.last_diff
+            eval_s = eval_cpu_s = 0.0
             if cfg.run.eval_every and step % cfg.run.eval_every == 0 and step < cfg.train.steps:
+                t_eval, cpu_eval = time.perf_counter(), time.process_time()
                 with source.exclusive() as eng:
                     ev = held_out(eng)
                 extra["eval_accuracy"], extra["eval_accuracy_greedy"] = ev["accuracy"], ev["accuracy_greedy"]
+                eval_s, eval_cpu_s = time.perf_counter() - t_eval, time.process_time() - cpu_eval
+                extra["time_eval_s"] = eval_s
             rec = step_metrics(own, len(groups), zero_var, books, train_m, gen_wait_s=t_got - t_step,
-                               producer_wait_s=batch.wait_s, sync_s=sync_s, step_s=time.perf_counter() - t_step,
+                               producer_wait_s=batch.wait_s, sync_s=sync_s, step_s=time.perf_counter() - t_step - eval_s,
+                               cpu_s=time.process_time() - cpu_step - eval_cpu_s,
                                weight_version=trainer.version, staleness_bound=source.staleness_bound,
                                engine=engine, useful=_useful_tokens(trainable, is_replayed),
                                pass_threshold=cfg.env.pass_threshold)
@@ -198,11 +202,14 @@ def _useful_tokens(trainable: Sequence[Rollout], is_replayed: Callable[[Rollout]
 
 
 def step_metrics(rollouts: Sequence[Rollout], num_groups: int, zero_var: int, books: Any, train_m: dict[str, float],
-                 *, gen_wait_s: float, producer_wait_s: float, sync_s: float, step_s: float, weight_version: int,
+                 *, gen_wait_s: float, producer_wait_s: float, sync_s: float, step_s: float, cpu_s: float | None = None,
+                 weight_version: int,
                  staleness_bound: int, engine: Any, useful: int, pass_threshold: float = 1.0) -> dict[str, Any]:
     """One step's metrics.jsonl record; a value that does not exist this step is left out (never NaN or 0).
 
-    reward_mean is over rollouts that have a reward (errored and aborted ones have none); accuracy (pass rate:
+    step_s and cpu_s (this process's CPU seconds, every thread) leave out a mid-run held-out evaluation (its own
+    time_eval_s), so summing step_s over a run gives its training wall-clock. reward_mean is over rollouts that
+    have a reward (errored and aborted ones have none); accuracy (pass rate:
     reward >= env.pass_threshold) is over finished rollouts (not aborted), errored ones counting as incorrect;
     score_errors counts errored rollouts."""
     import numpy as np
@@ -223,7 +230,7 @@ def step_metrics(rollouts: Sequence[Rollout], num_groups: int, zero_var: int, bo
         "gen_tokens": gen_tokens, "gen_tokens_per_s": gen_tokens / books.gen_s if books.gen_s > 0 else None,
         "gen_tokens_per_useful_token": gen_tokens / useful if useful else None,
         "time_generate_s": books.gen_s, "time_score_s": books.score_s, "time_wait_rollouts_s": gen_wait_s,
-        "time_train_s": train_m.get("train_s", 0.0), "time_sync_s": sync_s, "step_s": step_s,
+        "time_train_s": train_m.get("train_s", 0.0), "time_sync_s": sync_s, "step_s": step_s, "cpu_s": cpu_s,
         "tokens_per_s": gen_tokens / step_s if step_s > 0 else None,
         "logprob_mismatch_mean": train_m.get("logprob_diff_mean"), "logprob_mismatch_max": train_m.get("logprob_diff_max"),
         "tis_clip_frac": train_m.get("tis_clip_frac"),  # with algo.tis_cap (on by default for a low-precision engine)

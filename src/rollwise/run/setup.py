@@ -339,8 +339,9 @@ def build_run(cfg: RunConfig, log: Log) -> RunParts:
     from rollwise.control.episodes import is_multi_turn
 
     multi_turn = is_multi_turn(env)
-    if multi_turn and cfg.control.policy in ("early_stop", "partial"):
-        raise ValueError(f"control.policy '{cfg.control.policy}' works on single-turn environments only; env "
+    mid_way = [p for p in cfg.control.policies if p in ("early_stop", "partial")]
+    if multi_turn and mid_way:
+        raise ValueError(f"control.policy '{mid_way[0]}' works on single-turn environments only; env "
                          f"{cfg.env.name!r} is multi-turn (its episodes are not aborted or carried mid-way)")
     train_tasks = env.load("train", n=cfg.env.train_size, seed=seed)
     eval_tasks = env.load("test", n=cfg.run.eval_size or cfg.env.eval_size, seed=seed)
