@@ -65,10 +65,13 @@ ARMS: dict[str, list[str]] = {
     "early_stop+posterior": ["control.policy=early_stop", "control.select=posterior"],
     "adaptive+early_stop+posterior": ["control.policy=[adaptive,early_stop]", "control.select=posterior"],
     "early_stop+posterior-norefill": ["control.policy=early_stop", "control.select=posterior", "control.refill=false"],
+    "async": ["control.async_staleness=1", "algo.tis_cap=2.0"],
+    "async+posterior": ["control.async_staleness=1", "algo.tis_cap=2.0", "control.select=posterior"],
     "speculative": ["rollout.speculative.source=past"],
     "posterior+speculative": ["control.select=posterior", "rollout.speculative.source=past"],
 }
-"""Arm -> `--set` overrides of the task's recipe (control and speculative settings only)."""
+"""Arm -> `--set` overrides of the task's recipe (control and speculative settings only; the async arms add the
+truncated importance-sampling cap that corrects for their one-version staleness, docs/control.md)."""
 
 COMMON = ["run.eval_every=2", "run.eval_samples=1", "run.checkpoint_every=0", "run.keep_checkpoints=1"]
 
@@ -120,6 +123,24 @@ def load_curve(path: Path) -> AccuracyCurve | None:
     return accuracy_curve(load_metrics(path / "metrics.jsonl"), summary) if summary else None
 
 
+PHASES = {"generate": "time_generate_s", "wait_rollouts": "time_wait_rollouts_s", "train": "time_train_s",
+          "sync": "time_sync_s"}
+
+
+def phases(path: Path) -> dict[str, float]:
+    """Seconds summed over the run's steps: generation, waiting for rollouts (async), training, weight sync; and the
+    share of groups with zero reward variance, and drafts' acceptance where speculation ran."""
+    rows = load_metrics(path / "metrics.jsonl").rows
+    out = {k: sum(float(r.get(m, 0.0)) for r in rows) for k, m in PHASES.items()}
+    out["zero_var_frac"] = sum(float(r.get("zero_var_frac", 0.0)) for r in rows) / max(len(rows), 1)
+    out["groups"] = sum(float(r.get("control_groups", 0.0)) for r in rows)
+    acc = [r["control_spec_acceptance"] for r in rows if "control_spec_acceptance" in r]
+    if acc:
+        out["spec_acceptance_mean"] = sum(acc) / len(acc)
+        out["spec_steps"] = len(acc)
+    return out
+
+
 def _spread(xs: list[float]) -> dict[str, float] | None:
     return {"median": statistics.median(xs), "min": min(xs), "max": max(xs), "n": len(xs)} if xs else None
 
@@ -145,6 +166,7 @@ def summarize(runs: Path, tasks: list[str]) -> dict[str, Any]:
                 run: dict[str, Any] = {"seed": seed, "final_greedy": c.greedy[-1], "best_greedy": max(c.greedy),
                                        "start_greedy": c.greedy[0], "train_s": c.train_s[-1], "tokens": c.tokens[-1],
                                        "cpu_s": c.cpu_s[-1], "steps": c.steps[-1],
+                                       "phases": phases(run_dir(runs, task, arm, seed)),
                                        "curve": {"steps": c.steps, "train_s": c.train_s, "tokens": c.tokens,
                                                  "cpu_s": c.cpu_s, "greedy": c.greedy}}
                 for name, t in targets.items():

@@ -164,3 +164,28 @@ def test_cli_modules_import_no_heavy_deps():
     code = "import sys; from rollwise.cli import rollouts, report; print('pyarrow' in sys.modules, 'torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["False", "False"]
+
+
+def test_accuracy_curve_sums_step_costs_without_evaluations_and_the_page_draws_it(tmp_path):
+    """The curve the report draws and bench/time_to_accuracy.py reads: one point per evaluation, cost summed over
+    the steps up to it (step_s already leaves the evaluation out), the before and after points from summary.json."""
+    from rollwise.report.build import build_plots
+    from rollwise.report.data import RolloutData, accuracy_curve
+
+    rows = [{"step": 1, "step_s": 2.0, "gen_tokens": 10, "cpu_s": 3.0},
+            {"step": 2, "step_s": 4.0, "gen_tokens": 20, "cpu_s": 5.0, "eval_accuracy_greedy": 0.5,
+             "eval_accuracy": 0.25, "time_eval_s": 99.0},
+            {"step": 3, "step_s": 1.0, "gen_tokens": 5, "cpu_s": 1.0}]
+    (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    summary = {"eval_before": {"accuracy": 0.0, "accuracy_greedy": 0.1},
+               "eval_after": {"accuracy": 0.5, "accuracy_greedy": 0.75}, "steps": 3}
+    c = accuracy_curve(load_metrics(tmp_path / "metrics.jsonl"), summary)
+    assert c.steps == [0, 2, 3] and c.train_s == [0.0, 6.0, 7.0] and c.tokens == [0, 30, 35]
+    assert c.cpu_s == [0.0, 8.0, 9.0] and c.greedy == [0.1, 0.5, 0.75] and c.sampled == [0.0, 0.25, 0.5]
+    assert c.first_reaching(0.5) == 1 and c.first_reaching(0.8) is None
+    assert accuracy_curve(load_metrics(tmp_path / "metrics.jsonl"), {}) is None  # nothing before training
+    rows[0].pop("cpu_s")  # an older run without CPU seconds: no CPU cost rather than a wrong one
+    (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    assert accuracy_curve(load_metrics(tmp_path / "metrics.jsonl"), summary).cpu_s[1:] == [None, None]
+    plots, _ = build_plots(load_metrics(tmp_path / "metrics.jsonl"), RolloutData([], [], {}, 0, 0, []), summary)
+    assert "accuracy_time" in [p.key for p in plots]

@@ -17,7 +17,8 @@ from rollwise.store.writer import RolloutStore
 
 def test_run_writes_everything_and_accounts_for_every_rollout(tmp_path, run_cfg):
     out = tmp_path / "run"
-    summary = train(run_cfg(out, "run.checkpoint_every=2", "train.steps=4", builtin=True), log=lambda s: None)
+    summary = train(run_cfg(out, "run.checkpoint_every=2", "train.steps=4", "run.eval_every=2", "run.eval_samples=1",
+                            builtin=True), log=lambda s: None)
     for name in ("config.yaml", "metrics.jsonl", "summary.json", "report.html", "eval_before.json"):
         assert (out / name).is_file(), name
     assert sorted(p.name for p in (out / "checkpoints").iterdir() if not p.name.startswith(".")) == ["step-2", "step-4"]
@@ -43,6 +44,12 @@ def test_run_writes_everything_and_accounts_for_every_rollout(tmp_path, run_cfg)
         # The engine and the trainer see the same weights: their log-probs agree on the same tokens.
         assert m["logprob_mismatch_mean"] < 1e-4
         assert m["weight_version"] == m["step"]
+        assert m["cpu_s"] > 0 and m["step_s"] > 0
+    # The mid-run evaluation (step 2; step 4's is the final one) is timed on its own and left out of step_s, so the
+    # sum of step_s is training time: the wall clock moved by at least both.
+    assert [("time_eval_s" in m, "eval_accuracy_greedy" in m) for m in lines] == [(False, False), (True, True),
+                                                                                   (False, False), (False, False)]
+    assert lines[1]["wall_s"] - lines[0]["wall_s"] >= lines[1]["step_s"] + lines[1]["time_eval_s"] - 1e-3
     rows = RolloutStore(out).read()
     assert len(rows) == 64 and {r.step for r in rows} == {1, 2, 3, 4}
     assert all(len(r.logprobs) == len(r.completion_token_ids) for r in rows)
