@@ -58,7 +58,7 @@ TASKS: dict[str, dict[str, Any]] = {
 """Task -> its recipe, and optionally a training subset (source file, rows) written next to the runs."""
 
 ARMS: dict[str, list[str]] = {
-    "uniform": [],
+    "uniform": ["control.select=all"],  # explicit: the recipes ship with the posterior selector
     "posterior": ["control.select=posterior"],
     "posterior-norefill": ["control.select=posterior", "control.refill=false"],
     "adaptive": ["control.policy=adaptive"],
