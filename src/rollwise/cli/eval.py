@@ -23,9 +23,6 @@ from rollwise.cli.envargs import TRAIN_EVAL_SEED_OFFSET, add_env_args, positive
 if TYPE_CHECKING:
     from rollwise.run.evaluate import EvalResult
 
-EVAL_SAMPLES = 4
-"""Samples per problem at --temperature (run/loop.py's held-out evaluation takes the same number)."""
-
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("eval", help="accuracy of a checkpoint on an environment",
@@ -33,7 +30,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--model", default=None, help="HF checkpoint directory (default: the config's model.path)")
     add_env_args(p, split="test", n=200)
     p.add_argument("--temperature", type=float, default=None, help="default 1.0 (with --config: rollout.temperature)")
-    p.add_argument("--samples", type=int, default=None, help=f"samples per problem at --temperature (default {EVAL_SAMPLES})")
+    p.add_argument("--samples", type=int, default=None, help="samples per problem at --temperature (default: the config's run.eval_samples, 4)")
     p.add_argument("--max-tokens", type=int, default=None, help="default 16 (with --config: rollout.max_tokens)")
     p.add_argument("--device", default=None, help="default auto (with --config: model.device)")
     p.add_argument("--dtype", default=None, choices=("float32", "bfloat16", "float16", "int8"),
@@ -62,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
     from rollwise.run.evaluate import evaluate_detailed
 
     temperature = setup.pick(args.temperature, "rollout.temperature", 1.0)
-    samples = args.samples or EVAL_SAMPLES
+    samples = args.samples or cfg.run.eval_samples  # the run's own evaluation, as the loop takes it
     llm = load_llm(setup, args, seed=sample_seed)
     encode, episodes, stops = prompting(setup, env, llm, tasks)
     res = evaluate_detailed(llm, encode, env, tasks, temperature=temperature, samples=samples,
