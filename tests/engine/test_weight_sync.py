@@ -48,6 +48,20 @@ def test_vllm_sync_is_pause_load_reset_version_resume(tmp_path):
         srv.stop()
 
 
+def test_a_sync_folder_is_removed_even_without_close(tmp_path):
+    """A run that dies between syncs (or code that forgets close()) must not leave a model-sized folder behind."""
+    import gc
+
+    from rollwise.engine.weight_sync import VLLMSync
+
+    sync = VLLMSync(tmp_path)
+    (next(tmp_path.iterdir()) / "v1").mkdir()
+    assert len(list(tmp_path.iterdir())) == 1
+    del sync
+    gc.collect()
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_vllm_without_the_extension_falls_back_to_reload_weights(tmp_path):
     def rpc(path, body):
         if body["method"] == "rollwise_extension_version":

@@ -24,6 +24,7 @@ import os
 import shutil
 import tempfile
 import time
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Protocol
@@ -114,6 +115,9 @@ class _DirSync:
             base.mkdir(parents=True, exist_ok=True)
         self._root = Path(tempfile.mkdtemp(prefix="rollwise-weights-", dir=base))
         self._last: Path | None = None
+        # A run that ends without close() (an exception on the way out, a test that forgets) must not leave a
+        # model-sized folder behind: the folder goes with this object or at interpreter exit, whichever is first.
+        self._remove = weakref.finalize(self, shutil.rmtree, str(self._root), True)
 
     def _write(self, d: Path, tensors: Mapping[str, Any]) -> None:
         """What the server will read from folder `d`: the weights as one safetensors file."""
@@ -143,7 +147,7 @@ class _DirSync:
         raise NotImplementedError  # each server kind below defines it
 
     def close(self) -> None:
-        shutil.rmtree(self._root, ignore_errors=True)
+        self._remove()
 
 
 class SGLangSync(_DirSync):
