@@ -31,6 +31,47 @@ class Task:
     metadata: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class TreeSpec:
+    """Tree rollouts (docs/tree.md): a request's `n` samples grow as a tree instead of independently.
+
+    The first `roots` samples start from the prompt; every other sample j is a child of a sample planned in advance
+    (BFS order: each sample's k-th branch point gives birth to its k-th child). A sample branches at most once per
+    window of `segment_tokens` output tokens: at the window's first position whose next-token entropy (of the
+    temperature-scaled distribution) is at least `entropy_threshold` nats ('entropy'), else at the window's end
+    ('fixed' branches only there). A child shares its parent's tokens before the branch position and samples its own
+    from there with its own seed, so each sample is, marginally, an ordinary sample of the policy. A parent that
+    ends before a child's branch point hands that child a copy of itself (no generation, `tree_fork` = its length)."""
+
+    branch: Literal["entropy", "fixed"] = "entropy"
+    fanout: int = 2
+    """Children per branch point, the parent's own continuation included (2 = a binary tree)."""
+    segment_tokens: int = 8
+    entropy_threshold: float = 1.0
+    roots: int = 1
+
+    def __post_init__(self) -> None:
+        if self.branch not in ("entropy", "fixed"):
+            raise ValueError(f"tree.branch must be 'entropy' or 'fixed', got {self.branch!r}")
+        for name in ("fanout", "segment_tokens", "roots"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < (2 if name == "fanout" else 1):
+                raise ValueError(f"tree.{name} must be an integer >= {2 if name == 'fanout' else 1}, got {v!r}")
+        if not isinstance(self.entropy_threshold, (int, float)) or not self.entropy_threshold >= 0:
+            raise ValueError(f"tree.entropy_threshold must be a number >= 0, got {self.entropy_threshold!r}")
+
+    def parents(self, n: int) -> list[int | None]:
+        """The plan: parent slot of each of `n` samples (None for roots). BFS over branch points: at every level
+        each sample already planned gets `fanout - 1` more children, in slot order, until `n` slots are planned."""
+        plan: list[int | None] = [None] * min(self.roots, n)
+        while len(plan) < n:
+            for parent in range(len(plan)):
+                for _ in range(self.fanout - 1):
+                    if len(plan) < n:
+                        plan.append(parent)
+        return plan
+
+
 @dataclass
 class SamplingParams:
     """How to sample one request. Validated at construction so bad values fail where they enter."""
@@ -51,6 +92,8 @@ class SamplingParams:
     """Per-request seed: same seed, same prompt, same weights -> same output, whatever else is batched."""
     logprobs: bool = True
     ignore_eos: bool = False
+    tree: TreeSpec | None = None
+    """Grow the `n` samples as a tree (`TreeSpec`); None = independent samples."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.n, int) or self.n < 1:
@@ -79,6 +122,11 @@ class CompletionOutput:
     text: str = ""
     weight_versions: list[int] = field(default_factory=list)
     """Engine weight version that produced each token (differs within a sample resumed across updates)."""
+    tree_parent: int | None = None
+    """Tree rollouts: the index of the sample this one branched from (None: a root, or not a tree)."""
+    tree_fork: int | None = None
+    """Tree rollouts: the output position where this sample's own tokens start; the tokens before it are its
+    parent's (equal to len(token_ids) for a copy of a parent that ended before the branch point)."""
 
 
 @dataclass
@@ -132,6 +180,14 @@ class Rollout:
     env_info: dict[str, Any] = field(default_factory=dict)
     seed: int | None = None
     step: int = 0
+    tree_parent: int | None = None
+    """Tree rollouts: sample index (in the group) of the sample this one branched from; None for roots and plain
+    samples."""
+    tree_fork: int | None = None
+    """Tree rollouts: the completion position where this sample's own tokens start (`CompletionOutput.tree_fork`)."""
+    token_advantages: list[float] | None = None
+    """Per-token advantages [len(completion_token_ids)] when the estimator gives them (`algo.advantage: tree`);
+    None = `advantage` applies to every token."""
 
     @property
     def num_generated(self) -> int:
@@ -161,7 +217,8 @@ def make_rollout(task: Task, group_id: str, index: int, prompt_token_ids: list[i
                  logprobs: list[float], weight_versions: list[int], finish_reason: str | None, text: str,
                  score: Score | None, step: int, seed: int | None = None, max_tokens: int | None = None,
                  loss_mask: list[int] | None = None, timings: dict[str, float] | None = None,
-                 env_info: dict[str, Any] | None = None) -> Rollout:
+                 env_info: dict[str, Any] | None = None, tree_parent: int | None = None,
+                 tree_fork: int | None = None) -> Rollout:
     """The one constructor of a Rollout from what was generated and its score (status by `rollout_status`);
     used by the rollout controller and by multi-turn episodes alike."""
     status, reason = rollout_status(finish_reason, score, max_tokens)
@@ -175,7 +232,7 @@ def make_rollout(task: Task, group_id: str, index: int, prompt_token_ids: list[i
         text=text, finish_reason=finish_reason, reward=float(score.value) if scored else None,  # type: ignore[union-attr]
         reward_parts=dict(score.parts) if score is not None and status != "aborted" else {},
         status=status, status_reason=reason, step=step, seed=seed, timings=dict(timings or {}),  # type: ignore[arg-type]
-        env_info={**info, **(env_info or {})},
+        env_info={**info, **(env_info or {})}, tree_parent=tree_parent, tree_fork=tree_fork,
     )
 
 
