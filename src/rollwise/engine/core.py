@@ -22,6 +22,7 @@ from rollwise.engine.model_runner import ModelRunner, engine_precision
 from rollwise.engine.scheduler import Scheduler, SchedulerConfig
 from rollwise.engine.sequence import Sequence, SeqStatus
 from rollwise.engine.speculative import DraftSpec, RequestDrafter, SpecStats, StepCost, accepted_prefix
+from rollwise.engine.tree import TreeState, entropy
 from rollwise.models.decoder import DecoderLM
 from rollwise.models.convert import resolve_model
 from rollwise.models.loader import WeightMapper, load_model
@@ -46,6 +47,7 @@ class _Request:
     seqs: list[Sequence | None]  # None where a resumed sample was already finished
     done_outputs: dict[int, CompletionOutput] = field(default_factory=dict)
     arrival: float = field(default_factory=time.perf_counter)
+    tree: TreeState | None = None
 
 
 @dataclass
@@ -54,6 +56,8 @@ class EngineStats:
     prefill_steps: int = 0
     prefill_tokens: int = 0
     decode_tokens: int = 0  # rows of decode steps (one per sequence, plus verified draft tokens)
+    tree_forks: int = 0  # tree rollouts: samples forked mid-generation (their first token cost no row)
+    tree_copies: int = 0  # tree rollouts: samples whose parent ended before their branch point
     busy_s: float = 0.0
     spec: SpecStats = field(default_factory=SpecStats)
 
@@ -137,6 +141,12 @@ class EngineCore:
         except ValueError as e:
             raise ValueError(f"request {request_id!r}: {e}") from None
         drafter = RequestDrafter(list(prompt_token_ids), spec) if spec is not None else None
+        if params.tree is not None:
+            why = ("speculative drafts" if spec is not None else "resumed partial samples" if partial is not None
+                   else "greedy sampling (temperature 0: every branch would be the same)"
+                   if params.temperature <= 0 else None)
+            if why is not None:
+                raise ValueError(f"request {request_id!r}: tree sampling does not combine with {why}")
         if partial is not None and len(partial) != params.n:
             raise ValueError(f"request {request_id!r}: partial has {len(partial)} samples, params.n={params.n}")
         base = params.seed if params.seed is not None else None
@@ -163,7 +173,12 @@ class EngineCore:
         if not seqs:  # every sample was already finished: hand it back at the next step
             self._touched.add(request_id)
             return
-        if partial is None and len(seqs) > 1:
+        if params.tree is not None:
+            req.tree = TreeState.plan(params.tree, seqs)
+            roots = req.tree.roots
+            roots[0].pending_forks = roots[1:]
+            to_add = [roots[0]]
+        elif partial is None and len(seqs) > 1:
             seqs[0].pending_forks = seqs[1:]
             to_add = [seqs[0]]
         else:
@@ -192,7 +207,7 @@ class EngineCore:
         sched = self.scheduler.schedule()
         if sched is None:
             return self._collect_finished()
-        result = self.runner.execute(sched)
+        result = self.runner.execute(sched, self._branch if any(s.tree is not None for s in sched.sample_seqs) else None)
         if sched.drafts is None:
             emitted = self._update(sched, result.token_ids, result.logprobs)
         else:
@@ -215,6 +230,68 @@ class EngineCore:
         st.busy_s += dt
         return self._collect_finished()
 
+    def _branch(self, sched, logits: torch.Tensor) -> list[tuple[int, Sequence]]:
+        """Tree rollouts (engine/tree.py): fork the tree samples whose position about to be sampled is a branch
+        point. Each child shares its parent's KV (full blocks by reference, the partial last block copied now: the
+        forward that just ran wrote it) and samples from its parent's logits row. Returns (row, child) pairs."""
+        seqs = sched.sample_seqs
+        need = [r for r, s in enumerate(seqs) if s.tree is not None and s.tree[0].wants_entropy(s.tree[1])]
+        ents: dict[int, float] = {}
+        if need:
+            idx = torch.tensor(need, dtype=torch.long, device=logits.device)
+            temps = torch.tensor([seqs[r].params.temperature for r in need], device=logits.device)
+            ents = dict(zip(need, entropy(logits.index_select(0, idx), temps).tolist()))
+        born: list[tuple[int, Sequence]] = []
+        copies: list[tuple[int, int]] = []
+        for r, seq in enumerate(list(seqs)):
+            if seq.tree is None:
+                continue
+            tree, slot = seq.tree
+            pos = seq.num_output_tokens
+            if not tree.branches_at(slot, pos, ents.get(r)):
+                continue
+            bm = self.block_manager
+            for k in tree.take_chunk(slot, pos):
+                child = tree.slots[k].seq
+                child.token_ids = list(seq.token_ids)
+                child.output_logprobs = list(seq.output_logprobs)
+                child.output_weight_versions = list(seq.output_weight_versions)
+                if len(seq) % bm.block_size and not bm.num_free_blocks:
+                    # No block for the copy of the partial last block: the child waits as its prefix resubmitted
+                    # (prefilled from the prefix cache when it is admitted), and samples position `pos` then, from
+                    # the same distribution with its own seed.
+                    child.status = SeqStatus.WAITING
+                    self.scheduler.waiting.appendleft(child)
+                    continue
+                cp = bm.fork(seq, child)
+                if cp is not None:
+                    copies.append(cp)
+                child.status = SeqStatus.RUNNING
+                self.scheduler.running.append(child)
+                born.append((r, child))
+        if copies:
+            self.runner.copy_blocks(copies)
+        self.stats.tree_forks += len(born)
+        return born
+
+    def _tree_end(self, seq: Sequence) -> None:
+        """A tree sample ended: its children not yet born become copies of it (their law is still the policy's: the
+        module NOTE in engine/tree.py), and so do theirs."""
+        tree, slot = seq.tree
+        for k in tree.orphans(slot):
+            c = tree.slots[k]
+            c.born = True
+            c.fork = seq.num_output_tokens
+            child = c.seq
+            child.token_ids = list(seq.token_ids)
+            child.output_logprobs = list(seq.output_logprobs)
+            child.output_weight_versions = list(seq.output_weight_versions)
+            child.stop_text_cut = seq.stop_text_cut
+            child.status = SeqStatus.FINISHED
+            child.finish_reason = seq.finish_reason
+            self.stats.tree_copies += 1
+            self._tree_end(child)
+
     def _update(self, sched, token_ids: list[int], logprobs: list[float]) -> int:
         version = self.weight_version
         for seq, tok, lp in zip(sched.sample_seqs, token_ids, logprobs):
@@ -232,6 +309,8 @@ class EngineCore:
             reason = self._check_stop_strings(seq)
         if reason is not None:
             sch.finish(seq, reason)
+            if seq.tree is not None:
+                self._tree_end(seq)
             self._touched.add(seq.request_id)
             return False
         return True
@@ -302,8 +381,9 @@ class EngineCore:
                 text = self.tokenizer.decode(ids, skip_special_tokens=True)
                 if seq.stop_text_cut is not None:
                     text = text[: seq.stop_text_cut]
+            tp, tf = (req.tree.parent_of(j), req.tree.fork_of(j)) if req.tree is not None else (None, None)
             outs.append(CompletionOutput(j, list(ids), list(seq.output_logprobs), seq.finish_reason, text,
-                                         list(seq.output_weight_versions)))
+                                         list(seq.output_weight_versions), tp, tf))
         return RequestOutput(req.request_id, req.prompt_token_ids, outs)
 
     def snapshot(self, request_id: str) -> RequestOutput | None:
@@ -317,9 +397,14 @@ class EngineCore:
         req = self.requests.get(request_id)
         if req is None:
             return None
-        for seq in req.seqs:
-            if seq is not None and not seq.is_finished:
+        tree = req.tree
+        for j, seq in enumerate(req.seqs):
+            if seq is None or (tree is not None and not tree.slots[j].born):
+                continue  # an unborn tree sample is resolved by its parent (a lower slot) just before
+            if not seq.is_finished:
                 self.scheduler.finish(seq, "abort")
+            if tree is not None:
+                self._tree_end(seq)  # its unborn children: aborted copies of it
         del self.requests[request_id]
         self._touched.discard(request_id)
         return self._make_output(req)

@@ -6,6 +6,7 @@ layer). Everything it is told comes from the scheduler as ids and counts.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -48,6 +49,10 @@ def engine_precision(dtype: str | torch.dtype, device: torch.device) -> tuple[to
     if name == "int8":
         raise ValueError("dtype 'int8' (weight-only int8 linear layers) runs on the CPU only; use bfloat16 on a GPU")
     return DTYPES[name], None
+
+
+Brancher = Callable[[SchedulerOutput, torch.Tensor], list[tuple[int, Sequence]]]
+"""(step output, logits rows [len(sample_seqs), V]) -> [(row index, forked sequence)] (engine/tree.py)."""
 
 
 @dataclass
@@ -205,8 +210,17 @@ class ModelRunner:
         )
 
     # ------------------------------------------------------------------ run
+    def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
+        """Copy whole KV blocks (src, dst) in every layer now: the copy-on-write of a sequence forked mid-decode."""
+        for src, dst in pairs:
+            for cache in self.kv_caches:
+                cache[:, :, dst].copy_(cache[:, :, src])
+
     @torch.inference_mode()
-    def execute(self, out: SchedulerOutput) -> StepResult:
+    def execute(self, out: SchedulerOutput, branch: Brancher | None = None) -> StepResult:
+        """Run one step. `branch` (tree rollouts): called with the step's output and its logits rows (one per
+        `out.sample_seqs`) before sampling; it returns the sequences forked at this step, each with the index of the
+        row it samples from, and they are sampled in the same step (appended to `out.sample_seqs`)."""
         if out.is_prefill:
             ids, pos, meta, last_idx = self._prefill_inputs(out)
         else:
@@ -223,5 +237,13 @@ class ModelRunner:
         if not out.sample_seqs:  # a chunk of a long prompt: its KV is written, nothing is sampled
             return StepResult([], [])
         logits = self.model.logits(hidden)
+        if branch is not None:
+            born = branch(out, logits)
+            if born:
+                idx = torch.tensor([r for r, _ in born], dtype=torch.long, device=logits.device)
+                logits = torch.cat([logits, logits.index_select(0, idx)])
+                for r, child in born:
+                    out.sample_seqs.append(child)
+                    out.sample_rows.append(out.sample_rows[r])
         tokens, logprobs = sample(logits, self._sampling_batch(out), self.logprobs_mode, self._sample_kernel)
         return StepResult(tokens.tolist(), logprobs.tolist())

@@ -22,6 +22,8 @@ NOTE on the scheduling algorithm (deliberately simple, after nano-vllm):
   While a long prompt is being chunked, prefill and decode steps alternate, so the running batch keeps producing
   tokens (a chunk delays each decode step by at most one chunk's forward). The KV of a chunk's full blocks is
   registered in the prefix cache only from the step that computes it.
+- Tree rollouts (engine/tree.py): a tree request is admitted with sequence slots for all its samples, the ones not
+  yet born included; children are forked by the engine mid-decode and join `running` directly.
 - Left out on purpose: mixed prefill/decode batches (a chunk and the decode rows in one forward).
 
 Pure bookkeeping: ids, counts and block ids; the model runner turns a `SchedulerOutput` into tensors.
@@ -87,6 +89,8 @@ class Scheduler:
         # A sequence between chunks of its prefill: it holds its blocks, is neither waiting nor running.
         self.prefilling: Sequence | None = None
         self._chunk_last = False  # the last step computed a chunk: let the running batch decode next
+        # Tree requests admitted (engine/tree.py): their samples not yet born hold sequence slots.
+        self._trees: list = []
 
     # ------------------------------------------------------------------ queue
     def add(self, seq: Sequence) -> None:
@@ -126,7 +130,8 @@ class Scheduler:
         copies: list[tuple[int, int]] = []
         ranges: list[tuple[int, int]] = []
         tokens = 0
-        num_running = len(self.running)
+        self._trees = [t for t in self._trees if t.num_unborn]
+        num_running = len(self.running) + sum(t.num_unborn for t in self._trees)
         self._chunk_last = False
         pre = self.prefilling
         if pre is not None:  # continue the chunked prompt first
@@ -141,7 +146,9 @@ class Scheduler:
         while queue or self.waiting:
             resumed = bool(queue)
             seq = queue.pop() if resumed else self.waiting[0]
-            group = 1 + len(seq.pending_forks)
+            tree = seq.tree[0] if seq.tree is not None else None
+            new_tree = tree is not None and tree not in self._trees
+            group = 1 + len(seq.pending_forks) + (tree.num_unborn if new_tree else 0)
             if not resumed:
                 if num_running + group > cfg.max_num_seqs:
                     break
@@ -181,6 +188,8 @@ class Scheduler:
                 sample_rows.append(row)
             seq.pending_forks = []
             num_running += group
+            if new_tree:
+                self._trees.append(tree)
         if not seqs:
             if self.waiting and not self.running and self.prefilling is None:
                 seq = self.waiting[0]

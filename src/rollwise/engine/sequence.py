@@ -46,6 +46,7 @@ class Sequence:
     pending_forks: list["Sequence"] = field(default_factory=list)
     num_preemptions: int = 0
     spec: Any = None  # engine.speculative.SpecState when the request speculates
+    tree: Any = None  # (engine.tree.TreeState, slot) when the request grows as a tree
 
     def __len__(self) -> int:
         return len(self.token_ids)
