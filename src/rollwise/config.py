@@ -312,6 +312,32 @@ class SpeculativeConfig(_Section):
     """source past / both: how many of a prompt's most recent completions are kept as its drafts."""
 
 
+class TreeConfig(_Section):
+    """Tree rollouts (engine/tree.py, docs/tree.md): each group's samples grow as a tree that branches where the
+    policy is unsure, so shared beginnings are generated (and trained on) once. Local engine only. The group size
+    is still rollout.samples_per_prompt (the tree's leaves)."""
+
+    branch: Literal["off", "entropy", "fixed"] = "off"
+    """'entropy': branch at the first position of each window whose next-token entropy reaches entropy_threshold
+    (else at the window's end); 'fixed': at every window's end; 'off': independent samples."""
+    fanout: int = Field(2, ge=2)
+    """Children per branch point, the parent's own continuation included."""
+    segment_tokens: int = Field(8, ge=1)
+    """Window length: a sample branches at most once per this many tokens (and at the latest at its end)."""
+    entropy_threshold: float = Field(1.0, ge=0)
+    """branch 'entropy': nats of next-token entropy (temperature-scaled) that make a position a branch point."""
+    roots: int = Field(1, ge=1)
+    """Samples that start from the prompt (the rest branch from them)."""
+
+    def spec(self) -> Any:
+        """The engine's `TreeSpec`, or None when off."""
+        if self.branch == "off":
+            return None
+        from rollwise.types import TreeSpec
+
+        return TreeSpec(self.branch, self.fanout, self.segment_tokens, self.entropy_threshold, self.roots)
+
+
 class RolloutConfig(_Section):
     """What to sample each RL step."""
 
@@ -329,6 +355,8 @@ class RolloutConfig(_Section):
     """Top-k sampling; -1 = off."""
     speculative: SpeculativeConfig = Field(default_factory=SpeculativeConfig)
     """Speculative rollouts: drafts from past rollouts and/or n-grams, verified exactly by the local engine."""
+    tree: TreeConfig = Field(default_factory=TreeConfig)
+    """Tree rollouts: a group's samples share their beginnings and branch where the policy is unsure."""
 
 
 AdvantageName = Literal["grpo", "dr_grpo", "rloo", "reinforce_pp"]
@@ -772,6 +800,10 @@ _APPLIES_WHEN: list[tuple[str, Any, str]] = [
     ("control.prior_b", lambda c: c.control.select == "posterior" or bool({"early_stop", "adaptive"} & set(c.control.policies)),
      "control.select is 'posterior' or control.policy is early_stop or adaptive"),
     ("rollout.speculative.k", lambda c: c.rollout.speculative.source != "off", "rollout.speculative.source is not 'off'"),
+    ("rollout.tree.fanout", lambda c: c.rollout.tree.branch != "off", "rollout.tree.branch is not 'off'"),
+    ("rollout.tree.segment_tokens", lambda c: c.rollout.tree.branch != "off", "rollout.tree.branch is not 'off'"),
+    ("rollout.tree.roots", lambda c: c.rollout.tree.branch != "off", "rollout.tree.branch is not 'off'"),
+    ("rollout.tree.entropy_threshold", lambda c: c.rollout.tree.branch == "entropy", "rollout.tree.branch is 'entropy'"),
     ("rollout.speculative.per_prompt", lambda c: c.rollout.speculative.source in ("past", "both"),
      "rollout.speculative.source is 'past' or 'both'"),
     ("replay.reuse_per_step", lambda c: c.replay.enabled, "replay.enabled is true"),
@@ -876,7 +908,34 @@ def cross_section_problems(cfg: RunConfig) -> list[str]:
     if c.rollout.temperature == 0:
         out.append("rollout.temperature 0 (greedy) gives every sample of a group the same completion: RL needs "
                    "temperature > 0")
+    out.extend(_tree_problems(c))
     return out
+
+
+_TREE_POLICIES = ("uniform", "dynamic")
+"""Allocations whose requests hold a whole group (n = the group size), which a tree needs; posterior selection
+composes with them."""
+
+
+def _tree_problems(c: RunConfig) -> list[str]:
+    """rollout.tree needs a request per group on the in-process engine, and nothing that resumes or drafts."""
+    if c.rollout.tree.branch == "off":
+        return []
+    t = f"rollout.tree.branch '{c.rollout.tree.branch}'"
+    if c.engine.backend != "local":
+        return [f"{t} needs engine.backend 'local': {c.engine.backend} engines sample independent samples only"]
+    bad = [p for p in c.control.policies if p not in _TREE_POLICIES]
+    if bad:
+        return [f"{t} does not combine with control.policy '{bad[0]}' (it splits or resumes a group's samples); "
+                f"use one of {', '.join(_TREE_POLICIES)}"]
+    if c.rollout.speculative.source != "off":
+        return [f"{t} does not combine with rollout.speculative (a tree's children already share their prefix)"]
+    if c.env.environment is not None:
+        return [f"{t} does not combine with a multi-turn env.environment (episodes are not forked mid-turn)"]
+    if c.rollout.tree.roots >= c.rollout.samples_per_prompt:
+        return [f"rollout.tree.roots ({c.rollout.tree.roots}) must be smaller than rollout.samples_per_prompt "
+                f"({c.rollout.samples_per_prompt}), or nothing branches"]
+    return []
 
 
 def inert_keys(cfg: RunConfig, given: set[str] | list[str]) -> list[str]:

@@ -20,10 +20,10 @@ The controller runs every step of every loop (uniform is the default policy), on
 Every sample becomes a `Rollout` through one function, `make_rollout`, which decides its status.
 
 NOTE on the token ledger (checked every step by `Accounting.check`):
-    generated_tokens = rollout_tokens + carried_out_tokens - carried_in_tokens
+    generated_tokens = rollout_tokens - shared_tokens + carried_out_tokens - carried_in_tokens
 where rollout_tokens counts every policy-generated completion token of the step's rollouts (any status, aborted
-included; a multi-turn episode's environment tokens, loss mask 0, are not generated),
-and carried_* count the tokens of samples held over between steps (partial rollouts). The rollout counts add
+included; a multi-turn episode's environment tokens, loss mask 0, are not generated), shared_tokens those a tree
+rollout took from its parent (`Rollout.tree_fork`: generated once, for the parent), and carried_* count the tokens of samples held over between steps (partial rollouts). The rollout counts add
 up too: kept + filtered + errored + truncated + aborted = rollouts.
 
 Deliberately left out: cross-step scheduling of the trainer (that is the async loop) and any knowledge of
@@ -72,6 +72,9 @@ class Accounting:
     """Completion tokens of this step's rollouts, any status."""
     aborted_tokens: int = 0
     """Completion tokens of rollouts the controller aborted (status 'aborted'): spent, never trained."""
+    shared_tokens: int = 0
+    """Completion tokens of tree rollouts that are their parent's (generated once, counted in rollout_tokens for
+    every leaf that shares them)."""
     carried_in_tokens: int = 0
     """Tokens of samples carried into this step from earlier ones (partial rollouts)."""
     carried_out_tokens: int = 0
@@ -109,10 +112,11 @@ class Accounting:
 
     def check(self) -> None:
         """Raise if the ledger does not balance (a bug in a policy, never a user error)."""
-        if self.generated_tokens != self.rollout_tokens + self.carried_out_tokens - self.carried_in_tokens:
+        if (self.generated_tokens
+                != self.rollout_tokens - self.shared_tokens + self.carried_out_tokens - self.carried_in_tokens):
             raise AssertionError(
                 f"token ledger does not balance: generated {self.generated_tokens} != rollouts {self.rollout_tokens}"
-                f" + carried out {self.carried_out_tokens} - carried in {self.carried_in_tokens}")
+                f" - shared {self.shared_tokens} + carried out {self.carried_out_tokens} - carried in {self.carried_in_tokens}")
 
     @property
     def total_rollouts(self) -> int:
@@ -121,7 +125,7 @@ class Accounting:
     def metrics(self) -> dict[str, float]:
         """Flat `control_*` metrics for metrics.jsonl (staleness under the loop's own key names)."""
         m: dict[str, float] = {f"control_{k}": float(getattr(self, k)) for k in (
-            "groups", "zero_variance_groups", "generated_tokens", "aborted_tokens", "carried_in_tokens",
+            "groups", "zero_variance_groups", "generated_tokens", "aborted_tokens", "shared_tokens", "carried_in_tokens",
             "carried_out_tokens", "useful_tokens", "skipped_prompts", "prompts", "rounds", "direct_groups", "idle_s")}
         m["control_zero_var_frac"] = self.zero_variance_groups / max(self.groups, 1)
         m["control_tokens_per_useful_group"] = self.generated_tokens / max(self.groups - self.zero_variance_groups, 1)
@@ -260,7 +264,7 @@ class Driver:
 
     def _close(self, out: RequestOutput) -> tuple[SampleRequest, list[CompletionOutput]]:
         req, before = self.inflight.pop(out.request_id)
-        self.generated_tokens += sum(len(o.token_ids) for o in out.outputs) - before
+        self.generated_tokens += own_tokens(out.outputs) - before
         if not self.inflight:
             self._peak = 0  # the next wave of submissions sets its own capacity
         return req, list(out.outputs)
@@ -276,7 +280,7 @@ class Driver:
                 t0 = time.perf_counter()
                 outs = drv.engine.generate(prompts, params)
                 drv.gen_s += time.perf_counter() - t0
-                drv.generated_tokens += sum(len(o.token_ids) for r in outs for o in r.outputs)
+                drv.generated_tokens += sum(own_tokens(r.outputs) for r in outs)
                 return outs
 
         return _Counting()
@@ -292,7 +296,7 @@ class Driver:
             outs = self.engine.generate([r.prompt_token_ids for r in reqs], [r.params for r in reqs])
             self.gen_s += time.perf_counter() - t0
             got = [list(o.outputs) for o in outs]
-            self.generated_tokens += sum(len(o.token_ids) for os_ in got for o in os_)
+            self.generated_tokens += sum(own_tokens(os_) for os_ in got)
             return got
         for r in reqs:
             self.submit(r)
@@ -304,6 +308,11 @@ class Driver:
 
 
 # ------------------------------------------------------------------------------------------------- the step
+
+
+def own_tokens(outputs: Sequence[CompletionOutput]) -> int:
+    """Tokens the engine generated for these samples: a tree sample's tokens before its fork are its parent's."""
+    return sum(len(o.token_ids) - (o.tree_fork or 0) for o in outputs)
 
 
 def sample_params(base: SamplingParams, group_index: int, start: int, count: int) -> SamplingParams:
@@ -486,7 +495,8 @@ def build_group(g: PendingGroup, step: int, max_tokens: int) -> RolloutGroup:
         rollouts.append(make_rollout(g.task, g.group_id, j, g.prompt_token_ids, token_ids=o.token_ids,
                                      logprobs=o.logprobs, weight_versions=o.weight_versions,
                                      finish_reason=o.finish_reason, text=o.text, score=sc, step=step, seed=g.seed,
-                                     max_tokens=max_tokens, timings=t, loss_mask=g.loss_masks.get(j)))
+                                     max_tokens=max_tokens, timings=t, loss_mask=g.loss_masks.get(j),
+                                     tree_parent=o.tree_parent, tree_fork=o.tree_fork))
     return RolloutGroup(g.task.id, g.group_id, rollouts)
 
 
@@ -650,6 +660,7 @@ class RolloutController:
                     raise RuntimeError(f"rollout {r.group_id}/{r.sample_index} has unknown status {r.status!r}")
                 acc.rollouts[r.status] += 1
                 acc.rollout_tokens += sum(r.loss_mask)  # policy tokens (a multi-turn episode's env tokens aside)
+                acc.shared_tokens += r.tree_fork or 0
                 if r.status == "aborted":
                     acc.aborted_tokens += sum(r.loss_mask)
         acc.check()  # carried_in/out_tokens were set by the policy (partial rollouts), 0 otherwise

@@ -114,10 +114,12 @@ def _run_steps(run: Any, log: Log, stop_after: int | None) -> dict[str, Any] | N
                                     "loop": saved, "run": info}, cfg.run.keep_checkpoints, tokenizer=tok)
     last = cfg.train.steps if stop_after is None else min(cfg.train.steps, start_step + stop_after)
 
+    tree = R.tree.spec()  # tree rollouts (engine/tree.py), or None
+
     def params(step: int) -> SamplingParams:
         return SamplingParams(n=R.samples_per_prompt, temperature=R.temperature, top_p=R.top_p, top_k=R.top_k,
                               max_tokens=R.max_tokens, seed=run.seed * 1_000_003 + step,
-                              stop_token_ids=run.stop_token_ids or None)
+                              stop_token_ids=run.stop_token_ids or None, tree=tree)
 
     overlong = overlong_options(A)  # DAPO's overlong filtering / soft punishment (on for algo.loss: dapo)
     rules = run.controller.rules  # the Filter room's rules, built once at setup from algo (control uses the same)

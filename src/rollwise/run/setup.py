@@ -343,6 +343,9 @@ def build_run(cfg: RunConfig, log: Log) -> RunParts:
     if multi_turn and mid_way:
         raise ValueError(f"control.policy '{mid_way[0]}' works on single-turn environments only; env "
                          f"{cfg.env.name!r} is multi-turn (its episodes are not aborted or carried mid-way)")
+    if multi_turn and cfg.rollout.tree.branch != "off":
+        raise ValueError(f"rollout.tree works on single-turn environments only; env {cfg.env.name!r} is multi-turn "
+                         "(its episodes are not forked mid-turn)")
     train_tasks = env.load("train", n=cfg.env.train_size, seed=seed)
     eval_tasks = env.load("test", n=cfg.run.eval_size or cfg.env.eval_size, seed=seed)
     if not train_tasks:
