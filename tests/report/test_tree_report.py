@@ -226,3 +226,19 @@ def test_a_group_whose_fork_runs_past_its_parent_is_named_not_drawn(tree_run):
     page = write_report(run).read_text()
     assert f"step 3 group s3-g1: sample {bad.sample_index}: forks at token {bad.tree_fork}" in page
     assert re.search(r"<tr><td>step 3</td><td>2</td><td>8</td>", _section(page))
+
+
+def test_a_run_stored_before_the_tree_columns_still_reports(run_dir):
+    """Shards without tree_parent / tree_fork / token_advantages (an older rollwise): the page builds, no trees."""
+    import pyarrow.parquet as pq
+
+    from rollwise.store.schema import ADDED_COLUMNS
+
+    for p in sorted((run_dir / "rollouts").glob("step-*.parquet")):
+        t = pq.read_table(p)
+        pq.write_table(t.drop_columns(list(ADDED_COLUMNS)).replace_schema_metadata(t.schema.metadata), p,
+                       write_page_checksum=True)
+    assert "tree_parent" not in pq.read_schema(run_dir / "rollouts" / "step-000019.parquet").names
+    page = write_report(run_dir).read_text()
+    assert "Tree rollouts" not in page and "skipped unreadable shard" not in page
+    assert "embeds" in page and 'data-plot="status_by_step"' in page
