@@ -20,7 +20,16 @@ from pathlib import Path
 from typing import Any, Callable
 
 from rollwise.report import svg
-from rollwise.report.data import Metrics, RolloutData, accuracy_curve, load_metrics, load_rollouts, load_summary
+from rollwise.report.data import (
+    Metrics,
+    RolloutData,
+    TreeData,
+    TreeFigures,
+    accuracy_curve,
+    load_metrics,
+    load_rollouts,
+    load_summary,
+)
 from rollwise.report.page import CSS, JS
 from rollwise.types import ROLLOUT_STATUSES
 
@@ -214,6 +223,50 @@ def render_card(summary: dict[str, Any], rollouts: RolloutData) -> str:
     return "".join(rows)
 
 
+def _tree_row(label: str, f: TreeFigures) -> str:
+    ratio = "–" if f.ratio is None else f"{f.ratio:.2f}×"
+    cells = [label, str(f.groups), str(f.leaves), str(f.distinct_leaves), str(f.copies),
+             f"{f.generated_per_leaf:.1f}", f"{f.independent_per_leaf:.1f}", ratio]
+    return "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>"
+
+
+def render_trees(trees: TreeData | None) -> str:
+    """The "Tree rollouts" section ('' for a run without trees): what the trees cost against independent sampling
+    (overall, last step, and a line per step), and a drawing of a few groups' trees."""
+    if trees is None or not trees.by_step:
+        return ""
+    steps = sorted(trees.by_step)
+    head = "".join(f"<th>{h}</th>" for h in ("", "groups", "leaves", "distinct leaves", "copies",
+                                              "generated tokens / leaf", "completion tokens / leaf", "ratio"))
+    table = (f"<table class='card' id='tree-figures'><tr>{head}</tr>{_tree_row('all steps', trees.overall)}"
+             f"{_tree_row(f'step {steps[-1]}', trees.by_step[steps[-1]])}</table>")
+    plot = ""
+    if len(steps) > 1:
+        per = [trees.by_step[s] for s in steps]
+        drawn = svg.line_chart([svg.Series("generated / leaf", steps, [f.generated_per_leaf for f in per]),
+                                svg.Series("completion / leaf (independent)", steps, [f.independent_per_leaf for f in per])],
+                               x_label="step", y_label="tokens per leaf", y_zero=True)
+        if drawn:
+            plot = (f'<figure class="plot" id="plot-tree_tokens" data-plot="tree_tokens"><figcaption>Generated tokens '
+                    f'per leaf</figcaption><div class="desc">What the trees generated per leaf against the completion '
+                    f'tokens per leaf, what independent samples would have generated.</div>{drawn}</figure>')
+    figures = []
+    for k, d in enumerate(trees.drawn):
+        t = d.tree
+        cap = (f"step {d.step}, group {d.group_id}: {d.why}. {t.leaves} leaves ({t.distinct_leaves} distinct, "
+               f"{len(t.copies)} {'copy' if len(t.copies) == 1 else 'copies'}), {t.generated} tokens generated for "
+               f"{t.independent} of completions")
+        figures.append(f'<figure class="plot tree" id="tree-{k}" data-tree-group="{html.escape(d.group_id)}" '
+                       f'data-step="{d.step}" data-leaves="{t.leaves}"><figcaption>{html.escape(cap)}</figcaption>'
+                       f'{svg.tree_chart(t, caption=cap)}</figure>')
+    desc = ("A group's samples grow as a tree: a child shares its parent's tokens before its branch point and "
+            "generates its own from there; a copy is a child whose parent ended before its branch point. "
+            "Generated tokens count each token once (a sample's own, from its fork); completion tokens count every "
+            "sample's whole completion, what independent sampling generates.")
+    return (f"<h2>Tree rollouts</h2><section id='trees'><p class='muted'>{html.escape(desc)}</p>{table}"
+            f"<div class='plots'>{plot}{''.join(figures)}</div></section>")
+
+
 def render(run: Path, summary: dict[str, Any], metrics: Metrics, rollouts: RolloutData, plots: list[Plot], notes: list[str], limits: ReportLimits) -> str:
     last = metrics.rows[-1] if metrics.rows else {}
     kpis = [
@@ -255,6 +308,7 @@ def render(run: Path, summary: dict[str, Any], metrics: Metrics, rollouts: Rollo
 <section id="card">{render_card(summary, rollouts)}</section>
 <h2>Training curves</h2>
 <div class="plots" id="plots">{figures or "<p class='muted'>No metrics to plot.</p>"}</div>
+{render_trees(rollouts.trees)}
 <h2>Rollout browser</h2>
 <p class="muted" id="embed-note">{cap} Tokens are shaded by their behaviour probability: the redder, the less likely the sampled token was.</p>
 <div id="browser">

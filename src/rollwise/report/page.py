@@ -27,6 +27,8 @@ figure.plot figcaption { font-weight: 600; margin: 0 0 2px 4px; }
 figure.plot .desc { color: var(--muted); font-size: 12px; margin: 0 0 4px 4px; }
 svg .grid { stroke: #e5e7eb; stroke-width: 1; } svg .axis { stroke: #9ca3af; stroke-width: 1; }
 svg .tick { font-size: 10px; fill: #6b7280; } svg .label { font-size: 11px; fill: #374151; } svg .legend { font-size: 11px; fill: #111827; }
+svg .seglabel { font-size: 9.5px; fill: #1e3a8a; } svg .leaflabel { font-size: 10.5px; fill: #111827; }
+figure.plot.tree { grid-column: 1 / -1; max-width: 680px; } figure.plot.tree svg { max-width: 100%; height: auto; }
 #browser { display: grid; grid-template-columns: minmax(280px, 32%) 1fr; gap: 12px; align-items: start; }
 #browser-controls { display: flex; gap: 8px; margin-bottom: 6px; }
 #search { flex: 1; padding: 6px 8px; border: 1px solid #d1d5db; border-radius: 6px; font-size: 14px; }
@@ -161,6 +163,8 @@ JS = r"""
         (s.versions ? " · weights v" + s.versions[0] + (s.versions[1] !== s.versions[0] ? "–" + s.versions[1] : "") : "")));
       const parts = Object.keys(s.parts || {});
       if (parts.length) head.appendChild(el("span", "muted", parts.map(function (k) { return k + "=" + fmt(s.parts[k], 2); }).join(" ")));
+      if (s.tree) head.appendChild(el("span", "muted tree-link", s.tree[1] === s.n ? "copy of #" + s.tree[0] :
+        "branched from #" + s.tree[0] + " at token " + s.tree[1] + " (" + (s.n - s.tree[1]) + " own tokens)"));
       if (s.reason) head.appendChild(el("span", "muted", "reason: " + s.reason));
       card.appendChild(head);
       card.appendChild(tokensOf(s));

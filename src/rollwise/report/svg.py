@@ -1,4 +1,4 @@
-"""Tiny SVG charts drawn in Python: line charts, histograms and stacked bars, as inline markup.
+"""Tiny SVG charts drawn in Python: line charts, histograms, stacked bars and tree rollouts' trees, as inline markup.
 
 Why not a plotting library: the report must open with no network and no extra install, and the charts it
 needs are few and plain. Every data mark carries `class="data"` (tests and readers can tell a drawn chart
@@ -13,6 +13,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from html import escape
+
+from rollwise.report.data import GroupTree
 
 PALETTE = ("#2563eb", "#dc2626", "#16a34a", "#9333ea", "#ea580c", "#0891b2", "#ca8a04", "#db2777")
 
@@ -200,3 +202,105 @@ def stacked_bars(xs: Sequence[float], stacks: Sequence[Series], *, x_label: str,
             base = top
     body.append(_legend([(s.name, c) for c, s in present]))
     return _svg(body, f"{y_label} split by part against {x_label}")
+
+
+# ------------------------------------------------------------------------------------------------- tree drawing
+TREE_W = 640
+T_LEFT, T_RIGHT, T_TOP, T_BOTTOM = 52, 150, 34, 34
+RIGHT, WRONG, UNSCORED = "#16a34a", "#dc2626", "#9ca3af"
+
+
+def leaf_color(reward: float | None) -> str:
+    """Green for a right answer (reward > 0), red for a wrong one, grey when it has no reward."""
+    if reward is None or not _ok(reward):
+        return UNSCORED
+    return RIGHT if reward > 0 else WRONG
+
+
+def tree_rows(tree: GroupTree) -> list[int]:
+    """Samples top to bottom: each sample, then the samples hanging from it, latest fork first, each followed by
+    its own. NOTE: with that order no connector crosses a line: a connector falls from its fork past the rows of
+    siblings that fork later (their lines start right of it) and of their subtrees (which hang at or after them)."""
+    kids: dict[int | None, list[int]] = {}
+    for s in tree.samples:
+        kids.setdefault(tree.owner[s.index], []).append(s.index)
+    out: list[int] = []
+    stack = sorted(kids.get(None, []), reverse=True)
+    while stack:
+        i = stack.pop()
+        out.append(i)
+        # pushed in reverse of the order they are drawn in: latest fork (then lowest index) first
+        stack.extend(sorted(kids.get(i, []), key=lambda j: (tree.fork[j], -j)))
+    return out
+
+
+def tree_chart(tree: GroupTree, *, caption: str = "") -> str:
+    """One group's tree: x is the completion position, one row per sample. Each segment is a thick line as long as
+    its tokens (labelled with their count), a child falls from its parent's line at its fork, a copy by a dashed
+    line, and each sample ends on a leaf coloured by its reward. Every segment carries `class="data seg"` and every
+    leaf `class="data leaf"`, so a reader (or a test) can count them."""
+    rows = tree_rows(tree)
+    by = {s.index: s for s in tree.samples}
+    copies = set(tree.copies)
+    row_h = 22 if len(rows) <= 24 else 14
+    height = T_TOP + row_h * max(len(rows), 1) + T_BOTTOM
+    longest = max((s.length for s in tree.samples), default=0) or 1
+    plot_w = TREE_W - T_LEFT - T_RIGHT
+
+    def px(pos: float) -> float:
+        return T_LEFT + pos / longest * plot_w
+
+    y = {i: T_TOP + row_h * (k + 0.5) for k, i in enumerate(rows)}
+    body: list[str] = []
+    base = T_TOP + row_h * len(rows)
+    for t in nice_ticks(0, longest):
+        if t > longest:
+            continue
+        body.append(f'<line x1="{px(t):.1f}" x2="{px(t):.1f}" y1="{T_TOP}" y2="{base:.1f}" class="grid"/>')
+        body.append(f'<text x="{px(t):.1f}" y="{base + 14:.1f}" text-anchor="middle" class="tick">{fmt(t)}</text>')
+    body.append(f'<text x="{T_LEFT + plot_w / 2:.0f}" y="{height - 6}" text-anchor="middle" class="label">completion '
+                f'position (tokens)</text>')
+    for i in rows:  # connectors under the lines
+        o = tree.owner[i]
+        if o is None:
+            body.append(f'<text x="{T_LEFT - 6}" y="{y[i] + 3.5:.1f}" text-anchor="end" class="tick">prompt</text>')
+            continue
+        x = px(tree.fork[i])
+        dash = ' stroke-dasharray="3,2"' if i in copies else ""
+        body.append(f'<path class="link" d="M{x:.1f},{y[o]:.1f} V{y[i]:.1f}" stroke="#9ca3af" stroke-width="1.2"'
+                    f' fill="none"{dash}/>')
+        body.append(f'<circle class="fork" cx="{x:.1f}" cy="{y[o]:.1f}" r="2.2" fill="#374151"/>')
+    for seg in tree.segments:
+        x0, x1, yy = px(seg.start), px(seg.end), y[seg.sample]
+        body.append(f'<path class="data seg" d="M{x0:.1f},{yy:.1f} H{x1:.1f}" stroke="{_color(0)}" stroke-width="3" '
+                    f'fill="none"><title>sample #{seg.sample}: tokens {seg.start}–{seg.end} ({seg.tokens} tokens)'
+                    f'</title></path>')
+        if x1 - x0 >= 6 * len(str(seg.tokens)) + 4:
+            body.append(f'<text x="{(x0 + x1) / 2:.1f}" y="{yy - 4:.1f}" text-anchor="middle" class="seglabel">'
+                        f'{seg.tokens}</text>')
+    for i in rows:
+        s = by[i]
+        x, yy = px(s.length), y[i]
+        reward = "–" if s.reward is None or not _ok(s.reward) else fmt(s.reward)
+        if i in copies:
+            what = f"copy of #{s.parent}"
+        elif s.parent is None:
+            what = f"{s.length} tokens"
+        else:
+            what = f"{s.length - tree.fork[i]} own tokens from {tree.fork[i]} (branched from #{s.parent})"
+        body.append(f'<circle class="data leaf" data-sample="{i}" cx="{x:.1f}" cy="{yy:.1f}" r="4.5" '
+                    f'fill="{leaf_color(s.reward)}" stroke="#fff" stroke-width="1"><title>sample #{i}: reward {reward}'
+                    f' · {s.length} tokens · {escape(what)}</title></circle>')
+        label = f"#{i} r={reward}" + (f" (copy of #{s.parent})" if i in copies else "")
+        body.append(f'<text x="{x + 8:.1f}" y="{yy + 3.5:.1f}" class="leaflabel">{escape(label)}</text>')
+    legend, lx = [], T_LEFT
+    for name, color in (("reward > 0", RIGHT), ("reward ≤ 0", WRONG), ("no reward", UNSCORED)):
+        legend.append(f'<circle cx="{lx + 5}" cy="13" r="4.5" fill="{color}"/><text x="{lx + 14}" y="17" '
+                      f'class="legend">{escape(name)}</text>')
+        lx += 26 + 7 * len(name)
+    legend.append(f'<path d="M{lx},13 h18" stroke="#9ca3af" stroke-dasharray="3,2"/><text x="{lx + 22}" y="17" '
+                  'class="legend">copy (no own tokens)</text>')
+    body.extend(legend)
+    aria = caption or f"tree of {len(rows)} samples"
+    return (f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {TREE_W} {height}" width="{TREE_W}" '
+            f'height="{height}" role="img" aria-label="{escape(aria)}">' + "".join(body) + "</svg>")

@@ -221,7 +221,8 @@ class ReplayBuffer:
 # Replayed rollouts keep their stored behaviour log-probs and weight versions, so the loss's clipped ratio
 # (pi_current / pi_behaviour) is the importance correction. They are copies marked in `env_info`
 # ("replay_from_step"), are never written to the store again (they are already there under their own step),
-# and do not count in a step's rollout totals.
+# and do not count in a step's rollout totals. A rescued copy gets its advantage anew from the group it joins, so its
+# per-token advantages go with its old one; a reused copy keeps both.
 
 REPLAY_KEY = "replay_from_step"
 
@@ -233,7 +234,10 @@ def is_replayed(r: Rollout) -> bool:
 def _copy(r: Rollout, **changes) -> Rollout:
     info = dict(r.env_info)
     info[REPLAY_KEY] = r.step
-    return dataclasses.replace(r, env_info=info, **changes)
+    # NOTE: a copy trains on its own, away from the tree it grew in (its parent is not in the batch, and a rescue
+    # copy sits in another group, where its tree_parent would name a stranger): its links are cut, so the trainer
+    # runs its whole completion instead of looking for a shared prefix. Its tokens are all there already.
+    return dataclasses.replace(r, env_info=info, tree_parent=None, tree_fork=None, **changes)
 
 
 def rescue_groups(buf: ReplayBuffer, groups: Sequence[RolloutGroup], version: int, k: int) -> list[Rollout]:
@@ -244,7 +248,8 @@ def rescue_groups(buf: ReplayBuffer, groups: Sequence[RolloutGroup], version: in
         g = by_id[gid]
         for s in samples:
             c = _copy(s.rollout, group_id=gid, sample_index=len(g.rollouts), status=REPLAYED,
-                      status_reason=f"replayed success from step {s.rollout.step} (age {s.age})", advantage=None)
+                      status_reason=f"replayed success from step {s.rollout.step} (age {s.age})", advantage=None,
+                      token_advantages=None)
             g.rollouts.append(c)
             added.append(c)
     return added

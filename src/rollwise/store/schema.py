@@ -13,6 +13,15 @@ The schema version is written into each shard's Parquet key-value metadata (`rol
 Readers reject a shard from a newer schema instead of guessing; add columns, never repurpose one, and bump
 the version when a reader would need to know.
 
+Tree rollouts (docs/tree.md) added three nullable columns without a version bump: `tree_parent` and `tree_fork`
+(the sample a row branched from, and the completion position where its own tokens start) and `token_advantages`
+(list<float32>). They are `ADDED_COLUMNS`: a shard written before them reads back with them null (the Rollout's
+fields None), and an older rollwise reading a newer shard ignores them (it cannot run trees either). The tree
+links are checked where the other fields are: a row's fork must lie in [0, its completion length] (per row, in
+`rollout_to_row`) and its parent must be another sample of its own group, without cycles (per shard, in
+`rows_to_table`, which sees the whole group). To query a run whose shards span the change with DuckDB, read
+them with `union_by_name=true`.
+
 Deliberately left out: tensors (rows are plain lists), and a column for the prompt's dataset record (the
 environment owns that; `env_info` carries what an audit needs).
 """
@@ -20,6 +29,7 @@ environment owns that; `env_info` carries what an audit needs).
 from __future__ import annotations
 
 import json
+import operator
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -56,11 +66,17 @@ ROLLOUT_SCHEMA = pa.schema(
         pa.field("num_generated", pa.int32(), nullable=False),  # sum(loss_mask): handy in SQL
         pa.field("prompt_text", pa.string()),  # store-only: decoded prompt, when a decoder was given
         pa.field("token_texts", pa.list_(pa.string())),  # store-only: one string per completion token
+        pa.field("tree_parent", pa.int32()),  # sample_index of the sample this one branched from (None: root/plain)
+        pa.field("tree_fork", pa.int32()),  # completion position where its own tokens start (None: not a tree)
+        # float32: what the trainer computes the loss in; a round trip is exact for float32 values.
+        pa.field("token_advantages", pa.list_(pa.float32())),  # [len(completion_token_ids)] or None
     ],
     metadata={SCHEMA_VERSION_KEY: str(SCHEMA_VERSION).encode()},
 )
 
 COLUMNS: tuple[str, ...] = tuple(ROLLOUT_SCHEMA.names)
+ADDED_COLUMNS: tuple[str, ...] = ("tree_parent", "tree_fork", "token_advantages")
+"""Nullable columns added after schema version 1 shipped: a shard without them reads them as null."""
 _JSON_COLUMNS = ("reward_parts", "timings", "env_info")
 
 
@@ -79,8 +95,43 @@ def _check_lengths(r: Rollout) -> None:
                 f"rollout {r.group_id}/{r.sample_index}: {name} has {len(getattr(r, name))} entries for "
                 f"{n} completion tokens; every per-token list must match completion_token_ids"
             )
+    if r.token_advantages is not None and len(r.token_advantages) != n:
+        raise ValueError(
+            f"rollout {r.group_id}/{r.sample_index}: token_advantages has {len(r.token_advantages)} entries for "
+            f"{n} completion tokens; every per-token list must match completion_token_ids"
+        )
     if r.status not in ROLLOUT_STATUSES:
         raise ValueError(f"rollout {r.group_id}/{r.sample_index}: status {r.status!r} is not one of {ROLLOUT_STATUSES}")
+    _check_tree_fields(r, n)
+
+
+def _is_index(v: object) -> bool:
+    """An int or a numpy integer, never a bool or a float."""
+    if isinstance(v, bool):
+        return False
+    try:
+        operator.index(v)  # type: ignore[arg-type]
+    except TypeError:
+        return False
+    return True
+
+
+def _check_tree_fields(r: Rollout, n: int) -> None:
+    """The per-row half of the tree check (the group half is `_check_tree_links`)."""
+    where = f"rollout {r.group_id}/{r.sample_index}"
+    parent, fork = r.tree_parent, r.tree_fork
+    if parent is not None and not _is_index(parent):
+        raise ValueError(f"{where}: tree_parent must be a sample index (an integer) or None, got {parent!r}")
+    if fork is None:
+        if parent is not None:
+            raise ValueError(f"{where}: tree_parent {parent} without a tree_fork (where its own tokens start)")
+        return
+    if not _is_index(fork):
+        raise ValueError(f"{where}: tree_fork must be a completion position (an integer) or None, got {fork!r}")
+    if not 0 <= fork <= n:
+        raise ValueError(f"{where}: tree_fork {fork} is outside [0, {n}] (its completion length)")
+    if parent is None and fork != 0:
+        raise ValueError(f"{where}: tree_fork {fork} without a tree_parent (a root's own tokens start at 0)")
 
 
 def rollout_to_row(
@@ -123,6 +174,9 @@ def rollout_to_row(
         "num_generated": int(sum(r.loss_mask)),
         "prompt_text": prompt_text,
         "token_texts": None if token_texts is None else list(token_texts),
+        "tree_parent": None if r.tree_parent is None else int(r.tree_parent),
+        "tree_fork": None if r.tree_fork is None else int(r.tree_fork),
+        "token_advantages": None if r.token_advantages is None else list(r.token_advantages),
     }
 
 
@@ -148,14 +202,48 @@ def row_to_rollout(row: Mapping[str, Any]) -> Rollout:
         env_info=json.loads(row["env_info"]),
         seed=row["seed"],
         step=int(row["step"]),
+        # .get: rows from a shard written before the tree columns existed (`ADDED_COLUMNS`) have none.
+        tree_parent=row.get("tree_parent"),
+        tree_fork=row.get("tree_fork"),
+        token_advantages=None if row.get("token_advantages") is None else list(row["token_advantages"]),
     )
+
+
+def _check_tree_links(rows: Sequence[Mapping[str, Any]]) -> None:
+    """The group half of the tree check: each tree_parent names another sample of the row's own group (in the same
+    shard: a group is written once, whole), and following parents never comes back to where it started."""
+    groups: dict[str, dict[int, int | None]] = {}
+    for row in rows:
+        groups.setdefault(row["group_id"], {})[row["sample_index"]] = row.get("tree_parent")
+    for gid, parents in groups.items():
+        if all(p is None for p in parents.values()):
+            continue
+        for idx, parent in parents.items():
+            if parent is None:
+                continue
+            if parent == idx:
+                raise ValueError(f"rollout {gid}/{idx}: tree_parent {parent} is its own sample_index")
+            if parent not in parents:
+                raise ValueError(
+                    f"rollout {gid}/{idx}: tree_parent {parent} is not a sample index of its group "
+                    f"(it has {', '.join(map(str, sorted(parents)[:8]))}{', ...' if len(parents) > 8 else ''})"
+                )
+        for idx in parents:
+            seen, cur = {idx}, parents[idx]
+            while cur is not None:
+                if cur in seen:
+                    raise ValueError(f"rollout {gid}/{idx}: its tree_parent links form a cycle (back to sample {cur})")
+                seen.add(cur)
+                cur = parents[cur]
 
 
 def rows_to_table(rows: Sequence[Mapping[str, Any]]) -> pa.Table:
     """Rows (from `rollout_to_row`) as a table with the rollout schema, version metadata included.
 
-    A value of the wrong type (a float token id, a string log-prob) is a one-line ValueError.
+    A value of the wrong type (a float token id, a string log-prob), or a tree_parent that is not another sample
+    of the row's group, is a one-line ValueError.
     """
+    _check_tree_links(rows)
     try:
         return pa.Table.from_pylist(list(rows), schema=ROLLOUT_SCHEMA)
     except (pa.ArrowInvalid, pa.ArrowTypeError) as e:

@@ -21,7 +21,8 @@ NOTE on corruption: shards are written with Parquet page checksums (a CRC32 per 
 page) and every read verifies them, so flipped bits in a page are an error naming the file, never a
 silently different log-prob. A damaged footer fails to parse. `verify()` reads every page of every
 shard once (checksums, footer, schema) without keeping the rows: the check to run before resuming.
-Shards written before checksums existed carry none and are checked for structure only.
+Shards written before checksums existed carry none and are checked for structure only. Shards written before
+the tree columns (`schema.ADDED_COLUMNS`) read them as nulls.
 
 Deliberately left out: appending within a step (a step's rollouts are written once, together),
 compaction, and any index beyond file names; DuckDB over the glob does ad-hoc queries well.
@@ -43,6 +44,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from rollwise.store.schema import (
+    ADDED_COLUMNS,
     COLUMNS,
     ROLLOUT_SCHEMA,
     SCHEMA_VERSION,
@@ -257,13 +259,17 @@ class RolloutStore:
             raise ShardError(path, "no rollwise schema version in its Parquet metadata; not a rollwise rollout shard")
         if version > SCHEMA_VERSION:
             raise ShardError(path, f"schema version {version} is newer than this rollwise reads ({SCHEMA_VERSION}); upgrade rollwise")
-        missing = [c for c in cols if c not in schema.names]
+        missing = [c for c in cols if c not in schema.names and c not in ADDED_COLUMNS]
         if missing:
             raise ShardError(path, f"missing column(s) {missing}")
+        present = [c for c in cols if c in schema.names]
         try:
-            table = pf.read(columns=cols)
+            table = pf.read(columns=present)
         except (pa.ArrowException, OSError) as e:
             raise ShardError(path, _read_failure(e)) from None
+        if len(present) < len(cols):  # a shard from before the tree columns: they read as null
+            table = pa.table([table.column(c) if c in present else pa.nulls(table.num_rows, ROLLOUT_SCHEMA.field(c).type)
+                              for c in cols], names=cols)
         try:
             return table.cast(pa.schema([ROLLOUT_SCHEMA.field(c) for c in cols], metadata=ROLLOUT_SCHEMA.metadata))
         except (pa.ArrowException, ValueError) as e:
