@@ -373,3 +373,34 @@ def test_table_estimators_clear_token_advantages_and_config():
     with pytest.raises(ConfigError, match="algo.advantage 'tree' gives one advantage per token.*gspo") as e:
         load_config(None, ["algo.advantage=tree", "algo.loss=gspo"])
     assert "\n" not in str(e.value)
+
+
+def test_tree_batch_on_two_ranks_equals_one_rank(tiny_llama_tied):
+    """Per-token advantages travel with the rollouts to every rank (`run/ranks.py` pickles them whole); each rank
+    runs its share's tries; 2 ranks (DDP, gloo) give the 1-rank weights."""
+    from rollwise.run.ranks import LocalRanks
+    from rollwise.run.trainer_handle import TrainerSpec
+
+    ros = _tree_rollouts(seed=6)
+    rewards = {"g": [1.0, 0.0, 0.0, 1.0, 1.0, 0.0, 1.0], "h": [0.0, 1.0]}
+    for r in ros:
+        r.reward = rewards[r.group_id][r.sample_index]
+    assign_advantages([RolloutGroup(gid, gid, [r for r in ros if r.group_id == gid]) for gid in ("g", "h")], "tree")
+
+    def spec(world):
+        return TrainerSpec(model_path=str(tiny_llama_tied), train=TrainConfig(lr=1e-2, micro_batch_tokens=32),
+                           loss_name="grpo", loss_cfg=LossConfig(), device="cpu", threads=1, world_size=world,
+                           parallel="ddp", total_steps=1)
+
+    one = spec(1).build()
+    m1 = one.train_step(ros)
+    w1 = {k: v.detach().clone() for k, v in one.weights().items()}
+    ranks = LocalRanks(spec(2))
+    try:
+        m2 = ranks.train_step(ros)
+        w2 = ranks.weights()
+    finally:
+        ranks.shutdown()
+    assert m1["forward_tokens"] == m2["forward_tokens"] == TrainBatch.from_rollouts(ros, 32).row_tokens
+    assert m1["loss"] == pytest.approx(m2["loss"], abs=1e-5)
+    assert max(float((w1[k] - w2[k]).abs().max()) for k in w1) < 1e-5
