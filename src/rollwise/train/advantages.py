@@ -286,7 +286,7 @@ def assign_advantages(groups: Sequence[RolloutGroup], name: str, *, rules: Filte
     rewards, mask = group_table(groups, rules)
     per_token = name in TOKEN_ADVANTAGES
     if per_token:
-        adv = grpo(rewards, mask, **{k: v for k, v in knobs.items() if k in ("eps", "unbiased_std")})  # [G, K_max]
+        adv = grpo(rewards, mask, **{k: v for k, v in knobs.items() if k == "eps"})  # [G, K_max], the tree's sigma
     else:
         adv = fn(rewards, mask, **kwargs)  # [G, K_max]
     for gi, g in enumerate(groups):
