@@ -297,10 +297,12 @@ def test_token_advantages_train_like_scalars_and_skip_exactly(tmp_path):
         runs.append((m, torch.cat([p.detach().flatten() for p in tr.model.parameters()])))
     (m0, p0), (m1, p1), (m2, p2) = runs
     # group h, rollout g/4 (env tokens only) and g/3 (its scalar, 0.25 x 3 - 0.75, is 0)
-    assert m1["zero_adv_sequences"] == 4 and m2["zero_adv_sequences"] == 0 and m1["forward_tokens"] < m2["forward_tokens"]
+    assert m1["zero_adv_sequences"] == 4 and m2["zero_adv_sequences"] == 0
+    assert m1["forward_tokens"] < m2["forward_tokens"]
     assert m1["loss"] == pytest.approx(m0["loss"], abs=1e-6) and m2["loss"] == pytest.approx(m0["loss"], abs=1e-6)
     assert torch.allclose(p0, p2, atol=1e-6, rtol=0) and torch.allclose(p1, p2, atol=1e-6, rtol=0)
-    assert (p1 - torch.cat([p.detach().flatten() for p in Trainer(path, device="cpu").model.parameters()])).abs().max() > 1e-3
+    start = torch.cat([p.detach().flatten() for p in Trainer(path, device="cpu").model.parameters()])
+    assert (p1 - start).abs().max() > 1e-3  # the update is not trivially zero
 
 
 # ------------------------------------------------------------------------------------------------ tree advantages

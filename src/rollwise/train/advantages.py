@@ -158,7 +158,8 @@ ADVANTAGES: dict[str, Callable[..., Any]] = {
 """name -> estimator `(rewards [G, K], mask [G, K] | None, **kwargs) -> advantages [G, K]`."""
 
 
-def tree(completions: Sequence[Sequence[int]], values: Sequence[float | None], *, eps: float = 1e-6) -> list[list[float]]:
+def tree(completions: Sequence[Sequence[int]], values: Sequence[float | None], *,
+         eps: float = 1e-6) -> list[list[float]]:
     """Tree credit for ONE group (TreeRL, Hou et al. 2025, global + local advantage): one advantage per token.
 
     completions: [K][T_k] completion token ids; values: [K] the reward each one's advantage sees (None = left out:

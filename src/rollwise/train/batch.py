@@ -36,8 +36,8 @@ a long row full of short sequences wastes attention work: keep `micro_batch_toke
 3-layer model with 128 sequences of ~18 tokens: one 4096-token row 1.39 s per step, 256-token rows 0.55 s).
 Flash-attention (position_ids only, no dense mask) has no such cost.
 
-NOTE: the row holds no padding, and positions restart per sequence (per segment, as trie depths, with shared prefixes); that is what makes the packed log-probs
-equal to per-sequence log-probs (HF Llama takes positions from `position_ids`, not from the mask: FINDINGS.md).
+NOTE: the row holds no padding, and positions restart per sequence (per segment, as trie depths, with shared
+prefixes); that is what makes the packed log-probs equal to per-sequence log-probs (HF Llama takes positions from `position_ids`, not from the mask: FINDINGS.md).
 
 Deliberately left out: splitting one long sequence over rows (context parallelism) and padding to fixed shapes
 for CUDA graphs.
@@ -275,9 +275,10 @@ class TrainBatch:
             raise ValueError("TrainBatch.subset: empty index list")
         t_max = max(max(int(self.completion_lens[i]) for i in idx), 1)
         sel = torch.tensor(idx, dtype=torch.long)
+        adv = self.advantages[sel] if self.advantages.ndim == 1 else self.advantages[sel, :t_max]
         return self._build([self.tokens[i] for i in idx], [self.prompt_lens[i] for i in idx],
                            self.old_logprobs[sel, :t_max].clone(), self.loss_mask[sel, :t_max].clone(),
-                           (self.advantages[sel] if self.advantages.ndim == 1 else self.advantages[sel, :t_max]).clone(),
+                           adv.clone(),
                            self.completion_lens[sel].clone(), self.micro_batch_tokens,
                            [self.weight_versions[i] for i in idx] if self.weight_versions else [], self.share_prompt)
 

@@ -21,8 +21,8 @@ logits / temperature.
 NOTE on dropout: RL compares the trainer's forward with the engine's, so every dropout is set to 0 at load.
 NOTE on attention: with 'sdpa' and 'eager' models the trainer switches to the segment-aware implementation
 (`train.attention`) and runs shared-prompt rows (`TrainBatch(share_prompt=True)`, the default): each group's prompt
-and its completions' common prefixes once, per-segment attention with compact masks. Unshared rows use an explicit block-diagonal causal mask there;
-other implementations (flash-attention) get the unshared rows with `attention_mask=None` plus restarting
+and its completions' common prefixes once, per-segment attention with compact masks. Unshared rows use an explicit
+block-diagonal causal mask there; other implementations (flash-attention) get the unshared rows with `attention_mask=None` plus restarting
 `position_ids`, from which transformers detects the packed sequences itself.
 NOTE on the vocabulary: for plain decoder LMs (Llama, Qwen2/3, Mistral: logits = lm_head(final hidden)) the trainer
 runs the decoder body, gathers the hidden states that predict targets, and applies the LM head a chunk of rows at a
