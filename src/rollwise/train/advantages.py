@@ -176,8 +176,9 @@ def tree(completions: Sequence[Sequence[int]], values: Sequence[float | None], *
     every completion shares gets 0; groups without a signal (`filter.differ`: fewer than two valid values, or all
     equal) get 0s. -> [K][T_k] float advantages.
 
-    NOTE: it works from tokens alone, so it applies to independent samples too, and a prefix they share by chance
-    (a common opening "Let's") gets that prefix's value, which is the right credit for those tokens anyway.
+    NOTE: it works from tokens alone (not from `Rollout.tree_parent`), so it applies to independent samples too: a
+    prefix they share by chance (a common opening "Let's") gets the mean value of the samples that continued it,
+    a fair estimate of that prefix's value, since each of them is a sample of the policy continuing it.
     """
     if len(completions) != len(values):
         raise ValueError(f"tree advantages: {len(completions)} completions but {len(values)} values")

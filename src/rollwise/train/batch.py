@@ -37,10 +37,12 @@ a long row full of short sequences wastes attention work: keep `micro_batch_toke
 Flash-attention (position_ids only, no dense mask) has no such cost.
 
 NOTE: the row holds no padding, and positions restart per sequence (per segment, as trie depths, with shared
-prefixes); that is what makes the packed log-probs equal to per-sequence log-probs (HF Llama takes positions from `position_ids`, not from the mask: FINDINGS.md).
+prefixes); that is what makes the packed log-probs equal to per-sequence log-probs (HF Llama takes positions from
+`position_ids`, not from the mask: FINDINGS.md).
 
-Deliberately left out: splitting one long sequence over rows (context parallelism) and padding to fixed shapes
-for CUDA graphs.
+Deliberately left out: splitting one long sequence over rows (context parallelism), padding to fixed shapes for
+CUDA graphs, and sharing a prefix across different prompts (a common system prompt): the trie starts below the
+group's exact prompt ids.
 """
 
 from __future__ import annotations
@@ -278,8 +280,7 @@ class TrainBatch:
         adv = self.advantages[sel] if self.advantages.ndim == 1 else self.advantages[sel, :t_max]
         return self._build([self.tokens[i] for i in idx], [self.prompt_lens[i] for i in idx],
                            self.old_logprobs[sel, :t_max].clone(), self.loss_mask[sel, :t_max].clone(),
-                           adv.clone(),
-                           self.completion_lens[sel].clone(), self.micro_batch_tokens,
+                           adv.clone(), self.completion_lens[sel].clone(), self.micro_batch_tokens,
                            [self.weight_versions[i] for i in idx] if self.weight_versions else [], self.share_prompt)
 
 
