@@ -136,10 +136,11 @@ def test_valid_keys_lists_nested():
 
 
 def test_registries_match_literals():
-    from rollwise.train.advantages import ADVANTAGES
+    from rollwise.train.advantages import ADVANTAGE_NAMES
     from rollwise.train.losses import LOSSES
 
-    assert set(typing.get_args(AlgoConfig.model_fields["advantage"].annotation)) == set(ADVANTAGES)
+    # the table estimators (ADVANTAGES) and the per-token ones (TOKEN_ADVANTAGES: tree)
+    assert set(typing.get_args(AlgoConfig.model_fields["advantage"].annotation)) == set(ADVANTAGE_NAMES)
     assert set(typing.get_args(AlgoConfig.model_fields["loss"].annotation)) == set(LOSSES)
 
 

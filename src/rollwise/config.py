@@ -359,7 +359,7 @@ class RolloutConfig(_Section):
     """Tree rollouts: a group's samples share their beginnings and branch where the policy is unsure."""
 
 
-AdvantageName = Literal["grpo", "dr_grpo", "rloo", "reinforce_pp"]
+AdvantageName = Literal["grpo", "dr_grpo", "rloo", "reinforce_pp", "tree"]
 LossName = Literal["ppo", "grpo", "dr_grpo", "dapo", "gspo"]
 
 
@@ -367,7 +367,8 @@ class AlgoConfig(_Section):
     """The RL algorithm: which advantage estimator, which loss, and their knobs."""
 
     advantage: AdvantageName = "grpo"
-    """Advantage estimator (`rollwise.train.advantages.ADVANTAGES`)."""
+    """Advantage estimator (`rollwise.train.advantages.ADVANTAGE_NAMES`); 'tree' gives per-token credit from the
+    completions' shared prefixes (TreeRL), for every loss but gspo (one advantage per sequence)."""
     loss: LossName = "grpo"
     """Policy loss (`rollwise.train.losses.LOSSES`)."""
     adv_eps: float = Field(1e-6, gt=0)
@@ -905,6 +906,9 @@ def cross_section_problems(cfg: RunConfig) -> list[str]:
     if c.engine.logprobs_mode != "processed":
         out.append("engine.logprobs_mode 'raw' records log-probs of another distribution than the one sampled from: "
                    "the trainer's importance ratios need 'processed'")
+    if c.algo.advantage == "tree" and c.algo.loss == "gspo":
+        out.append("algo.advantage 'tree' gives one advantage per token, and algo.loss 'gspo' takes one per sequence: "
+                   "use another loss (grpo, dapo, dr_grpo, ppo) or another estimator")
     if c.rollout.temperature == 0:
         out.append("rollout.temperature 0 (greedy) gives every sample of a group the same completion: RL needs "
                    "temperature > 0")

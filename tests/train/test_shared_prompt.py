@@ -42,12 +42,26 @@ def test_segment_rows_cover_every_sequence(shapes, cap):
             prompt = batch.tokens[sg.seq_ids[0]][:sg.prompt_len]
             assert mb.input_ids[o:o + sg.prompt_len].tolist() == prompt
             assert mb.position_ids[o:o + sg.prompt_len].tolist() == list(range(sg.prompt_len))
-            o += sg.prompt_len
-            for sid, c in zip(sg.seq_ids, sg.comp_lens):
+            # NOTE: the completions of one shape (range(10 * i, 10 * i + c) for each c) are prefixes of each other, so
+            # since shared prefixes are laid out as a trie they are no longer back to back: each distinct prefix is
+            # one node, at position = depth, under its parent (this used to check contiguous completions)
+            comps = [batch.tokens[sid][sg.prompt_len:] for sid in sg.seq_ids]
+            for sid in sg.seq_ids:
                 assert batch.tokens[sid][:sg.prompt_len] == prompt
-                assert mb.input_ids[o:o + c].tolist() == batch.tokens[sid][sg.prompt_len:]
-                assert mb.position_ids[o:o + c].tolist() == list(range(sg.prompt_len, sg.prompt_len + c))
-                o += c
+            assert sg.length == sg.prompt_len + len({tuple(c[:k + 1]) for c in comps for k in range(len(c))})
+            depth = []
+            for j, par in enumerate(sg.parent):
+                assert par < j
+                depth.append(depth[par] + 1 if par >= 0 else 0)
+            assert mb.position_ids[o:o + sg.length].tolist() == depth
+            anc = torch.zeros(sg.length, sg.length, dtype=torch.bool)
+            for j in range(sg.length):
+                a = j
+                while a >= 0:
+                    anc[j, a] = True
+                    a = sg.parent[a]
+            assert torch.equal(sg.mask(), anc)  # ancestor-or-self
+            o += sg.length
             seen.extend(sg.seq_ids)
         assert o == mb.num_tokens
         assert mb.seq_ids == [s for sg in mb.segments for s in sg.seq_ids]
@@ -58,6 +72,12 @@ def test_segment_rows_cover_every_sequence(shapes, cap):
             seq = batch.tokens[t_seq]
             assert mb.input_ids[pos].item() == seq[batch.prompt_lens[t_seq] + t_tok - 1]
             assert mb.position_ids[pos].item() == batch.prompt_lens[t_seq] + t_tok - 1
+            # ... and sits under the node that predicts the token before it: the targets walk one trie path
+            sg = next(g for g in mb.segments if g.start <= pos < g.start + g.length)
+            prev = [p for p, s_, k in zip(mb.pred_positions.tolist(), mb.target_seq.tolist(), mb.target_tok.tolist())
+                    if s_ == t_seq and k == t_tok - 1]
+            want_parent = prev[0] - sg.start if t_tok else sg.prompt_len - 2
+            assert sg.parent[pos - sg.start] == want_parent
     assert sorted(seen) == list(range(len(ros)))
     # the shared layout never runs more tokens than the unshared one, and fewer as soon as a prompt is shared
     assert batch.row_tokens <= batch.num_tokens

@@ -2,9 +2,10 @@
 
 Modules, in the order a step uses them (nothing is imported here, so `import rollwise.train` stays cheap):
 
-- `advantages`: `ADVANTAGES[name](rewards [G, K], mask [G, K]) -> [G, K]`; `assign_advantages(groups, name)`.
+- `advantages`: `ADVANTAGES[name](rewards [G, K], mask [G, K]) -> [G, K]`; per-token `TOKEN_ADVANTAGES['tree']`;
+  `assign_advantages(groups, name)`.
 - `batch`: `TrainBatch.from_rollouts(rollouts, micro_batch_tokens)`, sequences packed into padding-free rows, each
-  group's prompt once (`share_prompt=True`, the default).
+  group's prompt and common completion prefixes once (`share_prompt=True`, the default).
 - `attention`: per-segment attention for shared-prompt rows, registered in transformers' attention interface.
 - `losses`: `LOSSES[name](logprobs, old_logprobs, advantages, mask, *, cfg=LossConfig) -> (loss, metrics)`.
 - `trainer`: `Trainer(model_dir, TrainConfig, device=, temperature=, reference=)`, `.train_step(batch, loss_fn,

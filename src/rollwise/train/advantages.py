@@ -1,4 +1,4 @@
-"""Advantage estimators: scored groups of rollouts in, one scalar advantage per rollout out.
+"""Advantage estimators: scored groups of rollouts in, one scalar advantage per rollout (or one per token) out.
 
 The idea: every estimator here is a pure function of a `[G, K]` reward table (G prompts, K samples per
 prompt) and a `[G, K]` validity mask, so it can be tested against the paper's formula on hand-made numbers and
@@ -11,7 +11,11 @@ what an errored rollout counts as, is the Filter room's rule (`rollwise.filter.a
 an errored rollout counts as a wrong answer, so a policy never gains by making the scorer fail; with
 `algo.errored_reward: null` it is masked out. Masked entries get advantage 0.
 
-Deliberately left out: per-token advantages (GAE, a value model) and reward shaping. The one shaping term the
+One estimator needs more than the table: `tree` (TreeRL-style credit, `TOKEN_ADVANTAGES`) reads the completions'
+tokens too and gives one advantage per token (`Rollout.token_advantages`); it is a pure function of one group's
+completion token ids and values, tested on hand-made numbers like the others.
+
+Deliberately left out: value-model advantages (GAE) and reward shaping. The one shaping term the
 advantages see is DAPO's soft overlong penalty (`train/overlong.py`), kept apart from the task reward in
 `reward_parts` so accuracy and the store still report the task's own score. Advantages are computed before the trainer; the
 trainer only sees the numbers (docs/architecture.md: the trainer is algorithm-blind).
@@ -20,13 +24,14 @@ trainer only sees the numbers (docs/architecture.md: the trainer is algorithm-bl
 from __future__ import annotations
 
 import inspect
+import math
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 import torch
 
-from rollwise.filter import DEFAULT_RULES, FilterRules, advantage_values
+from rollwise.filter import DEFAULT_RULES, FilterRules, advantage_values, differ
 
 if TYPE_CHECKING:  # pragma: no cover
     from rollwise.types import Rollout, RolloutGroup
@@ -153,6 +158,85 @@ ADVANTAGES: dict[str, Callable[..., Any]] = {
 """name -> estimator `(rewards [G, K], mask [G, K] | None, **kwargs) -> advantages [G, K]`."""
 
 
+def tree(completions: Sequence[Sequence[int]], values: Sequence[float | None], *,
+         eps: float = 1e-6) -> list[list[float]]:
+    """Tree credit for ONE group (TreeRL, Hou et al. 2025, global + local advantage): one advantage per token.
+
+    completions: [K][T_k] completion token ids; values: [K] the reward each one's advantage sees (None = left out:
+    it gets 0s and enters no value). The valid completions form a trie of their tokens; a segment is a maximal run
+    of trie nodes without branching (a completion ending inside a run ends it there, so equal completions end in the
+    same segment). V(s) = the mean value of the valid completions through segment s, V(root) = the group mean,
+    sigma = the group's unbiased std (as GRPO), and every token of segment s gets
+
+        A(s) = [(V(s) - V(root)) + (V(s) - V(parent(s)))] / 2 / (sigma + eps)        (parent of a top segment: root)
+
+    The global term says how good the prefix is against the group, the local one how much the step from its
+    parent changed that. The 1/2 (not in TreeRL, whose scale is 1/sqrt(leaves below)) makes the estimator exactly
+    GRPO where no prefix is shared: then every completion is one top segment and both terms are v - mean. A trunk
+    every completion shares gets 0; groups without a signal (`filter.differ`: fewer than two valid values, or all
+    equal) get 0s. -> [K][T_k] float advantages.
+
+    NOTE: it works from tokens alone (not from `Rollout.tree_parent`), so it applies to independent samples too: a
+    prefix they share by chance (a common opening "Let's") gets the mean value of the samples that continued it,
+    a fair estimate of that prefix's value, since each of them is a sample of the policy continuing it.
+    """
+    if len(completions) != len(values):
+        raise ValueError(f"tree advantages: {len(completions)} completions but {len(values)} values")
+    out = [[0.0] * len(c) for c in completions]
+    valid = [i for i, v in enumerate(values) if v is not None]
+    vals = [float(values[i]) for i in valid]  # type: ignore[arg-type]
+    if not differ(vals):
+        return out
+    n = len(vals)
+    mean = sum(vals) / n
+    sigma = math.sqrt(sum((v - mean) ** 2 for v in vals) / (n - 1))
+    # the trie of the valid completions: node 0 is the root; a child is always created after its parent
+    children: list[dict[int, int]] = [{}]
+    parent, total, count = [-1], [0.0], [0]
+    paths: dict[int, list[int]] = {}
+    for i, v in zip(valid, vals):
+        node = 0
+        total[0] += v
+        count[0] += 1
+        path = []
+        for t in completions[i]:
+            nxt = children[node].get(t)
+            if nxt is None:
+                nxt = len(children)
+                children[node][t] = nxt
+                children.append({})
+                parent.append(node)
+                total.append(0.0)
+                count.append(0)
+            node = nxt
+            total[node] += v
+            count[node] += 1
+            path.append(node)
+        paths[i] = path
+    value = [t / c for t, c in zip(total, count)]  # V of each node's segment
+    # NOTE: a node is in its parent's segment exactly when it has as many completions through it (no branching and
+    # no completion ending between them); otherwise its segment starts here and its parent's is the one above
+    up = [0.0] * len(value)  # V(parent segment) of each node's segment
+    for j in range(1, len(value)):
+        p = parent[j]
+        up[j] = up[p] if p != 0 and count[p] == count[j] else value[p]
+    scale = 2.0 * (sigma + eps)
+    adv = [((value[j] - mean) + (value[j] - up[j])) / scale for j in range(len(value))]
+    for i, path in paths.items():
+        out[i] = [adv[j] for j in path]
+    return out
+
+
+TOKEN_ADVANTAGES: dict[str, Callable[..., list[list[float]]]] = {
+    "tree": tree,
+}
+"""name -> per-token estimator `(completions [K][T_k], values [K] (None = left out), **kwargs) -> [K][T_k]`, called
+once per group; the rollout's scalar `advantage` is GRPO's (logged, and what filters and replay look at)."""
+
+ADVANTAGE_NAMES: tuple[str, ...] = (*ADVANTAGES, *TOKEN_ADVANTAGES)
+"""Every estimator `assign_advantages` knows (what `algo.advantage` may name)."""
+
+
 SHAPING_PARTS = ("overlong_penalty",)
 """`Rollout.reward_parts` keys added to the reward the advantages see (not to `Rollout.reward`)."""
 
@@ -185,24 +269,34 @@ _SHARED_KNOBS = frozenset({"eps", "baseline", "unbiased_std"})
 
 def assign_advantages(groups: Sequence[RolloutGroup], name: str, *, rules: FilterRules = DEFAULT_RULES,
                       **knobs: Any) -> np.ndarray:
-    """Compute advantages with estimator `name` and write them into each `Rollout.advantage` (invalid: 0.0).
+    """Compute advantages with estimator `name` and write them into each `Rollout.advantage` (invalid: 0.0), and,
+    for a per-token estimator (`TOKEN_ADVANTAGES`), each `Rollout.token_advantages` (None otherwise).
 
     `rules`: the Filter room's (which entries count, and as what). Knobs from the config (`eps=algo.adv_eps`,
     `baseline=algo.reinforce_baseline`) go to the estimators that take them and are ignored by the others, so a
     loop calls every estimator the same way; any other unknown keyword is an error. Returns the `[G, K_max]`
-    advantage table.
+    scalar advantage table (GRPO's for a per-token estimator).
     """
-    if name not in ADVANTAGES:
-        raise ValueError(f"unknown advantage estimator {name!r}; known: {', '.join(sorted(ADVANTAGES))}")
-    fn = ADVANTAGES[name]
+    if name not in ADVANTAGES and name not in TOKEN_ADVANTAGES:
+        raise ValueError(f"unknown advantage estimator {name!r}; known: {', '.join(sorted(ADVANTAGE_NAMES))}")
+    fn = ADVANTAGES.get(name) or TOKEN_ADVANTAGES[name]
     accepted = inspect.signature(fn).parameters
     bad = [k for k in knobs if k not in accepted and k not in _SHARED_KNOBS]
     if bad:
         raise ValueError(f"advantage estimator {name!r} has no option {bad[0]!r}")
     kwargs = {k: v for k, v in knobs.items() if k in accepted}
     rewards, mask = group_table(groups, rules)
-    adv = fn(rewards, mask, **kwargs)  # [G, K_max]
+    per_token = name in TOKEN_ADVANTAGES
+    if per_token:
+        adv = grpo(rewards, mask, **{k: v for k, v in knobs.items() if k == "eps"})  # [G, K_max], the tree's sigma
+    else:
+        adv = fn(rewards, mask, **kwargs)  # [G, K_max]
     for gi, g in enumerate(groups):
+        tok = None
+        if per_token:
+            vals = [float(rewards[gi, ki]) if mask[gi, ki] else None for ki in range(len(g.rollouts))]
+            tok = fn([ro.completion_token_ids for ro in g.rollouts], vals, **kwargs)
         for ki, ro in enumerate(g.rollouts):
             ro.advantage = float(adv[gi, ki]) if mask[gi, ki] else 0.0
+            ro.token_advantages = tok[ki] if tok is not None else None
     return adv

@@ -1,8 +1,9 @@
 """Per-segment attention for shared-prompt training rows, plugged into transformers' attention interface.
 
 A shared-prompt row (`train.batch.Segment`) tiles one packed row with segments: a prompt once, then the
-completions of every sample that has that prompt. Inside a segment a prompt token attends causally to the prompt,
-and a completion token to the whole prompt plus its own earlier tokens. Across segments nothing is visible, so
+completions of every sample that has that prompt, as a trie (each common prefix once). Inside a segment a token
+attends to its ancestors and itself (`Segment.mask`): a prompt token causally to the prompt, a completion token to
+the whole prompt plus its own earlier tokens, wherever they sit in the trie. Across segments nothing is visible, so
 attention runs segment by segment with a compact [S, S] mask each: sum of S_i^2 work instead of the L^2 of a dense
 mask over the whole row.
 

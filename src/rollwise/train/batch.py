@@ -3,7 +3,8 @@
 Two layouts live side by side, because the model and the loss want different ones:
 
 - per sequence, completion-aligned, right-padded to T = the longest completion (what the losses take):
-  `old_logprobs`, `loss_mask` `[B, T]` and `advantages` `[B]`;
+  `old_logprobs`, `loss_mask` `[B, T]` and `advantages` `[B]` (or `[B, T]` when the rollouts carry per-token
+  advantages, `Rollout.token_advantages`: 0 past each completion);
 - packed (what the model runs on): each `PackedMicroBatch` is ONE row of whole sequences (prompt + completion)
   concatenated, at most `micro_batch_tokens` long, with `position_ids` restarting at 0 for every sequence and
   `seq_index` saying which sequence each token belongs to. The trainer turns `seq_index` into a block-diagonal
@@ -13,28 +14,35 @@ Two layouts live side by side, because the model and the loss want different one
 Packing is first-fit decreasing over whole sequences: no padding at all and few rows. A sequence longer than
 `micro_batch_tokens` gets a row of its own (it cannot be split without changing its log-probs).
 
-Shared prompts (`share_prompt=True`, the default): the samples of a GRPO group have the same prompt ids, and under
-causal attention a prompt's hidden states do not depend on what follows it. So the rollouts are grouped by their
-exact prompt ids and each group becomes one `Segment` of the row: the prompt ONCE, then every sample's completion,
-each completion at positions P, P+1, ... and attending to the whole prompt plus its own earlier tokens. The
-log-probs are those of the per-sequence forward (same positions, same keys and values), and the gradient reaches
-the prompt's computation once, summed over the group's samples, which is what the chain rule gives anyway. A
-group's first completion token of every sample is predicted by the same logit row (the prompt's last position).
-A group too large for `micro_batch_tokens` is split over several segments, each with its own copy of the prompt.
-Rollouts whose prompts differ are simply groups of one. The trainer runs a segment row with per-segment attention
-(`rollwise.train.attention`), never a dense [L, L] mask; `attention_mask()` builds the equivalent dense mask for
-tests and for attention implementations that want one.
+Shared prefixes (`share_prompt=True`, the default): the samples of a GRPO group have the same prompt ids, and
+under causal attention a prefix's hidden states do not depend on what follows it. So the rollouts are grouped by
+their exact prompt ids and each group becomes one `Segment` of the row: the prompt ONCE, then the group's
+completions laid out as a trie, each distinct completion prefix ONCE (a tree rollout's trunk, or two independent
+samples that happen to start alike). Trie nodes are in depth-first preorder, so a node's subtree is a contiguous
+range of the segment and its mask is ancestor-or-self: a token attends to the prompt, its ancestors and itself,
+at position = its depth (prompt 0..P-1, completion token k at P+k). Keys, values and positions are those of the
+per-sequence forward, so the log-probs are too, and the gradient reaches a shared prefix's computation once,
+summed over the sequences below it, which is what the chain rule gives anyway. Completion token k of a sequence
+is predicted by the row of its token k-1's node (the prompt's last token for k = 0), so several targets (of
+sequences that share a prefix) may share one logit row; the loss is still taken per sequence on those logits.
+A group whose trie is too large for `micro_batch_tokens` is split by sequences (sorted, so that sequences sharing
+a prefix stay together) over several segments, each with its own copy of the prompt. Rollouts whose prompts differ
+are simply groups of one. The trainer runs a segment row with per-segment attention (`rollwise.train.attention`),
+never a dense [L, L] mask; `attention_mask()` builds the equivalent dense mask for tests and for attention
+implementations that want one.
 
 NOTE on cost: with the dense block-diagonal mask (sdpa/eager) a row's attention costs O(L^2), not sum of l_i^2, so
 a long row full of short sequences wastes attention work: keep `micro_batch_tokens` modest on CPU (a 128-hidden,
 3-layer model with 128 sequences of ~18 tokens: one 4096-token row 1.39 s per step, 256-token rows 0.55 s).
 Flash-attention (position_ids only, no dense mask) has no such cost.
 
-NOTE: the row holds no padding, and positions restart per sequence (per segment with shared prompts); that is what makes the packed log-probs
-equal to per-sequence log-probs (HF Llama takes positions from `position_ids`, not from the mask: FINDINGS.md).
+NOTE: the row holds no padding, and positions restart per sequence (per segment, as trie depths, with shared
+prefixes); that is what makes the packed log-probs equal to per-sequence log-probs (HF Llama takes positions from
+`position_ids`, not from the mask: FINDINGS.md).
 
-Deliberately left out: splitting one long sequence over rows (context parallelism) and padding to fixed shapes
-for CUDA graphs.
+Deliberately left out: splitting one long sequence over rows (context parallelism), padding to fixed shapes for
+CUDA graphs, and sharing a prefix across different prompts (a common system prompt): the trie starts below the
+group's exact prompt ids.
 """
 
 from __future__ import annotations
@@ -49,29 +57,40 @@ from rollwise.types import Rollout
 
 @dataclass(frozen=True)
 class Segment:
-    """One prompt shared by `len(seq_ids)` completions, laid out at row offset `start`: the prompt's `prompt_len`
-    tokens, then each completion (`comp_lens[i]` tokens of sequence `seq_ids[i]`) back to back."""
+    """One prompt shared by the completions of `seq_ids`, laid out at row offset `start` as a tree of
+    `length` tokens: the prompt's `prompt_len` tokens (a chain), then the completions' trie in depth-first preorder.
+
+    `parent[j]` is the segment-local index of token j's parent (-1 for the first prompt token; j - 1 inside the
+    prompt; the prompt's last token for a completion's first token), so `parent[j] < j` and a token's position is
+    its depth. `comp_lens[i]` is the completion length of sequence `seq_ids[i]` (its tokens may be shared)."""
 
     start: int
     prompt_len: int
     seq_ids: tuple[int, ...]
     comp_lens: tuple[int, ...]
+    parent: tuple[int, ...]  # [S]
 
     @property
     def length(self) -> int:
-        return self.prompt_len + sum(self.comp_lens)
+        return len(self.parent)
+
+    def subtree_ends(self) -> list[int]:
+        """[S]: one past the last token of each token's subtree (preorder: a subtree is the range [j, end[j]))."""
+        n = self.length
+        end = list(range(1, n + 1))
+        for j in range(n - 1, 0, -1):  # children come after their parent: fold each subtree's end upwards
+            p = self.parent[j]
+            if end[j] > end[p]:
+                end[p] = end[j]
+        return end
 
     def mask(self) -> torch.Tensor:
-        """[S, S] bool, True = may attend: causal in the prompt; a completion sees the whole prompt and its own
-        earlier tokens, never another completion."""
-        p, n = self.prompt_len, self.length
-        owner = torch.full((n,), -1, dtype=torch.long)  # -1 = prompt token
-        o = p
-        for k, c in enumerate(self.comp_lens):
-            owner[o:o + c] = k
-            o += c
-        causal = torch.ones(n, n, dtype=torch.bool).tril()
-        return causal & ((owner[:, None] == owner[None, :]) | (owner[None, :] < 0))
+        """[S, S] bool, True = may attend: ancestor-or-self. Causal in the prompt; a completion token sees the whole
+        prompt, its trie ancestors and itself, never a token of another branch. In preorder, j is an ancestor-or-self
+        of i exactly when j <= i < end[j]."""
+        idx = torch.arange(self.length)
+        end = torch.tensor(self.subtree_ends(), dtype=torch.long)
+        return (idx[:, None] >= idx[None, :]) & (idx[:, None] < end[None, :])
 
 
 @dataclass
@@ -86,7 +105,8 @@ class PackedMicroBatch:
     target_ids: torch.Tensor  # [N] long: the completion token predicted at pred_positions
     target_seq: torch.Tensor  # [N] long: batch index of each target's sequence
     target_tok: torch.Tensor  # [N] long: index of each target within its completion (column of the [B, T] layout)
-    # shared-prompt rows only: the row's segments in order (they tile it); seq_index is -1 on shared prompt tokens
+    # shared-prefix rows only: the row's segments in order (they tile it); seq_index is -1 on tokens several
+    # sequences share (the prompt, a common completion prefix)
     segments: list[Segment] | None = None
 
     @property
@@ -148,7 +168,7 @@ class TrainBatch:
     prompt_lens: list[int]  # [B]
     old_logprobs: torch.Tensor  # [B, T] float32 behaviour log-probs from the engine, 0 on padding
     loss_mask: torch.Tensor  # [B, T] float32, 1 = a policy token to train on, 0 = env token or padding
-    advantages: torch.Tensor  # [B] float32, one per sequence
+    advantages: torch.Tensor  # [B] float32, one per sequence; or [B, T] per token (0 past each completion)
     completion_lens: torch.Tensor  # [B] long
     micro_batches: list[PackedMicroBatch]
     micro_batch_tokens: int
@@ -157,19 +177,31 @@ class TrainBatch:
 
     @classmethod
     def from_rollouts(cls, rollouts: Sequence[Rollout], micro_batch_tokens: int, *, share_prompt: bool = True) -> TrainBatch:
-        """Lay out `rollouts` (each with `advantage` set) and pack them into micro-batches (rollouts with identical
-        prompt ids share one prompt per segment unless `share_prompt=False`).
+        """Lay out `rollouts` (each with `advantage` set, or all with `token_advantages`: then `advantages` is
+        [B, T]) and pack them into micro-batches (rollouts with identical prompt ids share one prompt and their
+        common completion prefixes per segment unless `share_prompt=False`).
 
-        Errors are one line and name the offending rollout: a missing advantage, lengths that disagree, or an
-        empty prompt (the first completion token must be predicted from something).
+        Errors are one line and name the offending rollout: a missing advantage, per-token advantages on some
+        rollouts only, lengths that disagree, or an empty prompt (the first completion token must be predicted from
+        something).
         """
         if not rollouts:
             raise ValueError("TrainBatch.from_rollouts: no rollouts to train on")
-        tokens, prompt_lens, comps, lps, masks, advs = [], [], [], [], [], []
+        per_token = rollouts[0].token_advantages is not None
+        tokens, prompt_lens, comps, lps, masks, advs, tok_advs = [], [], [], [], [], [], []
         for r in rollouts:
             who = f"rollout {r.group_id}/{r.sample_index}"
             n = len(r.completion_token_ids)
-            if r.advantage is None:
+            if (r.token_advantages is not None) != per_token:
+                first = f"rollout {rollouts[0].group_id}/{rollouts[0].sample_index}"
+                raise ValueError(f"{who} {'has no' if per_token else 'has'} token_advantages but {first} "
+                                 f"{'has' if per_token else 'has none'}: a batch takes per-token advantages on "
+                                 "every rollout or on none")
+            if r.token_advantages is not None:
+                if len(r.token_advantages) != n:
+                    raise ValueError(f"{who}: {n} completion tokens but {len(r.token_advantages)} token_advantages")
+                tok_advs.append(r.token_advantages)
+            elif r.advantage is None:
                 raise ValueError(f"{who} has no advantage: compute advantages before building a TrainBatch")
             if len(r.logprobs) != n or len(r.loss_mask) != n:
                 raise ValueError(f"{who}: {n} completion tokens but {len(r.logprobs)} logprobs and {len(r.loss_mask)} loss_mask entries")
@@ -180,19 +212,22 @@ class TrainBatch:
             comps.append(n)
             lps.append(r.logprobs)
             masks.append(r.loss_mask)
-            advs.append(float(r.advantage))
+            advs.append(float(r.advantage) if r.advantage is not None else 0.0)
         t_max = max(max(comps), 1)
         b = len(rollouts)
         old = torch.zeros(b, t_max, dtype=torch.float32)  # [B, T]
         mask = torch.zeros(b, t_max, dtype=torch.float32)  # [B, T]
+        adv = torch.zeros(b, t_max, dtype=torch.float32) if per_token else torch.tensor(advs, dtype=torch.float32)
         for i in range(b):
             if comps[i]:
                 old[i, : comps[i]] = torch.tensor(lps[i], dtype=torch.float32)
                 mask[i, : comps[i]] = torch.tensor(masks[i], dtype=torch.float32)
+                if per_token:
+                    adv[i, : comps[i]] = torch.tensor(tok_advs[i], dtype=torch.float32)
         # NOTE: a behaviour log-prob is only meaningful on policy tokens; zero it elsewhere (env tokens carry 0.0
         # by convention, and a stray value there must not reach a ratio).
         old = old * (mask > 0)
-        return cls._build(tokens, prompt_lens, old, mask, torch.tensor(advs, dtype=torch.float32),
+        return cls._build(tokens, prompt_lens, old, mask, adv,
                           torch.tensor(comps, dtype=torch.long), micro_batch_tokens,
                           [list(r.weight_versions) for r in rollouts], share_prompt)
 
@@ -227,7 +262,8 @@ class TrainBatch:
 
     @property
     def row_tokens(self) -> int:
-        """Tokens the model actually runs on: the packed rows' lengths (fewer than num_tokens with shared prompts)."""
+        """Tokens the model actually runs on: the packed rows' lengths (with shared prefixes: each segment's prompt
+        plus its distinct completion prefixes, the trie's nodes; fewer than num_tokens)."""
         return sum(mb.num_tokens for mb in self.micro_batches)
 
     @property
@@ -241,9 +277,10 @@ class TrainBatch:
             raise ValueError("TrainBatch.subset: empty index list")
         t_max = max(max(int(self.completion_lens[i]) for i in idx), 1)
         sel = torch.tensor(idx, dtype=torch.long)
+        adv = self.advantages[sel] if self.advantages.ndim == 1 else self.advantages[sel, :t_max]
         return self._build([self.tokens[i] for i in idx], [self.prompt_lens[i] for i in idx],
                            self.old_logprobs[sel, :t_max].clone(), self.loss_mask[sel, :t_max].clone(),
-                           self.advantages[sel].clone(), self.completion_lens[sel].clone(), self.micro_batch_tokens,
+                           adv.clone(), self.completion_lens[sel].clone(), self.micro_batch_tokens,
                            [self.weight_versions[i] for i in idx] if self.weight_versions else [], self.share_prompt)
 
 
@@ -296,47 +333,73 @@ def _pack_row(tokens: list[list[int]], prompt_lens: list[int], ids: list[int]) -
     return row.build(list(ids))
 
 
+def _lcp(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common prefix of `a` and `b`."""
+    n = min(len(a), len(b))
+    k = 0
+    while k < n and a[k] == b[k]:
+        k += 1
+    return k
+
+
 def _pack_segments(tokens: list[list[int]], prompt_lens: list[int], capacity: int) -> list[PackedMicroBatch]:
-    """Group sequences by identical prompt ids into segments (prompt once + completions, at most `capacity` tokens
-    unless a single sequence is longer), then first-fit-decreasing the segments into rows."""
+    """Group sequences by identical prompt ids into segments (prompt once + the completions' trie, at most
+    `capacity` tokens unless a single sequence is longer), then first-fit-decreasing the segments into rows.
+
+    NOTE: a group's sequences are taken in lexicographic order of their completions, so the sequences that share
+    a prefix are neighbours (the longest prefix a completion shares with any earlier one is the one it shares with
+    the one just before it), a split keeps them together where it can, and the trie comes out in preorder."""
     groups: dict[tuple[int, ...], list[int]] = {}
     for i, t in enumerate(tokens):
         groups.setdefault(tuple(t[:prompt_lens[i]]), []).append(i)
-    segs: list[tuple[int, list[int]]] = []  # (prompt_len, seq ids)
+    segs: list[tuple[int, list[int], int]] = []  # (prompt_len, seq ids in trie order, segment length)
     for key, ids in groups.items():
         p = len(key)
         cur: list[int] = []
         load = p
-        for i in ids:
-            c = len(tokens[i]) - p
-            if cur and load + c > capacity:
-                segs.append((p, cur))
-                cur, load = [], p
+        prev: list[int] = []
+        for i in sorted(ids, key=lambda i: (tokens[i][p:], i)):
+            comp = tokens[i][p:]
+            new = len(comp) - _lcp(prev, comp)  # trie nodes this sequence adds
+            if cur and load + new > capacity:
+                segs.append((p, cur, load))
+                cur, load, new = [], p, len(comp)
             cur.append(i)
-            load += c
-        segs.append((p, cur))
-    lengths = [p + sum(len(tokens[i]) - p for i in ids) for p, ids in segs]
+            load += new
+            prev = comp
+        segs.append((p, cur, load))
     rows = []
-    for bin_ in pack_first_fit_decreasing(lengths, capacity):
-        rows.append(_pack_segment_row(tokens, [segs[b] for b in bin_]))
+    for bin_ in pack_first_fit_decreasing([n for _, _, n in segs], capacity):
+        rows.append(_pack_segment_row(tokens, [segs[b][:2] for b in bin_]))
     return rows
 
 
 def _pack_segment_row(tokens: list[list[int]], segs: list[tuple[int, list[int]]]) -> PackedMicroBatch:
+    """Lay out each segment (prompt, then its sequences' completions as a trie, in the given order) and index the
+    targets. A trie node's `seq_index` is its sequence, or -1 when several sequences share it (as the prompt)."""
     row = _Row()
     seq_ids: list[int] = []
     segments: list[Segment] = []
     for p, ids in segs:
         start = row.tokens(tokens[ids[0]][:p], 0, -1)  # the shared prompt, owned by no single sequence
-        last_prompt = start + p - 1
+        parent = list(range(-1, p - 1))  # segment-local; the prompt is a chain
+        prev: list[int] = []
+        path: list[int] = []  # segment-local node of each completion token of the previous sequence
         for i in ids:
             comp = tokens[i][p:]
-            off = row.tokens(comp, p, i)
-            # completion token k is predicted by the logits of the token before it: the shared prompt's last
-            # position for k = 0, the completion's own token k - 1 after that
+            shared = _lcp(prev, comp)
+            for j in path[:shared]:
+                row.seq[start + j] = -1  # a node of several sequences
+            off = row.tokens(comp[shared:], p + shared, i) - start  # the new nodes: a chain below the shared prefix
+            above = path[shared - 1] if shared else p - 1
+            parent.extend([above] + list(range(off, off + len(comp) - shared - 1)) if len(comp) > shared else [])
+            path = path[:shared] + list(range(off, off + len(comp) - shared))
+            # completion token k is predicted by the logits of the node of its token k - 1: the prompt's last
+            # position for k = 0; sequences sharing that prefix share the row
             for k, t in enumerate(comp):
-                row.target(last_prompt if k == 0 else off + k - 1, t, i, k)
+                row.target(start + (path[k - 1] if k else p - 1), t, i, k)
+            prev = comp
         seq_ids.extend(ids)
         segments.append(Segment(start=start, prompt_len=p, seq_ids=tuple(ids),
-                                comp_lens=tuple(len(tokens[i]) - p for i in ids)))
+                                comp_lens=tuple(len(tokens[i]) - p for i in ids), parent=tuple(parent)))
     return row.build(seq_ids, segments)

@@ -21,8 +21,8 @@ logits / temperature.
 NOTE on dropout: RL compares the trainer's forward with the engine's, so every dropout is set to 0 at load.
 NOTE on attention: with 'sdpa' and 'eager' models the trainer switches to the segment-aware implementation
 (`train.attention`) and runs shared-prompt rows (`TrainBatch(share_prompt=True)`, the default): each group's prompt
-once, per-segment attention with compact masks. Unshared rows use an explicit block-diagonal causal mask there;
-other implementations (flash-attention) get the unshared rows with `attention_mask=None` plus restarting
+and its completions' common prefixes once, per-segment attention with compact masks. Unshared rows use an explicit
+block-diagonal causal mask there; other implementations (flash-attention) get the unshared rows with `attention_mask=None` plus restarting
 `position_ids`, from which transformers detects the packed sequences itself.
 NOTE on the vocabulary: for plain decoder LMs (Llama, Qwen2/3, Mistral: logits = lm_head(final hidden)) the trainer
 runs the decoder body, gathers the hidden states that predict targets, and applies the LM head a chunk of rows at a
@@ -517,7 +517,9 @@ class Trainer:
                 # NOTE: without a KL term every loss here is a sum of advantage x (ratio term): a sequence whose
                 # advantages are all 0 (a GRPO group with equal rewards) or that has no loss token adds exactly 0
                 # to the loss and to the gradient, so it need not run through the model at all.
-                adv_rows = mini.advantages if mini.advantages.ndim == 1 else mini.advantages.abs().amax(dim=1)
+                # (per-token advantages, [b, T]: a sequence counts by its loss tokens' advantages only)
+                adv_rows = (mini.advantages if mini.advantages.ndim == 1
+                            else (mini.advantages.abs() * (mini.loss_mask > 0)).amax(dim=1))
                 has_tok = [float(mini.loss_mask[j].sum()) > 0 for j in range(mini.num_sequences)]
                 keep = [j for j in range(mini.num_sequences) if float(adv_rows[j]) != 0.0 and has_tok[j]]
                 if not keep and any(has_tok):
@@ -607,7 +609,7 @@ class Trainer:
             t = mini.max_completion_len if mini is not None else 1
             old = mini.old_logprobs.to(dev) if mini is not None else None  # [b, T]
             mask = mini.loss_mask.to(dev) if mini is not None else None  # [b, T]
-            adv = mini.advantages.to(dev) if mini is not None else None  # [b]
+            adv = mini.advantages.to(dev) if mini is not None else None  # [b], or [b, T] per token
             ref = ref_full[sel_full.to(dev), :t] if ref_full is not None else None
             prox = prox_full[sel_full.to(dev), :t] if prox_full is not None else None
             micro = mini.micro_batches if mini is not None else []
