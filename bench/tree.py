@@ -30,14 +30,13 @@ REPO = Path(__file__).resolve().parents[1]
 
 ARMS: dict[str, dict | None] = {
     "independent": None,
-    "fixed-2": {"branch": "fixed", "segment_tokens": 2},
     "fixed-4": {"branch": "fixed", "segment_tokens": 4},
     "fixed-8": {"branch": "fixed", "segment_tokens": 8},
-    "entropy-0.5-8": {"branch": "entropy", "segment_tokens": 8, "entropy_threshold": 0.5},
+    "fixed-12": {"branch": "fixed", "segment_tokens": 12},
     "entropy-1-8": {"branch": "entropy", "segment_tokens": 8, "entropy_threshold": 1.0},
     "entropy-2-8": {"branch": "entropy", "segment_tokens": 8, "entropy_threshold": 2.0},
-    "entropy-1-4-f4": {"branch": "entropy", "segment_tokens": 4, "entropy_threshold": 1.0, "fanout": 4},
-    "entropy-1-8-r2": {"branch": "entropy", "segment_tokens": 8, "entropy_threshold": 1.0, "roots": 2},
+    "entropy-3-8": {"branch": "entropy", "segment_tokens": 8, "entropy_threshold": 3.0},
+    "entropy-2-8-r2": {"branch": "entropy", "segment_tokens": 8, "entropy_threshold": 2.0, "roots": 2},
 }
 
 
@@ -131,7 +130,7 @@ def main() -> None:
     for arm in arms:
         d = res["per_arm"][arm]
 
-        def m(k: str, f: str = "{:.2f}") -> str:
+        def m(k: str, f: str = "{:.2f}", d: dict = d) -> str:
             return f.format(d[k]["median"]) if k in d else "-"
 
         tr = d.get("time_ratio")

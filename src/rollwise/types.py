@@ -193,6 +193,14 @@ class Rollout:
     def num_generated(self) -> int:
         return int(sum(self.loss_mask))
 
+    @property
+    def has_signal(self) -> bool:
+        """Whether training on it moves the policy: some advantage is non-zero (per token when it has them: a tree
+        rollout whose GRPO scalar is 0 can still carry credit at its branch points)."""
+        if self.token_advantages is not None:
+            return any(a != 0 for a in self.token_advantages)
+        return abs(self.advantage or 0.0) > 0
+
 
 def rollout_status(finish_reason: str | None, score: Score | None, max_tokens: int | None = None) -> tuple[str, str]:
     """(status, reason) of one sample or episode: the one place that decides it.

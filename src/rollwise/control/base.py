@@ -685,7 +685,7 @@ class RolloutController:
                     continue
                 n = len(r.completion_token_ids)
                 acc.trained_tokens += n
-                if abs(r.advantage or 0.0) > 0:
+                if r.has_signal:
                     acc.useful_tokens += n
                 ages.extend(trained_version - w for w in r.weight_versions)
         acc.staleness_mean = sum(ages) / len(ages) if ages else 0.0

@@ -200,7 +200,7 @@ def _run_steps(run: Any, log: Log, stop_after: int | None) -> dict[str, Any] | N
 
 
 def _useful_tokens(trainable: Sequence[Rollout], is_replayed: Callable[[Rollout], bool]) -> int:
-    return sum(len(r.completion_token_ids) for r in trainable if abs(r.advantage or 0.0) > 0 and not is_replayed(r))
+    return sum(len(r.completion_token_ids) for r in trainable if r.has_signal and not is_replayed(r))
 
 
 def step_metrics(rollouts: Sequence[Rollout], num_groups: int, zero_var: int, books: Any, train_m: dict[str, float],

@@ -259,7 +259,7 @@ def reuse_rollouts(buf: ReplayBuffer, n: int, version: int) -> list[Rollout]:
     """Up to `n` past rollouts with a non-zero advantage, as marked copies (their stored advantage kept)."""
     out = []
     for s in buf.sample(n, version):
-        if s.rollout.advantage is not None and abs(s.rollout.advantage) > 0:
+        if s.rollout.has_signal:
             out.append(_copy(s.rollout, status=REPLAYED,
                              status_reason=f"reused from step {s.rollout.step} (age {s.age})"))
     return out
