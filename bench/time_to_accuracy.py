@@ -75,6 +75,11 @@ ARMS: dict[str, list[str]] = {
     # (is learning per step limited by the number of informative groups, or by the number of steps?)
     "batch4": ["rollout.prompts_per_step=4"],
     "posterior+speculative": ["control.select=posterior", "rollout.speculative.source=past"],
+    # tree rollouts (docs/tree.md): fixed binary branching every 8 tokens, with the tree's own credit or plain GRPO
+    "tree": ["control.select=all", "rollout.tree.branch=fixed", "rollout.tree.segment_tokens=8", "algo.advantage=tree"],
+    "tree-grpo": ["control.select=all", "rollout.tree.branch=fixed", "rollout.tree.segment_tokens=8"],
+    "tree+posterior": ["control.select=posterior", "rollout.tree.branch=fixed", "rollout.tree.segment_tokens=8",
+                       "algo.advantage=tree"],
 }
 """Arm -> `--set` overrides of the task's recipe (control and speculative settings only; the async arms add the
 truncated importance-sampling cap that corrects for their one-version staleness, docs/control.md)."""
