@@ -320,6 +320,48 @@ def test_a_fresh_run_in_a_used_directory_keeps_the_old_shards_and_checkpoints(tm
     assert len(shard_hashes(out)) == 1 and sorted(p.name for p in (out / "checkpoints").glob("step-*")) == ["step-1"]
 
 
+def test_a_live_run_directory_refuses_a_second_run_and_a_killed_holder_frees_it(tmp_path, run_cfg):
+    """Two runs into one RUN_DIR: the second used to set the live run's shards and checkpoints aside under it. Now it
+    is refused with one line naming the holder, nothing in the folder moves, and the lock dies with its holder."""
+    import signal
+    import time
+
+    from rollwise.run.rundir import lock_run_dir
+
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "rollouts").mkdir()
+    (out / "rollouts" / "step-000001.parquet").write_bytes(b"the live run's shard")
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from rollwise.run.rundir import lock_run_dir; "
+                               f"lock_run_dir({str(out)!r}); print('locked', flush=True); time.sleep(60)"],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        with pytest.raises(RunDirError, match=rf"is in use by another rollwise run \(pid {holder.pid}\)"):
+            train(run_cfg(out, "train.steps=1"), **QUIET)
+        assert (out / "rollouts" / "step-000001.parquet").read_bytes() == b"the live run's shard"
+        assert not (out / "quarantine").exists()
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+        deadline = time.time() + 10
+        while True:  # the kernel drops an flock when its holder dies, however it dies
+            try:
+                lock_run_dir(out).release()
+                break
+            except RunDirError:
+                assert time.time() < deadline, "the lock outlived its holder"
+                time.sleep(0.05)
+    finally:
+        holder.kill()
+    # Re-taking it in the process that holds it is a no-op; after release another process may take it.
+    first = lock_run_dir(out)
+    lock_run_dir(out)
+    first.release()
+    got = subprocess.run([sys.executable, "-c", f"from rollwise.run.rundir import lock_run_dir; lock_run_dir({str(out)!r})"],
+                         capture_output=True, text=True)
+    assert got.returncode == 0, got.stderr[-500:]
+
+
 def test_subprocess_cli_resume_reports_replay(tmp_path, run_cfg):
     """The CLI path end to end: `--resume` after a stop prints the re-trained steps and finishes."""
     out = tmp_path / "run"

@@ -15,6 +15,12 @@ data, so deleting them loses nothing.
 `set_aside_previous_run(run_dir)`: a fresh (not resumed) run in a used RUN_DIR moves the earlier run's
 checkpoints and rollout shards into RUN_DIR/quarantine/previous-<time>/ instead of overwriting them step by step.
 
+`lock_run_dir(run_dir)`: one run per RUN_DIR at a time. A second `rollwise train` into a live run's folder would
+set the live run's checkpoints and shards aside and clean its temp files under it; it is refused with one line
+naming the holder's pid instead. The lock is an flock on RUN_DIR/.lock, so the kernel drops it when the holder
+dies however it dies (a SIGKILLed run can be resumed at once), and re-taking it in the process that holds it is a
+no-op (a resume inside the same process).
+
 Deliberately left out: guarding against a link created while the run is going (a check at start is what a
 resume can promise; the run does not re-check before every write).
 """
@@ -25,7 +31,7 @@ import os
 from pathlib import Path
 
 OWNED = ("config.yaml", "metrics.jsonl", "summary.json", "eval_before.json", "report.html", "checkpoints",
-         "rollouts", "quarantine", "init_model", "tensorboard")
+         "rollouts", "quarantine", "init_model", "tensorboard", ".lock")
 """The names a run writes under RUN_DIR (see docs/loop.md)."""
 _WRITTEN_IN_PLACE = ("config.yaml", "metrics.jsonl")
 _TEMP_FILES = ("metrics.jsonl.tmp", "summary.json.tmp", "eval_before.json.tmp")
@@ -33,6 +39,53 @@ _TEMP_FILES = ("metrics.jsonl.tmp", "summary.json.tmp", "eval_before.json.tmp")
 
 class RunDirError(ValueError):
     """A RUN_DIR path that leads outside it; the message is one line naming the path and where it leads."""
+
+
+LOCK_NAME = ".lock"
+_held: dict[str, int] = {}  # resolved RUN_DIR -> the fd holding its lock, in this process
+
+
+class RunDirLock:
+    """This process's hold on one RUN_DIR (`lock_run_dir`); `release()` lets another run in."""
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+
+    def release(self) -> None:
+        fd = _held.pop(self.key, None)
+        if fd is not None:
+            os.close(fd)  # closing the only descriptor drops the flock
+
+
+def lock_run_dir(run_dir: str | os.PathLike[str]) -> RunDirLock:
+    """Take RUN_DIR for this process, or raise `RunDirError` (one line) when another live process has it."""
+    import errno
+    import fcntl
+
+    root = Path(run_dir).resolve()
+    key = str(root)
+    if key in _held:
+        return RunDirLock(key)
+    path = root / LOCK_NAME
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    except OSError as e:
+        reason = "it is a symbolic link" if e.errno == errno.ELOOP else e.strerror
+        raise RunDirError(f"cannot lock {path}: {reason}") from None
+    if os.fstat(fd).st_nlink > 1:
+        os.close(fd)
+        raise RunDirError(f"{path} has another hard link; the run rewrites it (remove it: it holds only a pid)")
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+        os.close(fd)
+        raise RunDirError(f"{root} is in use by another rollwise run (pid {holder}): wait for it to end, or give "
+                          "another --out") from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    _held[key] = fd
+    return RunDirLock(key)
 
 
 def _outside(root: Path, p: Path) -> Path | None:

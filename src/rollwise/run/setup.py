@@ -308,6 +308,22 @@ def _write_atomic(path: Path, data: bytes) -> None:
 
 
 def build_run(cfg: RunConfig, log: Log) -> RunParts:
+    """Everything a run needs (`_build_run`), with RUN_DIR locked to this run until `RunParts.close()`."""
+    from rollwise.run.rundir import lock_run_dir
+
+    run_dir = Path(cfg.run.out_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    lock = lock_run_dir(run_dir)  # before anything in it is read, moved or deleted
+    try:
+        parts = _build_run(cfg, log)
+    except BaseException:
+        lock.release()
+        raise
+    parts.closers.insert(0, lock.release)  # closers run last-first: the folder is released after everything else
+    return parts
+
+
+def _build_run(cfg: RunConfig, log: Log) -> RunParts:
     """Threads and seeds, the run directory, data, resume point, model, engine, scorer, trainer and controller."""
     import numpy as np
     import torch
