@@ -78,6 +78,12 @@ ARMS: dict[str, list[str]] = {
     # tree rollouts (docs/tree.md): fixed binary branching every 8 tokens, with the tree's own credit or plain GRPO
     "tree": ["control.select=all", "rollout.tree.branch=fixed", "rollout.tree.segment_tokens=8", "algo.advantage=tree"],
     "tree-grpo": ["control.select=all", "rollout.tree.branch=fixed", "rollout.tree.segment_tokens=8"],
+    # four independent roots, each branching once at 8 tokens: pairs share only their first 8 tokens
+    "tree-roots4": ["control.select=all", "rollout.tree.branch=fixed", "rollout.tree.segment_tokens=8",
+                    "rollout.tree.roots=4", "algo.advantage=tree"],
+    # branching where the policy is unsure (3 nats: the threshold that shared most on the recipe, bench/tree.py)
+    "tree-entropy": ["control.select=all", "rollout.tree.branch=entropy", "rollout.tree.entropy_threshold=3.0",
+                     "rollout.tree.segment_tokens=8", "algo.advantage=tree"],
     "tree+posterior": ["control.select=posterior", "rollout.tree.branch=fixed", "rollout.tree.segment_tokens=8",
                        "algo.advantage=tree"],
 }
