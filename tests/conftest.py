@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
@@ -44,6 +45,27 @@ def make_tiny_checkpoint(path: Path, arch: str = "llama", vocab: int = 97, seed:
                 p.mul_(4.0)
     model.save_pretrained(path)
     return path
+
+
+def chi_square_excess(counts: dict[tuple[int, ...], int], probs: dict[tuple[int, ...], float]) -> float:
+    """Pearson's statistic over cells with expected count >= 5 (the rest pooled) divided by the critical value at
+    alpha = 1e-3 (Wilson-Hilferty): below 1 passes."""
+    total = sum(counts.values())
+    cells, pool_e, pool_o = [], 0.0, 0
+    for s, p in probs.items():
+        e = p * total
+        if e >= 5:
+            cells.append((counts.get(s, 0), e))
+        else:
+            pool_e += e
+            pool_o += counts.get(s, 0)
+    if pool_e > 0:
+        cells.append((pool_o, pool_e))
+    stat = sum((o - e) ** 2 / e for o, e in cells)
+    df = len(cells) - 1
+    z = 3.090  # upper 1e-3 quantile of N(0, 1)
+    crit = df * (1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ** 3
+    return stat / crit
 
 
 @pytest.fixture(scope="session")

@@ -24,7 +24,7 @@ from rollwise import LLM, SamplingParams
 from rollwise.engine import speculative
 from rollwise.engine.speculative import DraftSpec, accepted_prefix, draft_length
 
-from conftest import make_tiny_checkpoint
+from conftest import chi_square_excess, make_tiny_checkpoint
 
 PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [12, 13], [40, 41, 42, 43, 44]]
 
@@ -189,27 +189,6 @@ def exact_joint(path: Path, temperature: float) -> dict[tuple[int, ...], float]:
     for i, s in enumerate(seqs):
         out[s] = math.exp(sum(lp[i, n - 1 + t, tok].item() for t, tok in enumerate(s)))
     return out
-
-
-def chi_square_excess(counts: dict[tuple[int, ...], int], probs: dict[tuple[int, ...], float]) -> float:
-    """Pearson's statistic over cells with expected count >= 5 (the rest pooled) divided by the critical value at
-    alpha = 1e-3 (Wilson-Hilferty): below 1 passes."""
-    total = sum(counts.values())
-    cells, pool_e, pool_o = [], 0.0, 0
-    for s, p in probs.items():
-        e = p * total
-        if e >= 5:
-            cells.append((counts.get(s, 0), e))
-        else:
-            pool_e += e
-            pool_o += counts.get(s, 0)
-    if pool_e > 0:
-        cells.append((pool_o, pool_e))
-    stat = sum((o - e) ** 2 / e for o, e in cells)
-    df = len(cells) - 1
-    z = 3.090  # upper 1e-3 quantile of N(0, 1)
-    crit = df * (1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ** 3
-    return stat / crit
 
 
 def stat_drafts(path: Path) -> list[list[int]]:

@@ -24,7 +24,7 @@ from transformers import AutoModelForCausalLM
 from rollwise import LLM, SamplingParams
 from rollwise.types import CompletionOutput, TreeSpec
 
-from conftest import make_tiny_checkpoint
+from conftest import chi_square_excess, make_tiny_checkpoint
 
 PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [12, 13], [40, 41, 42, 43, 44, 45, 46, 47]]
 T = 0.9
@@ -211,27 +211,6 @@ def exact_law(path: Path, temperature: float) -> dict[tuple[int, ...], float]:
         frontier = nxt
     assert abs(sum(law.values()) - 1.0) < 1e-9
     return law
-
-
-def chi_square_excess(counts: dict[tuple[int, ...], int], probs: dict[tuple[int, ...], float]) -> float:
-    """Pearson's statistic over cells with expected count >= 5 (the rest pooled) divided by the critical value at
-    alpha = 1e-3 (Wilson-Hilferty): below 1 passes."""
-    total = sum(counts.values())
-    cells, pool_e, pool_o = [], 0.0, 0
-    for s, p in probs.items():
-        e = p * total
-        if e >= 5:
-            cells.append((counts.get(s, 0), e))
-        else:
-            pool_e += e
-            pool_o += counts.get(s, 0)
-    if pool_e > 0:
-        cells.append((pool_o, pool_e))
-    stat = sum((o - e) ** 2 / e for o, e in cells)
-    df = len(cells) - 1
-    z = 3.090  # upper 1e-3 quantile of N(0, 1)
-    crit = df * (1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ** 3
-    return stat / crit
 
 
 def slot_counts(path: Path, spec: TreeSpec, n: int, reqs: int, seed0: int) -> tuple[list[dict], LLM]:

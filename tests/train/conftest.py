@@ -38,3 +38,15 @@ def _one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+
+
+def naive_logprobs(model, ros, t: int):
+    """Each sequence alone through the plain HF forward (no packing, no mask), full float32 logits: the reference
+    the packed, shared-prompt and tree layouts are tested against. -> [len(ros), t], 0 past each completion."""
+    out = torch.zeros(len(ros), t)
+    for i, r in enumerate(ros):
+        ids = torch.tensor([list(r.prompt_token_ids) + list(r.completion_token_ids)])
+        logits = model(input_ids=ids).logits[0].float()
+        p, c = len(r.prompt_token_ids), len(r.completion_token_ids)
+        out[i, :c] = torch.log_softmax(logits[p - 1:p - 1 + c], -1).gather(-1, ids[0, p:p + c, None])[:, 0]
+    return out

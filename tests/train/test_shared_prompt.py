@@ -13,7 +13,7 @@ from rollwise.train.batch import TrainBatch
 from rollwise.train.trainer import Trainer
 from rollwise.types import Rollout
 
-from .conftest import build_tiny_llama
+from .conftest import build_tiny_llama, naive_logprobs
 from .synthetic import SPEC, _groups
 
 
@@ -104,18 +104,6 @@ def trainer(request, tmp_path_factory):
     return tr
 
 
-def _naive_logprobs(model, ros, t):
-    """Each sequence alone through the plain HF forward (no packing, no mask), full float32 logits."""
-    out = torch.zeros(len(ros), t)
-    for i, r in enumerate(ros):
-        ids = torch.tensor([list(r.prompt_token_ids) + list(r.completion_token_ids)])
-        logits = model(input_ids=ids).logits[0].float()
-        p, c = len(r.prompt_token_ids), len(r.completion_token_ids)
-        lp = torch.log_softmax(logits[p - 1:p - 1 + c], -1).gather(-1, ids[0, p:p + c, None])[:, 0]
-        out[i, :c] = lp
-    return out
-
-
 def test_shared_logprobs_equal_unshared_and_naive(trainer):
     ros = _groups(SPEC)
     shared = TrainBatch.from_rollouts(ros, 24)
@@ -124,7 +112,7 @@ def test_shared_logprobs_equal_unshared_and_naive(trainer):
     a = trainer.compute_logprobs(shared)
     b = trainer.compute_logprobs(plain)
     with torch.no_grad():
-        c = _naive_logprobs(trainer.model, ros, a.shape[1])
+        c = naive_logprobs(trainer.model, ros, a.shape[1])
     assert torch.allclose(a, b, atol=1e-5, rtol=0) and torch.allclose(a, c, atol=1e-5, rtol=0)
     assert (a != 0).sum() == sum(len(r.completion_token_ids) for r in ros)
 
@@ -147,7 +135,7 @@ def test_shared_gradients_equal_unshared_and_naive(trainer):
     w = torch.randn(len(ros), shared.max_completion_len, generator=torch.Generator().manual_seed(2))
     gs, gp = _grads(trainer, shared, w), _grads(trainer, plain, w)
     trainer.model.zero_grad(set_to_none=True)
-    (_naive_logprobs(trainer.model, ros, w.shape[1]) * w).sum().backward()
+    (naive_logprobs(trainer.model, ros, w.shape[1]) * w).sum().backward()
     gn = {n: p.grad.detach().clone() for n, p in trainer.model.named_parameters() if p.grad is not None}
     trainer.model.zero_grad(set_to_none=True)
     assert gs.keys() == gp.keys() == gn.keys() and len(gs) > 5

@@ -20,7 +20,7 @@ from rollwise.train.losses import LOSSES, LossConfig
 from rollwise.train.trainer import Trainer
 from rollwise.types import Rollout, RolloutGroup
 
-from .conftest import build_tiny_llama
+from .conftest import build_tiny_llama, naive_logprobs
 
 
 def _ro(prompt, comp, *, gid="g", k=0, adv=0.5, mask=None, lps=None, tok_adv=None, reward=None, status="kept"):
@@ -155,17 +155,6 @@ def test_binary_tree_saving():
 # ------------------------------------------------------------------------------------------------ exactness
 
 
-def _naive_logprobs(model, ros, t):
-    """Each sequence alone through the plain HF forward (no packing, no mask), full float32 logits."""
-    out = torch.zeros(len(ros), t)
-    for i, r in enumerate(ros):
-        ids = torch.tensor([list(r.prompt_token_ids) + list(r.completion_token_ids)])
-        logits = model(input_ids=ids).logits[0].float()
-        p, c = len(r.prompt_token_ids), len(r.completion_token_ids)
-        out[i, :c] = torch.log_softmax(logits[p - 1:p - 1 + c], -1).gather(-1, ids[0, p:p + c, None])[:, 0]
-    return out
-
-
 @pytest.fixture(scope="module", params=["sdpa", "eager"])
 def trainer(request, tmp_path_factory):
     path = build_tiny_llama(tmp_path_factory.mktemp("tree_" + request.param), seed=3, tie=True, attn=request.param)
@@ -182,7 +171,7 @@ def test_tree_logprobs_equal_naive(trainer, cap):
         assert len([sg for mb in shared.micro_batches for sg in mb.segments]) > 2
     a = trainer.compute_logprobs(shared)
     with torch.no_grad():
-        c = _naive_logprobs(trainer.model, ros, a.shape[1])
+        c = naive_logprobs(trainer.model, ros, a.shape[1])
     assert torch.allclose(a, c, atol=1e-5, rtol=0)
     assert (a != 0).sum() == sum(len(r.completion_token_ids) for r in ros)
 
@@ -199,7 +188,7 @@ def test_tree_gradients_equal_naive(trainer):
         (tr._scatter(lp, mb, w.shape[1]) * w[torch.tensor(mb.seq_ids)]).sum().backward()
     gs = {n: p.grad.detach().clone() for n, p in tr.model.named_parameters() if p.grad is not None}
     tr.model.zero_grad(set_to_none=True)
-    (_naive_logprobs(tr.model, ros, w.shape[1]) * w).sum().backward()
+    (naive_logprobs(tr.model, ros, w.shape[1]) * w).sum().backward()
     gn = {n: p.grad.detach().clone() for n, p in tr.model.named_parameters() if p.grad is not None}
     tr.model.zero_grad(set_to_none=True)
     assert gs.keys() == gn.keys() and len(gs) > 5
@@ -224,7 +213,7 @@ def test_tree_train_step_equals_naive_update(tmp_path, loss_name, cap):
     tr.skip_zero_advantage = False
     ros = _tree_rollouts(seed=3)
     with torch.no_grad():  # behaviour log-probs near the current policy's, so the ratios are not all clipped
-        base = _naive_logprobs(tr.model, ros, max(len(r.completion_token_ids) for r in ros))
+        base = naive_logprobs(tr.model, ros, max(len(r.completion_token_ids) for r in ros))
     noise = torch.Generator().manual_seed(4)
     rewards = {"g": [1.0, 0.0, 1.0, 1.0, 0.0, 0.0, 1.0], "h": [1.0, 0.0]}
     for i, r in enumerate(ros):
@@ -243,7 +232,7 @@ def test_tree_train_step_equals_naive_update(tmp_path, loss_name, cap):
 
     full = TrainBatch.from_rollouts(ros, 10_000, share_prompt=False)
     assert full.advantages.shape == full.loss_mask.shape
-    loss, _ = LOSSES[loss_name](_naive_logprobs(naive, ros, full.max_completion_len), full.old_logprobs,
+    loss, _ = LOSSES[loss_name](naive_logprobs(naive, ros, full.max_completion_len), full.old_logprobs,
                                 full.advantages, full.loss_mask, cfg=lcfg)
     loss.backward()
     assert m["loss"] == pytest.approx(loss.item(), rel=1e-4, abs=1e-6)

@@ -253,9 +253,7 @@ class EngineCore:
             bm = self.block_manager
             for k in tree.take_chunk(slot, pos):
                 child = tree.slots[k].seq
-                child.token_ids = list(seq.token_ids)
-                child.output_logprobs = list(seq.output_logprobs)
-                child.output_weight_versions = list(seq.output_weight_versions)
+                _inherit(child, seq)
                 if len(seq) % bm.block_size and not bm.num_free_blocks:
                     # No block for the copy of the partial last block: the child waits as its prefix resubmitted
                     # (prefilled from the prefix cache when it is admitted), and samples position `pos` then, from
@@ -283,9 +281,7 @@ class EngineCore:
             c.born = True
             c.fork = seq.num_output_tokens
             child = c.seq
-            child.token_ids = list(seq.token_ids)
-            child.output_logprobs = list(seq.output_logprobs)
-            child.output_weight_versions = list(seq.output_weight_versions)
+            _inherit(child, seq)
             child.stop_text_cut = seq.stop_text_cut
             child.status = SeqStatus.FINISHED
             child.finish_reason = seq.finish_reason
@@ -428,6 +424,13 @@ class EngineCore:
         self.weight_version = self.weight_version + 1 if version is None else version
         self.block_manager.reset_prefix_cache()
         return self.weight_version
+
+
+def _inherit(child: Sequence, parent: Sequence) -> None:
+    """A tree child takes its parent's tokens so far, with their log-probs and weight versions."""
+    child.token_ids = list(parent.token_ids)
+    child.output_logprobs = list(parent.output_logprobs)
+    child.output_weight_versions = list(parent.output_weight_versions)
 
 
 def _eos_ids(hf_config: Any, tokenizer: Any) -> set[int]:
