@@ -2,14 +2,14 @@
 
 The plan (`TreeSpec.parents`) is fixed when the request arrives: slot j's parent slot, and which of the parent's
 branch points gives birth to it (the parent's k-th branch point births its k-th chunk of `fanout - 1` children).
-Only the roots are scheduled at first. Every time a tree sample is about to sample output position L, `Grower`
-decides from that sample's own past whether L is its next branch point (`TreeSpec`: entropy at or over the
+Only the roots are scheduled at first. Every time a tree sample is about to sample output position L, the engine
+(`EngineCore._branch`) decides from that sample's own past whether L is its next branch point (`TreeSpec`: entropy at or over the
 threshold inside the window, else the window's end). If it is, the chunk's children are forked right there: they
 share the parent's full KV blocks and get a copy of its partial last block (`BlockManager.fork`, copy-on-write as
 for a prompt's siblings), and each samples its own token at L from the same logits row with its own seed. That
 token costs no forward row: a branch is free, and every shared token is computed once.
 
-Why each sample is, marginally, an ordinary sample of the policy (tested by `test_tree_leaf_law`): which slot
+Why each sample is, marginally, an ordinary sample of the policy (tested by `test_every_leaf_is_an_ordinary_sample_of_the_policy`): which slot
 forks from which is fixed in advance, and a branch position is a stopping time of the parent's own prefix (it
 depends on nothing after it and on no other sample). The child's continuation from L is drawn from the policy given
 the prefix, exactly as the parent's own continuation is, so the child has the parent's law, which is the policy's.
