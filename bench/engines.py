@@ -198,6 +198,7 @@ def run_equal_work(args) -> int:
             limits[f"matmul_gflop_s_decode_{n}_bf16"] = matmul_peak(n, h, inter, torch.bfloat16) / 1e9
         print(f"[{th} thr] limits: " + ", ".join(f"{k} {v:.1f}" for k, v in limits.items()), flush=True)
         vllms: dict[str, VLLM] = {}
+        failed: dict[str, str] = {}
         try:
             if "vllm" in engines:
                 for d in dtypes:
@@ -215,8 +216,16 @@ def run_equal_work(args) -> int:
                             if e == "rollwise":
                                 s = run_rollwise(path, d, prompts, llms)
                             elif e == "llamacpp":
-                                s = run_llamacpp(llama_dir, ggufs[d], n, th)
                                 key = f"llamacpp/{'q8_0' if d == 'int8' else d}"
+                                if key in failed:
+                                    continue
+                                try:
+                                    s = run_llamacpp(llama_dir, ggufs[d], n, th)
+                                except subprocess.CalledProcessError as err:  # e.g. Q8_0 dies with SIGILL here
+                                    failed[key] = f"llama-batched-bench exited with {err.returncode}"
+                                    res.setdefault("failed", {})[key] = failed[key]
+                                    print(f"[{th} thr, {n} seqs] {key}: {failed[key]}; skipped from now on", flush=True)
+                                    continue
                             elif e == "vllm" and d in vllms:
                                 s = vllms[d].run(prompts)
                             else:
