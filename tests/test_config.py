@@ -194,6 +194,19 @@ def test_every_config_key_is_read_somewhere():
     (["model.path=/m", "warmup.steps=10"], "'warmup.steps' is set but has no effect unless model.path is 'builtin:tiny'"),
     (["train.lora.r=4"], "'train.lora.r' is set but has no effect unless train.lora.enabled is true"),
     (["algo.kl_estimator=k1"], "'algo.kl_estimator' is set but has no effect unless algo.kl_coef > 0"),
+    # tree rollouts (docs/tree.md): the in-process engine, a request per group, nothing that resumes or drafts
+    (["rollout.tree.branch=fixed", "engine.backend=remote", "engine.remote_urls=[http://h:1]"],
+     "rollout.tree.branch 'fixed' needs engine.backend 'local'"),
+    (["rollout.tree.branch=fixed", "control.policy=adaptive"],
+     "rollout.tree.branch 'fixed' does not combine with control.policy 'adaptive'"),
+    (["rollout.tree.branch=entropy", "control.policy=partial"], "does not combine with control.policy 'partial'"),
+    (["rollout.tree.branch=fixed", "rollout.speculative.source=past"], "does not combine with rollout.speculative"),
+    (["rollout.tree.branch=fixed", "rollout.samples_per_prompt=4", "rollout.tree.roots=4"],
+     "rollout.tree.roots (4) must be smaller than rollout.samples_per_prompt (4)"),
+    (["rollout.tree.first_segment_tokens=16"],
+     "'rollout.tree.first_segment_tokens' is set but has no effect unless rollout.tree.branch is not 'off'"),
+    (["rollout.tree.branch=fixed", "rollout.tree.entropy_threshold=2"],
+     "'rollout.tree.entropy_threshold' is set but has no effect unless rollout.tree.branch is 'entropy'"),
 ])
 def test_combinations_that_cannot_work_are_refused_at_load(overrides, message):
     with pytest.raises(ConfigError) as e:
@@ -205,6 +218,10 @@ def test_keys_that_take_effect_pass_and_a_saved_run_config_is_not_second_guessed
     cfg = load_config(None, ["control.policy=early_stop", "control.confidence=0.5", "engine.max_num_seqs=8",
                              "replay.enabled=true", "replay.max_age=2", "algo.kl_coef=0.1", "algo.kl_estimator=k1"])
     assert cfg.control.confidence == 0.5 and cfg.replay.max_age == 2
+    # trees compose with the early-stop rule (it reads a tree's leaves as they end) and the posterior selector
+    cfg = load_config(None, ["rollout.tree.branch=fixed", "rollout.tree.first_segment_tokens=16",
+                             "control.policy=early_stop", "control.select=posterior"])
+    assert cfg.rollout.tree.spec().first_segment_tokens == 16
     # The embedded recipe's own warm-up keys are not the user's choice: pointing it at a checkpoint is fine.
     assert load_config(None, ["model.path=/m"]).model.path == "/m"
     # A run's resolved config.yaml carries every key; it loads back as it is.

@@ -328,6 +328,9 @@ class TreeConfig(_Section):
     """branch 'entropy': nats of next-token entropy (temperature-scaled) that make a position a branch point."""
     roots: int = Field(1, ge=1)
     """Samples that start from the prompt (the rest branch from them)."""
+    first_segment_tokens: int | None = Field(None, ge=1)
+    """A root's first window (default: segment_tokens). Longer: with 'fixed' the leaves branch only after their
+    opening, which on a small model goes with the reward (docs/tree.md)."""
 
     def spec(self) -> Any:
         """The engine's `TreeSpec`, or None when off."""
@@ -335,7 +338,8 @@ class TreeConfig(_Section):
             return None
         from rollwise.types import TreeSpec
 
-        return TreeSpec(self.branch, self.fanout, self.segment_tokens, self.entropy_threshold, self.roots)
+        return TreeSpec(self.branch, self.fanout, self.segment_tokens, self.entropy_threshold, self.roots,
+                        self.first_segment_tokens)
 
 
 class RolloutConfig(_Section):
@@ -804,6 +808,7 @@ _APPLIES_WHEN: list[tuple[str, Any, str]] = [
     ("rollout.tree.fanout", lambda c: c.rollout.tree.branch != "off", "rollout.tree.branch is not 'off'"),
     ("rollout.tree.segment_tokens", lambda c: c.rollout.tree.branch != "off", "rollout.tree.branch is not 'off'"),
     ("rollout.tree.roots", lambda c: c.rollout.tree.branch != "off", "rollout.tree.branch is not 'off'"),
+    ("rollout.tree.first_segment_tokens", lambda c: c.rollout.tree.branch != "off", "rollout.tree.branch is not 'off'"),
     ("rollout.tree.entropy_threshold", lambda c: c.rollout.tree.branch == "entropy", "rollout.tree.branch is 'entropy'"),
     ("rollout.speculative.per_prompt", lambda c: c.rollout.speculative.source in ("past", "both"),
      "rollout.speculative.source is 'past' or 'both'"),
@@ -916,9 +921,9 @@ def cross_section_problems(cfg: RunConfig) -> list[str]:
     return out
 
 
-_TREE_POLICIES = ("uniform", "dynamic")
-"""Allocations whose requests hold a whole group (n = the group size), which a tree needs; posterior selection
-composes with them."""
+_TREE_POLICIES = ("uniform", "dynamic", "early_stop")
+"""Allocations whose requests hold a whole group (n = the group size), which a tree needs, and the stopping rule
+that reads a tree's leaves as they end; posterior selection composes with them."""
 
 
 def _tree_problems(c: RunConfig) -> list[str]:

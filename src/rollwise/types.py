@@ -41,7 +41,8 @@ class TreeSpec:
     temperature-scaled distribution) is at least `entropy_threshold` nats ('entropy'), else at the window's end
     ('fixed' branches only there). A child shares its parent's tokens before the branch position and samples its own
     from there with its own seed, so each sample is, marginally, an ordinary sample of the policy. A parent that
-    ends before a child's branch point hands that child a copy of itself (no generation, `tree_fork` = its length)."""
+    ends before a child's branch point hands that child a copy of itself (no generation, `tree_fork` = its length).
+    A root's first window may differ (`first_segment_tokens`), e.g. longer, so the first branch comes after the opening."""
 
     branch: Literal["entropy", "fixed"] = "entropy"
     fanout: int = 2
@@ -49,12 +50,16 @@ class TreeSpec:
     segment_tokens: int = 8
     entropy_threshold: float = 1.0
     roots: int = 1
+    first_segment_tokens: int | None = None
+    """A root's first window (None = segment_tokens); with 'fixed', no leaf branches before it."""
 
     def __post_init__(self) -> None:
         if self.branch not in ("entropy", "fixed"):
             raise ValueError(f"tree.branch must be 'entropy' or 'fixed', got {self.branch!r}")
-        for name in ("fanout", "segment_tokens", "roots"):
+        for name in ("fanout", "segment_tokens", "roots", "first_segment_tokens"):
             v = getattr(self, name)
+            if v is None and name == "first_segment_tokens":
+                continue
             if not isinstance(v, int) or isinstance(v, bool) or v < (2 if name == "fanout" else 1):
                 raise ValueError(f"tree.{name} must be an integer >= {2 if name == 'fanout' else 1}, got {v!r}")
         if not isinstance(self.entropy_threshold, (int, float)) or not self.entropy_threshold >= 0:

@@ -249,3 +249,67 @@ def test_every_leaf_is_an_ordinary_sample_of_the_policy(tiny_v6, spec, monkeypat
     monkeypatch.setattr(ModelRunner, "copy_blocks", lost_copy)
     bad, _ = slot_counts(tiny_v6, spec, n, 8 * reqs, seed0=9000)
     assert max(chi_square_excess(bad[j], law) for j in range(1, n)) > 2.0
+
+
+def test_early_stop_aborts_a_decided_tree_whole_and_keeps_its_finished_leaves(tiny_ckpts):
+    """control.policy early_stop with trees: the leaves are scored as they end inside their tree, and a group
+    decided zero-variance is aborted whole, its running samples and its branches not yet born (aborted copies of
+    their parent, no tokens of their own). The leaves that ended first are exactly those of the same tree run to the
+    end (same seeds), the decision saw only those, and the step's books balance (run_step checks the ledger)."""
+    from rollwise.control.base import RolloutController
+    from rollwise.control.early_stop import EarlyStop, EarlyStopPolicy
+    from rollwise.control.uniform import UniformPolicy
+    from rollwise.envs.base import Task
+    from rollwise.types import Score
+
+    tasks = [Task(id=f"t{i}", prompt=f"q{i}", answer=None) for i in range(3)]
+    encode = {t.id: p for t, p in zip(tasks, PROMPTS)}
+
+    def scorer(items):  # t0: always wrong (decided); the others: the parity of the last token (mixed)
+        return [Score(0.0 if t.id == "t0" else float(ids[-1] % 2)) for t, _text, ids in items]
+
+    # Stop tokens make the leaves end at different steps, as EOS does on a real model.
+    params = SamplingParams(n=8, temperature=1.0, max_tokens=24, seed=5, stop_token_ids=list(range(3, 14)),
+                            tree=TreeSpec(branch="fixed", segment_tokens=3))
+    rule = EarlyStop(confidence=0.6, min_finished=2)
+    res = {}
+    for name, policy in (("stop", EarlyStopPolicy(confidence=0.6, min_finished=2)), ("full", UniformPolicy())):
+        llm = LLM(tiny_ckpts["llama"], block_size=4, max_num_seqs=32)
+        ctl = RolloutController(policy, None, None, encode=lambda t: encode[t.id], scorer=scorer)
+        res[name] = ctl.run_step(llm.engine, lambda k: tasks[:k], params, step=1, batch_groups=3)
+    full = {g.rollouts[0].group_id: g for g in res["full"].groups}
+    acc = res["stop"].accounting
+    assert acc.rollouts["aborted"] > 0 and acc.aborted_tokens >= 0
+    assert acc.generated_tokens < res["full"].accounting.generated_tokens
+    for g in res["stop"].groups:
+        rs = g.rollouts
+        ended = [r for r in rs if r.status != "aborted"]
+        aborted = [r for r in rs if r.status == "aborted"]
+        if g.prompt_id == "t0":
+            assert aborted, "a group rewarded 0 everywhere is decided and stopped"
+        if aborted:
+            rewards = {r.reward for r in ended}
+            assert len(rewards) == 1 and len(ended) >= rule.min_finished
+        other = full[rs[0].group_id].rollouts
+        for r in ended:  # the leaves that ended are the full tree's own
+            assert r.completion_token_ids == other[r.sample_index].completion_token_ids
+        for r in aborted:  # a running sample cut short, or an unborn branch: a copy of its parent so far
+            o = other[r.sample_index].completion_token_ids
+            assert r.completion_token_ids == o[:len(r.completion_token_ids)]
+    assert any(r.status == "aborted" and r.tree_fork == len(r.completion_token_ids)
+               for g in res["stop"].groups for r in g.rollouts), "some unborn branch was aborted before it cost a token"
+
+
+def test_a_longer_first_window_delays_the_first_branch(tiny_ckpts):
+    """`first_segment_tokens`: the root's first branch point is there, later windows keep `segment_tokens`.
+    One root, fanout 2: parents [-, 0, 0, 1, 0, 1, 2, 3]; the root forks at 5, 7, 9, slot 1 (born at 5) at 7 and 9,
+    slots 2 and 3 (born at 7) at 9."""
+    llm = LLM(tiny_ckpts["llama"], block_size=4, max_num_seqs=32)
+    for first, want in ((5, [5, 7, 7, 9, 9, 9, 9]), (None, [2, 4, 4, 6, 6, 6, 6])):
+        spec = TreeSpec(branch="fixed", segment_tokens=2, first_segment_tokens=first)
+        out = llm.generate([PROMPTS[0]], SamplingParams(n=8, temperature=1.0, max_tokens=16, seed=1, ignore_eos=True,
+                                                        tree=spec))[0]
+        check_tree_shape(out, 8)
+        assert sorted(o.tree_fork for o in out.outputs if o.tree_parent is not None) == want
+    with pytest.raises(ValueError, match="first_segment_tokens"):
+        TreeSpec(first_segment_tokens=0)

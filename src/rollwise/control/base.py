@@ -262,6 +262,16 @@ class Driver:
             raise RuntimeError(f"engine lost request {request_id!r}")
         return self._close(out)
 
+    def ended_early(self, request_id: str, known: set[int]) -> tuple[list[int], list[CompletionOutput]]:
+        """Samples of an in-flight request that have ended, other than those at positions `known` (a tree's leaves
+        end one by one): their positions in the request and their outputs. Nothing on an engine that reports
+        samples only with their whole request."""
+        finished = getattr(self.core, "finished_slots", None)
+        if request_id not in self.inflight or not callable(finished):
+            return [], []
+        new = [j for j in finished(request_id) if j not in known]
+        return (new, list(self.core.snapshot(request_id, new).outputs)) if new else ([], [])
+
     def _close(self, out: RequestOutput) -> tuple[SampleRequest, list[CompletionOutput]]:
         req, before = self.inflight.pop(out.request_id)
         self.generated_tokens += own_tokens(out.outputs) - before
@@ -418,10 +428,12 @@ class StepContext:
             out.append(SampleRequest(g.group_id, run[0], len(run), g.prompt_token_ids, sp, part, drafts=drafts))
         return out
 
-    def place(self, g: PendingGroup, req: SampleRequest, outs: list[CompletionOutput]) -> None:
-        """Store a request's outputs into its group's slots."""
+    def place(self, g: PendingGroup, req: SampleRequest, outs: list[CompletionOutput],
+              positions: Sequence[int] | None = None) -> None:
+        """Store a request's outputs into its group's slots; `positions`: the request positions `outs` are (default
+        0, 1, ...: all of them)."""
         took = time.perf_counter() - req.submitted_at if req.submitted_at else None
-        for i, o in enumerate(outs):
+        for i, o in zip(range(len(outs)) if positions is None else positions, outs):
             g.outputs[req.start + i] = o
             g.gen_s[req.start + i] = took
 

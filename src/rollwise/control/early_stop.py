@@ -10,6 +10,12 @@ config prior). Above `confidence` the group's running samples are aborted: the g
 its remaining tokens are better spent elsewhere. Aborted samples come back with status 'aborted' and their tokens
 counted as aborted tokens.
 
+Tree rollouts (`rollout.tree`): a group is one request, its tree, so a leaf is scored when it ends inside the tree
+(`Driver.ended_early`), and a decided tree is aborted whole: the samples still running and the branches not yet born
+(aborted copies of their parent so far, which cost no token). The rule treats the remaining leaves as independent
+draws of the prompt's pass rate; a tree's leaves share prefixes with the ones that ended, so they agree with them
+more often than that, and the rule is conservative for trees.
+
 NOTE: samples that finish first are the short ones, so the decision sees a length-biased subset; with rewards
 that depend on length, set `confidence` high.
 
@@ -23,7 +29,7 @@ import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from rollwise.control.base import PendingGroup, StepContext, beta_all_equal
+from rollwise.control.base import PendingGroup, SampleRequest, StepContext, beta_all_equal
 from rollwise.control.uniform import UniformPolicy
 from rollwise.filter import DEFAULT_RULES, FilterRules, score_values
 from rollwise.types import RolloutGroup
@@ -45,7 +51,11 @@ class EarlyStop:
 
     def generate(self, ctx: StepContext, groups: Sequence[PendingGroup], indices: Sequence[Sequence[int]]) -> None:
         """Generate and score `indices[i]` of `groups[i]`; a group decided zero-variance has its running samples
-        aborted (their slots hold the partial outputs, finish_reason 'abort')."""
+        aborted (their slots hold the partial outputs, finish_reason 'abort').
+
+        Tree rollouts (`rollout.tree`): a group's samples are one request (its tree), so the rule reads the leaves
+        that end inside it after every engine step, and a decided tree is aborted whole: its running samples and
+        the branches not yet born (aborted copies of their parent, no tokens of their own)."""
         drv = ctx.driver
         if ctx.episodes is not None:
             raise ValueError("control.policy early_stop works on single-turn environments only: episodes of a "
@@ -53,33 +63,57 @@ class EarlyStop:
         if not drv.stepwise:
             raise ValueError("control.policy early_stop needs a step-level engine (the in-process engine or a remote "
                              "server)")
+        tree = ctx.params.tree is not None
         by_id = {g.group_id: g for g in groups}
-        running: dict[str, set[int]] = {g.group_id: set() for g in groups}
+        running: dict[str, set[int]] = {g.group_id: set() for g in groups}  # group -> its samples not ended yet
+        live: dict[str, SampleRequest] = {}  # request id -> request, while in flight
         for g, js in zip(groups, indices):
-            for j in js:
-                for req in ctx.requests(g, [j]):  # NOTE: one request per sample, so each is abortable alone
-                    drv.submit(req)
-                    running[g.group_id].add(j)
+            # NOTE: one request per sample, so each is abortable alone; a tree is one request (it forks inside)
+            for req in ctx.requests(g, js) if tree else [r for j in js for r in ctx.requests(g, [j])]:
+                drv.submit(req)
+                live[req.request_id] = req
+                running[g.group_id].update(range(req.start, req.start + req.count))
         while any(running.values()):
-            done = drv.step()
-            for req, outs in done:
-                ctx.place(by_id[req.group_id], req, outs)
-                running[req.group_id].discard(req.start)
-            ctx.score([(by_id[req.group_id], req.start) for req, _ in done])
-            for gid in {req.group_id for req, _ in done}:
+            ended: list[tuple[PendingGroup, int]] = []
+            for req, outs in drv.step():
+                g = by_id[req.group_id]
+                del live[req.request_id]
+                new = [i for i in range(req.count) if req.start + i in running[g.group_id]]
+                ctx.place(g, req, [outs[i] for i in new], new)
+                ended += self._ended(g, req, new, running)
+            if tree:
+                for req in list(live.values()):
+                    g = by_id[req.group_id]
+                    known = {i for i in range(req.count) if req.start + i not in running[g.group_id]}
+                    new, outs = drv.ended_early(req.request_id, known)
+                    ctx.place(g, req, outs, new)
+                    ended += self._ended(g, req, new, running)
+            ctx.score(ended)
+            for gid in {g.group_id for g, _ in ended}:
                 g = by_id[gid]
                 if not running[gid] or not self.decided(g, len(running[gid]), ctx.prior(g.task.id), ctx.rules):
                     continue
                 late = []
-                for j in sorted(running[gid]):
-                    got = drv.abort(f"{gid}/{j}")
+                for rid in [rid for rid, r in live.items() if r.group_id == gid]:
+                    got = drv.abort(rid)
+                    del live[rid]
                     if got is not None:
-                        ctx.place(g, *got)
-                        late.append((g, j))
+                        req, outs = got
+                        new = [i for i in range(req.count) if req.start + i in running[gid]]
+                        ctx.place(g, req, [outs[i] for i in new], new)
+                        late += [(g, req.start + i) for i in new]
                 running[gid].clear()
                 # NOTE: a streaming (remote) engine may have finished a sample between the step and its abort: such
                 # a sample is a real completion and is scored like any other (aborted ones are skipped).
                 ctx.score(late)
+
+    @staticmethod
+    def _ended(g: PendingGroup, req: SampleRequest, positions: Sequence[int],
+               running: dict[str, set[int]]) -> list[tuple[PendingGroup, int]]:
+        """Mark these request positions of `g` ended; the (group, sample) pairs to score."""
+        js = [req.start + i for i in positions]
+        running[g.group_id].difference_update(js)
+        return [(g, j) for j in js]
 
     def decided(self, g: PendingGroup, remaining: int, prior: tuple[float, float],
                 rules: FilterRules = DEFAULT_RULES) -> bool:

@@ -365,9 +365,10 @@ class EngineCore:
         self._touched = set()
         return done
 
-    def _make_output(self, req: _Request) -> RequestOutput:
+    def _make_output(self, req: _Request, slots: Iterable[int] | None = None) -> RequestOutput:
         outs = []
-        for j, seq in enumerate(req.seqs):
+        for j in range(len(req.seqs)) if slots is None else slots:
+            seq = req.seqs[j]
             if seq is None:
                 outs.append(req.done_outputs[j])
                 continue
@@ -382,10 +383,19 @@ class EngineCore:
                                          list(seq.output_weight_versions), tp, tf))
         return RequestOutput(req.request_id, req.prompt_token_ids, outs)
 
-    def snapshot(self, request_id: str) -> RequestOutput | None:
-        """The request's output so far (unfinished samples have finish_reason None); for streaming."""
+    def snapshot(self, request_id: str, slots: Iterable[int] | None = None) -> RequestOutput | None:
+        """The request's output so far (unfinished samples have finish_reason None); for streaming. `slots`: only
+        those samples, in that order (each output's `index` says which)."""
         req = self.requests.get(request_id)
-        return None if req is None else self._make_output(req)
+        return None if req is None else self._make_output(req, slots)
+
+    def finished_slots(self, request_id: str) -> list[int]:
+        """The samples of an unfinished request that have already ended (a tree's leaves end one by one, and a
+        stopping rule scores them before their siblings are done); [] for an unknown request."""
+        req = self.requests.get(request_id)
+        if req is None:
+            return []
+        return [j for j, s in enumerate(req.seqs) if s is None or s.is_finished]
 
     # ------------------------------------------------------------------ control
     def abort(self, request_id: str) -> RequestOutput | None:

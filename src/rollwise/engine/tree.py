@@ -97,7 +97,10 @@ class TreeState:
         s = self.slots[slot]
         if s.next_chunk >= len(s.chunks):
             return False
-        end = s.window_start + self.spec.segment_tokens
+        seg = self.spec.segment_tokens
+        if s.first_window and self.spec.first_segment_tokens is not None:
+            seg = self.spec.first_segment_tokens
+        end = s.window_start + seg
         if pos >= end:  # the window's end (also reached past it after a preemption: branch now)
             return True
         if self.spec.branch == "fixed":
