@@ -203,3 +203,19 @@ def test_bf16_rows_are_bucketed_without_changing_results():
     for n in (1, 17, 300):
         x = torch.randn(n, 24, generator=g)
         torch.testing.assert_close(cl.bf16_matmul(x, w), F.linear(x.bfloat16(), w).float())
+
+
+def test_prepacked_bf16_weights_give_the_plain_matmul_bit_for_bit():
+    """`prepack_bf16` (oneDNN's own layout, so a call does not reorder the weight) changes the speed, not the numbers:
+    equal to F.linear on the plain bf16 weight at decode, bucket-edge and prefill row counts; the engine's bf16 and
+    int8 formats use it above their packed-kernel rows."""
+    g = torch.Generator().manual_seed(5)
+    w = torch.randn(96, 40, generator=g)
+    packed = cl.prepack_bf16(w)
+    assert packed.is_mkldnn == cl._ONEDNN_PREPACK and tuple(packed.shape) == (96, 40)
+    for n in (1, 6, 16, 17, 64, 300):
+        x = torch.randn(n, 40, generator=g)
+        assert torch.equal(cl.bf16_matmul(x, packed), F.linear(x.bfloat16(), w.bfloat16()).float())
+    f = cl.make_fast(w, None, "bfloat16")
+    wide = f.wide if isinstance(f, cl.Bf16Dual) else f
+    assert wide.weight.is_mkldnn == cl._ONEDNN_PREPACK

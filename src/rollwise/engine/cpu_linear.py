@@ -211,9 +211,13 @@ torch::Tensor packed_linear(torch::Tensor x, torch::Tensor w, int64_t kind, int6
 KINDS = {"float32": 0, "bfloat16": 1, "int8": 2}
 INT8_PACKED_MAX_ROWS = 16
 """int8 rows up to this run the packed kernel (memory-bound: a quarter of the float32 bytes); more rows run
-`PackedWeight._int8_wide` (arithmetic-bound: the AMX bf16 matmul)."""
+`PackedWeight._int8_wide` (arithmetic-bound: the AMX bf16 matmul on prepacked weights)."""
 BF16_PACKED_MAX_ROWS = 16
-"""bfloat16 rows up to this run the packed tiles; more rows run torch's bf16 matmul (`Bf16Dual`)."""
+"""bfloat16 rows up to this run the packed tiles; more rows run oneDNN's bf16 matmul on prepacked weights
+(`Bf16Dual`).
+NOTE: a single [8, 576] x [576, 3072] call is faster through oneDNN (255 against 303 us here), but in the engine at
+8 rows the packed tiles win (2 threads: 3.84 s against 4.70 s for 8 x 128 tokens, 1 thread: level): they split the
+output columns over the threads, while oneDNN at a few rows does not scale past one."""
 
 _EXT = InlineExtension("rollwise_cpu_linear_v2", _SOURCE, ["packed_linear", "has_avx512"], "packed CPU linear kernels",
                        "torch's F.linear", check=lambda m: None if m.has_avx512() else "this CPU or compiler has no AVX-512 BF16")
@@ -248,7 +252,7 @@ class PackedWeight:
     padded_out: int  # Mp, a multiple of 32
     scale: torch.Tensor | None  # [Mp] float32 per-channel scales (int8 only)
     bias: torch.Tensor | None  # [Mp] float32
-    wide: torch.Tensor | None = None  # int8 only: the integers as a plain bf16 [M, K] matrix (exact) for many rows
+    wide: torch.Tensor | None = None  # int8 only: the integers as a bf16 [M, K] matrix (exact, prepacked) for many rows
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """x [..., K] float32 -> [..., M] float32."""
@@ -321,7 +325,7 @@ def pack(weight: torch.Tensor, bias: torch.Tensor | None, kind: str) -> PackedWe
     if bias is not None:
         b = torch.zeros(Mp, dtype=torch.float32)
         b[:M] = bias.detach().float()
-    wide = q.to(torch.bfloat16).contiguous() if kind == "int8" else None
+    wide = prepack_bf16(q.to(torch.bfloat16)) if kind == "int8" else None
     return PackedWeight(kind, data, M, K, Mp, scale, b, wide)
 
 
@@ -342,11 +346,11 @@ class Bf16Dual:
 
 @dataclass
 class Bf16Weight:
-    """bfloat16 weights through torch's bf16 matmul (oneDNN; on CPUs with AMX it uses the tiles): activations rounded
-    to bfloat16, the result back in float32. Used for `bfloat16` at every batch size: at 8 rows it is level with the
-    packed AVX512-BF16 kernel here, and from 16 rows on it is 2-4x faster (AMX)."""
+    """bfloat16 weights through torch's bf16 matmul (oneDNN; on CPUs with AMX it uses the tiles), on weights prepacked
+    in oneDNN's layout (`prepack_bf16`): activations rounded to bfloat16, the result back in float32. Used above
+    `BF16_PACKED_MAX_ROWS` rows, and at every batch size where the packed kernels cannot run."""
 
-    weight: torch.Tensor  # [M, K] bfloat16
+    weight: torch.Tensor  # [M, K] bfloat16, plain or `prepack_bf16`'s
     bias: torch.Tensor | None  # [M] float32
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
@@ -362,16 +366,40 @@ def bucket_rows(n: int) -> int:
     return -(-n // 16) * 16 if n <= 256 else -(-n // 128) * 128
 
 
+def prepack_bf16(w: torch.Tensor) -> torch.Tensor:
+    """A [M, K] bfloat16 weight in oneDNN's own blocked layout (an opaque mkldnn tensor) for `bf16_matmul`; the plain
+    tensor where torch has no oneDNN.
+    NOTE: F.linear on a plain bf16 weight reorders the weight into that layout on every call. Prepacked once, a call
+    only multiplies: measured here at 64 rows and 2 threads, 1.3-2.1x faster per projection (the LM head 8.4 ms ->
+    4.0 ms), results bitwise identical (tests/engine/test_cpu_linear.py)."""
+    w = w.detach().to(torch.bfloat16).contiguous()
+    if not _ONEDNN_PREPACK:
+        return w
+    return torch.ops.mkldnn._reorder_linear_weight(w, 64)  # 64: the decode batch the layout is tuned for
+
+
+_ONEDNN_PREPACK = (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+                   and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
+
+
 def bf16_matmul(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """x [..., K] float -> x_bf16 @ w^T in float32 ([..., M]), rows bucketed (`bucket_rows`)."""
+    """x [..., K] float -> x_bf16 @ w^T in float32 ([..., M]), rows bucketed (`bucket_rows`). `w`: a plain [M, K]
+    bfloat16 tensor or `prepack_bf16`'s."""
     shape = x.shape
     x2 = x.reshape(-1, shape[-1])
     n = x2.shape[0]
     nb = bucket_rows(n)
-    xb = torch.zeros(nb, shape[-1], dtype=torch.bfloat16)
-    xb[:n] = x2
-    y = torch.nn.functional.linear(xb, w)[:n].float()
-    return y.reshape(*shape[:-1], w.shape[0])
+    if nb == n:
+        xb = x2.to(torch.bfloat16)
+    else:
+        xb = torch.empty(nb, shape[-1], dtype=torch.bfloat16)
+        xb[:n] = x2
+        xb[n:].zero_()
+    if w.is_mkldnn:
+        y = torch.ops.mkldnn._linear_pointwise(xb, w, None, "none", [], "")
+    else:
+        y = torch.nn.functional.linear(xb, w)
+    return y[:n].float().reshape(*shape[:-1], w.shape[0])
 
 
 @dataclass
@@ -388,13 +416,13 @@ class DequantWeight:
 
 # NOTE: which format runs at which batch size is decided here, once per weight load, never per step.
 # float32 uses the packed kernel at every row count (measured here at 8, 64, 300, 512 and 2048 rows: at or above
-# MKL's sgemm, 2x at 8 rows); bfloat16 and int8 use the packed kernels up to 16 rows and torch's bf16 matmul (oneDNN;
-# on this machine AMX, 3-4x the AVX512-BF16 kernel at 64 rows) above.
+# MKL's sgemm, 2x at 8 rows); bfloat16 and int8 use the packed kernels up to BF16_PACKED_MAX_ROWS /
+# INT8_PACKED_MAX_ROWS rows and oneDNN's bf16 matmul on prepacked weights (on this machine AMX, 3-5x the AVX512-BF16
+# kernel at 64 rows) above.
 def make_fast(weight: torch.Tensor, bias: torch.Tensor | None, kind: str) -> Any:
     """The `Linear.fast` callable for one weight in `kind` (float32 | bfloat16 | int8); None = plain F.linear."""
     if kind == "bfloat16":
-        wide = Bf16Weight(weight.detach().to(torch.bfloat16).contiguous(),
-                          None if bias is None else bias.detach().float().clone())
+        wide = Bf16Weight(prepack_bf16(weight), None if bias is None else bias.detach().float().clone())
         return Bf16Dual(pack(weight, bias, kind), wide) if available() else wide
     if available():
         return pack(weight, bias, kind)
