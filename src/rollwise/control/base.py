@@ -262,14 +262,14 @@ class Driver:
             raise RuntimeError(f"engine lost request {request_id!r}")
         return self._close(out)
 
-    def ended_early(self, request_id: str, known: set[int]) -> tuple[list[int], list[CompletionOutput]]:
-        """Samples of an in-flight request that have ended, other than those at positions `known` (a tree's leaves
-        end one by one): their positions in the request and their outputs. Nothing on an engine that reports
-        samples only with their whole request."""
+    def ended_early(self, request_id: str, pending: set[int]) -> tuple[list[int], list[CompletionOutput]]:
+        """Samples at positions `pending` of an in-flight request that have ended (a tree's leaves end one by one):
+        their positions in the request and their outputs. Nothing on an engine that reports samples only with their
+        whole request."""
         finished = getattr(self.core, "finished_slots", None)
         if request_id not in self.inflight or not callable(finished):
             return [], []
-        new = [j for j in finished(request_id) if j not in known]
+        new = [j for j in finished(request_id) if j in pending]
         return (new, list(self.core.snapshot(request_id, new).outputs)) if new else ([], [])
 
     def _close(self, out: RequestOutput) -> tuple[SampleRequest, list[CompletionOutput]]:

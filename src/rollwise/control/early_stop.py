@@ -78,14 +78,13 @@ class EarlyStop:
             for req, outs in drv.step():
                 g = by_id[req.group_id]
                 del live[req.request_id]
-                new = [i for i in range(req.count) if req.start + i in running[g.group_id]]
+                new = self._pending(req, running)
                 ctx.place(g, req, [outs[i] for i in new], new)
                 ended += self._ended(g, req, new, running)
             if tree:
                 for req in list(live.values()):
                     g = by_id[req.group_id]
-                    known = {i for i in range(req.count) if req.start + i not in running[g.group_id]}
-                    new, outs = drv.ended_early(req.request_id, known)
+                    new, outs = drv.ended_early(req.request_id, set(self._pending(req, running)))
                     ctx.place(g, req, outs, new)
                     ended += self._ended(g, req, new, running)
             ctx.score(ended)
@@ -99,13 +98,18 @@ class EarlyStop:
                     del live[rid]
                     if got is not None:
                         req, outs = got
-                        new = [i for i in range(req.count) if req.start + i in running[gid]]
+                        new = self._pending(req, running)
                         ctx.place(g, req, [outs[i] for i in new], new)
                         late += [(g, req.start + i) for i in new]
                 running[gid].clear()
                 # NOTE: a streaming (remote) engine may have finished a sample between the step and its abort: such
                 # a sample is a real completion and is scored like any other (aborted ones are skipped).
                 ctx.score(late)
+
+    @staticmethod
+    def _pending(req: SampleRequest, running: dict[str, set[int]]) -> list[int]:
+        """The positions of `req` whose samples have not ended yet."""
+        return [i for i in range(req.count) if req.start + i in running[req.group_id]]
 
     @staticmethod
     def _ended(g: PendingGroup, req: SampleRequest, positions: Sequence[int],

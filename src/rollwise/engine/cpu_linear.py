@@ -366,6 +366,10 @@ def bucket_rows(n: int) -> int:
     return -(-n // 16) * 16 if n <= 256 else -(-n // 128) * 128
 
 
+_ONEDNN_PREPACK = (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+                   and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
+
+
 def prepack_bf16(w: torch.Tensor) -> torch.Tensor:
     """A [M, K] bfloat16 weight in oneDNN's own blocked layout (an opaque mkldnn tensor) for `bf16_matmul`; the plain
     tensor where torch has no oneDNN.
@@ -376,10 +380,6 @@ def prepack_bf16(w: torch.Tensor) -> torch.Tensor:
     if not _ONEDNN_PREPACK:
         return w
     return torch.ops.mkldnn._reorder_linear_weight(w, 64)  # 64: the decode batch the layout is tuned for
-
-
-_ONEDNN_PREPACK = (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
-                   and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
 
 
 def bf16_matmul(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
