@@ -250,7 +250,7 @@ def part_b(device: str, steps: int, B: int, K: int, lmin: int, lmax: int, alpha:
 
 def part_c(model_dir: Path, device: str, steps: int, target: float, every: int, tmp: Path) -> dict[str, Any]:
     from rollwise.config import load_config
-    from rollwise.control.base import default_encoder
+    from rollwise.control.context import default_encoder
     from rollwise.run.evaluate import evaluate
     from rollwise.run.loop import train
     from rollwise.run.setup import make_env

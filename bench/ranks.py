@@ -70,8 +70,8 @@ def main() -> None:
 
     from rollwise.config import TrainConfig
     from rollwise.models.convert import resolve_model
-    from rollwise.run.ranks import LocalRanks
-    from rollwise.run.trainer_handle import TrainerSpec
+    from rollwise.cluster.ranks import LocalRanks
+    from rollwise.cluster.trainer_handle import TrainerSpec
     from rollwise.train.losses import LossConfig
 
     torch.set_num_threads(a.threads)

@@ -109,7 +109,7 @@ def main() -> None:
     import torch
 
     from rollwise import LLM, SamplingParams
-    from rollwise.engine.remote import RemoteEngine
+    from rollwise.clients.remote import RemoteEngine
 
     if args.threads:
         torch.set_num_threads(args.threads)

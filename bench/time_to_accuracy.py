@@ -86,7 +86,7 @@ ARMS: dict[str, list[str]] = {
                      "rollout.tree.segment_tokens=8", "algo.advantage=tree"],
     "tree+posterior": ["control.select=posterior", "rollout.tree.branch=fixed", "rollout.tree.segment_tokens=8",
                        "algo.advantage=tree"],
-    # decided trees stopped: the leaves are scored as they end inside their tree (control/early_stop.py)
+    # decided trees stopped: the leaves are scored as they end inside their tree (control/policies/early_stop.py)
     "tree-roots4+early_stop": ["control.select=all", "rollout.tree.branch=fixed", "rollout.tree.segment_tokens=8",
                                "rollout.tree.roots=4", "algo.advantage=tree", "control.policy=early_stop"],
     "tree+early_stop": ["control.select=all", "rollout.tree.branch=fixed", "rollout.tree.segment_tokens=8",

@@ -66,8 +66,8 @@ def main() -> None:
     torch.set_num_threads(a.threads)
     from rollwise import LLM
     from rollwise.engine.core import load_tokenizer
-    from rollwise.engine.remote import RemoteEngine
-    from rollwise.engine.vllm_launch import VLLMLaunchSpec, VLLMServers, free_port
+    from rollwise.clients.remote import RemoteEngine
+    from rollwise.clients.vllm.launch import VLLMLaunchSpec, VLLMServers, free_port
     from rollwise.models.convert import resolve_model
     from rollwise.models.prompting import stop_token_ids
     from rollwise.run.sync_check import SyncCheck

@@ -3,8 +3,11 @@
 Every `import rollwise...` counts, at module level or inside a function (a lazy import is still a dependency).
 Layers, bottom to top; a package may import only packages of lower layers (or itself):
 
-    types, config_yaml  <  config, filter  <  models  <  engine, train, sandbox  <  rewards  <  envs  <  store
-                        <  report, control  <  run, serve  <  cli
+    types, config_yaml  <  config, filter  <  models  <  engine, train, sandbox  <  rewards, clients  <  envs
+                        <  store  <  report, control, cluster  <  run, serve  <  cli
+
+`engine` is rollwise's own engine; `clients` are the other engines behind the same protocol (remote servers,
+vLLM), so the engine can never reach into them. `cluster` (trainer ranks, Ray actors) sits beside `control`.
 
 The root package `rollwise` is the public facade (it re-exports `LLM` and the types); only `cli` may use it.
 """
@@ -23,10 +26,10 @@ LAYERS: dict[str, int] = {
     "config": 1, "filter": 1,
     "models": 2,
     "engine": 3, "train": 3, "sandbox": 3,
-    "rewards": 4,
+    "rewards": 4, "clients": 4,
     "envs": 5,
     "store": 6,
-    "report": 7, "control": 7,
+    "report": 7, "control": 7, "cluster": 7,
     "run": 8, "serve": 8,
     "cli": 9,
 }

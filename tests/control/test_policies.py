@@ -8,7 +8,7 @@ import pytest
 
 from rollwise.control import (AdaptiveGroupPolicy, DynamicSamplingPolicy, EarlyStopPolicy, PartialRolloutPolicy,
                               PassRatePosterior, RolloutController, UniformPolicy)
-from rollwise.control.base import beta_all_equal
+from rollwise.control.beta import beta_all_equal
 from rollwise.filter import zero_variance
 from rollwise.types import ROLLOUT_STATUSES, SamplingParams
 from tests.control.fakes import BatchOnlyEngine, FakeEngine, FakeEnv, FakeTokenizer, TaskStream, task

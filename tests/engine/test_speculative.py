@@ -395,9 +395,9 @@ def test_blocks_and_prefix_cache_stay_right_under_rejections(tiny_ckpts):
 def test_controller_feeds_past_rollouts_as_drafts_and_rollouts_are_unchanged(tiny_ckpts):
     """Two steps over the same prompts: step 2's requests carry step 1's completions as drafts; the rollouts equal
     those of a controller without drafts (same seeds), and the step books report the speculation."""
-    from rollwise.control.base import RolloutController
+    from rollwise.control.controller import RolloutController
     from rollwise.control.drafts import DraftStore
-    from rollwise.control.uniform import UniformPolicy
+    from rollwise.control.policies.uniform import UniformPolicy
     from rollwise.envs.base import Task
     from rollwise.types import Score
 

@@ -256,9 +256,9 @@ def test_early_stop_aborts_a_decided_tree_whole_and_keeps_its_finished_leaves(ti
     decided zero-variance is aborted whole, its running samples and its branches not yet born (aborted copies of
     their parent, no tokens of their own). The leaves that ended first are exactly those of the same tree run to the
     end (same seeds), the decision saw only those, and the step's books balance (run_step checks the ledger)."""
-    from rollwise.control.base import RolloutController
-    from rollwise.control.early_stop import EarlyStop, EarlyStopPolicy
-    from rollwise.control.uniform import UniformPolicy
+    from rollwise.control.controller import RolloutController
+    from rollwise.control.policies.early_stop import EarlyStop, EarlyStopPolicy
+    from rollwise.control.policies.uniform import UniformPolicy
     from rollwise.envs.base import Task
     from rollwise.types import Score
 

@@ -39,7 +39,7 @@ def rank_pids() -> list[int]:
 
 def kill_a_rank_at(monkeypatch, step: int, fired: list[int]) -> None:
     """SIGKILL rank 1 a few ms into the train step of `step` (the first time only)."""
-    from rollwise.run.ranks import LocalRanks
+    from rollwise.cluster.ranks import LocalRanks
 
     original = LocalRanks.train_step
 

@@ -12,7 +12,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from rollwise import LLM, SamplingParams
-from rollwise.engine.remote import Engine, MultiEngine, RemoteEngine, RemoteEngineError
+from rollwise.clients.remote import Engine, MultiEngine, RemoteEngine, RemoteEngineError
 from serve_util import ADMIN_KEY, MODEL, start_server
 
 PROMPTS = [[5, 6, 7, 8, 9], [10, 11], [12, 13, 14], [15, 16, 17, 18]]
@@ -73,7 +73,7 @@ def test_remote_load_weights_round_trip(fresh_server, other_ckpt, char_ckpt, tmp
     again = eng.generate(PROMPTS, sp)
     assert [o.outputs[0].token_ids for o in again] == [o.outputs[0].token_ids for o in before]
     assert all(set(o.outputs[0].weight_versions) == {7} for o in again)
-    # SGLang and vLLM have routes of their own: tests/engine/test_weight_sync.py drives them on fake servers.
+    # SGLang and vLLM have routes of their own: tests/clients/test_weight_sync.py drives them on fake servers.
     # Wrong key and wrong shapes: a clear error, the server unchanged.
     with pytest.raises(RemoteEngineError, match="HTTP 401: invalid admin key"):
         RemoteEngine(fresh_server.url, api_key="wrong").load_weights_from_dir(other_ckpt)

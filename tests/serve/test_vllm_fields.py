@@ -14,7 +14,7 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from rollwise import SamplingParams
-from rollwise.engine.remote import RemoteEngine
+from rollwise.clients.remote import RemoteEngine
 from serve_util import MODEL, post, request, sse_events
 
 VLLM_COMPLETION_REQUEST = {

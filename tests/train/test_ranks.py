@@ -8,8 +8,8 @@ import dataclasses
 import pytest
 
 from rollwise.config import TrainConfig
-from rollwise.run.ranks import LocalRanks
-from rollwise.run.trainer_handle import TrainerSpec
+from rollwise.cluster.ranks import LocalRanks
+from rollwise.cluster.trainer_handle import TrainerSpec
 from rollwise.train.losses import LossConfig
 from rollwise.train.rank_split import p_len_cost, split_for_ranks
 
@@ -130,7 +130,7 @@ def test_a_killed_rank_is_named(tiny_llama):
     import os
     import signal
 
-    from rollwise.run.trainer_handle import TrainerLost
+    from rollwise.cluster.trainer_handle import TrainerLost
 
     ranks = LocalRanks(spec(tiny_llama, 2))
     try:

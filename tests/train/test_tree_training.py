@@ -367,10 +367,10 @@ def test_table_estimators_clear_token_advantages_and_config():
 
 
 def test_tree_batch_on_two_ranks_equals_one_rank(tiny_llama_tied):
-    """Per-token advantages travel with the rollouts to every rank (`run/ranks.py` pickles them whole); each rank
+    """Per-token advantages travel with the rollouts to every rank (`cluster/ranks.py` pickles them whole); each rank
     runs its share's tries; 2 ranks (DDP, gloo) give the 1-rank weights."""
-    from rollwise.run.ranks import LocalRanks
-    from rollwise.run.trainer_handle import TrainerSpec
+    from rollwise.cluster.ranks import LocalRanks
+    from rollwise.cluster.trainer_handle import TrainerSpec
 
     ros = _tree_rollouts(seed=6)
     rewards = {"g": [1.0, 0.0, 0.0, 1.0, 1.0, 0.0, 1.0], "h": [0.0, 1.0]}

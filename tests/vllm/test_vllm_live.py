@@ -62,7 +62,7 @@ def data(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def server(vllm_python, smollm2_dir, tmp_path_factory):
     """One real vLLM server shared by the policy runs (each run first sends it the base weights)."""
-    from rollwise.engine.vllm_launch import VLLMLaunchSpec, VLLMServers, free_port
+    from rollwise.clients.vllm.launch import VLLMLaunchSpec, VLLMServers, free_port
 
     logs = tmp_path_factory.mktemp("vllm-logs")
     servers = VLLMServers([VLLMLaunchSpec(python=vllm_python, model=str(smollm2_dir), port=free_port("127.0.0.1", 8300),

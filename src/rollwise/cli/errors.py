@@ -37,8 +37,8 @@ MAX_CHARS = 600
 # Expected errors that live in modules the CLI should not import just to name them (torch, the engine, ...):
 # matched by the qualified names in the exception's MRO.
 EXPECTED_NAMES = frozenset({
-    "rollwise.engine.remote_check.RemoteEngineError",  # a remote server failed, refused, timed out, answered garbage
-    "rollwise.engine.vllm_launch.VLLMLaunchError",   # a vLLM server rollwise started did not come up
+    "rollwise.clients.remote_check.RemoteEngineError",  # a remote server failed, refused, timed out, answered garbage
+    "rollwise.clients.vllm.launch.VLLMLaunchError",   # a vLLM server rollwise started did not come up
     "rollwise.run.sync_check.WeightSyncError",       # a weight sync did not land (the engine's log-probs disagree)
     "rollwise.sandbox.jail.SandboxUnavailable",      # the machine cannot run the sandbox
     "rollwise.engine.block_manager.NoFreeBlocksError",  # the KV cache is too small for the request

@@ -1,8 +1,8 @@
 """rollwise.control: decide what to generate each step, and account for every rollout and token.
 
-`RolloutController` (base.py) runs one generation policy (an allocation, optionally under a stopping rule),
+`RolloutController` (controller.py) runs one generation policy (an allocation, optionally under a stopping rule),
 optionally behind a prompt selector, and returns a
-step's scored groups with an `Accounting` whose counts add up. Policies are one module each, registered in
+step's scored groups with an `Accounting` whose counts add up. Policies are one module each (`policies/`), registered in
 `POLICIES` by the name `control.policy` takes; selectors in `SELECTORS` by `control.select`. See docs/control.md.
 """
 
@@ -10,14 +10,17 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from rollwise.control.adaptive import AdaptiveGroupPolicy
-from rollwise.control.base import (Accounting, ControlStep, Driver, ParamsFn, Policy, RolloutController, Selector,
-                                   StepContext)
-from rollwise.control.dynamic import DynamicSamplingPolicy
-from rollwise.control.early_stop import EarlyStop, EarlyStopPolicy
-from rollwise.control.partial import PartialRolloutPolicy
-from rollwise.control.posterior import PassRatePosterior
-from rollwise.control.uniform import UniformPolicy
+from rollwise.control.policies.adaptive import AdaptiveGroupPolicy
+from rollwise.control.context import ParamsFn, StepContext
+from rollwise.control.controller import ControlStep, RolloutController
+from rollwise.control.driver import Driver
+from rollwise.control.ledger import Accounting
+from rollwise.control.protocols import Policy, Selector
+from rollwise.control.policies.dynamic import DynamicSamplingPolicy
+from rollwise.control.policies.early_stop import EarlyStop, EarlyStopPolicy
+from rollwise.control.policies.partial import PartialRolloutPolicy
+from rollwise.control.policies.posterior import PassRatePosterior
+from rollwise.control.policies.uniform import UniformPolicy
 
 POLICIES: dict[str, Callable[[Any], Policy]] = {
     "uniform": lambda c: UniformPolicy(),

@@ -24,7 +24,7 @@ ACCURACY_METHOD = (
 
 def per_prompt_params(sp: SamplingParams, n: int) -> list[SamplingParams]:
     """One SamplingParams per prompt with its own seed (sp.seed * 1_000_003 + index), as the loop seeds its groups
-    (`control.base.sample_params`)."""
+    (`control.context.sample_params`)."""
     if sp.seed is None:
         return [sp] * n
     return [dataclasses.replace(sp, seed=sp.seed * 1_000_003 + i) for i in range(n)]
@@ -35,7 +35,7 @@ def evaluate(engine: Any, encode: Callable[[Task], list[int]], env: Any, tasks: 
              scorer: Callable[[list[Any]], list[Score]] | None = None, stop_token_ids: list[int] | None = None,
              pass_threshold: float = 1.0, episodes: Any = None) -> dict[str, float]:
     """Held-out accuracy (pass rate) and mean reward, sampled at `temperature` and greedy, as ACCURACY_METHOD
-    describes. `episodes`: a multi-turn runner (`control.base.EpisodeRunner`) for multi-turn environments."""
+    describes. `episodes`: a multi-turn runner (`control.episodes.EpisodeRunner`) for multi-turn environments."""
     return evaluate_detailed(engine, encode, env, tasks, temperature=temperature, samples=samples, max_tokens=max_tokens,
                              seed=seed, score_workers=score_workers, scorer=scorer, stop_token_ids=stop_token_ids,
                              pass_threshold=pass_threshold, episodes=episodes).metrics

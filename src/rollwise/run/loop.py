@@ -54,7 +54,7 @@ def _run_steps(run: Any, log: Log, stop_after: int | None) -> dict[str, Any] | N
     from rollwise.run.evaluate import evaluate
     from rollwise.run.resume import (StoredRollouts, apply_loop_state, loop_state, recover_trainer,
                                      replay_stored_steps, rng_state, run_info, set_rng_state, step_record, trained_refs)
-    from rollwise.run.trainer_handle import TrainerLost
+    from rollwise.cluster.trainer_handle import TrainerLost
     from rollwise.run.sources import DataOrder, make_source
     from rollwise.store.replay import ReplayBuffer, ReplayConfig, is_replayed, rescue_groups, reuse_rollouts
     from rollwise.store.writer import RolloutStore

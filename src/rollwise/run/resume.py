@@ -51,7 +51,7 @@ from rollwise.types import Rollout
 
 if TYPE_CHECKING:  # pragma: no cover
     from rollwise.config import RunConfig
-    from rollwise.run.trainer_handle import TrainerHandle
+    from rollwise.cluster.trainer_handle import TrainerHandle
     from rollwise.store.replay import ReplayBuffer
     from rollwise.store.writer import RolloutStore
     from rollwise.train.checkpoint import Checkpoint

@@ -76,7 +76,7 @@ def _nccl_sync(E: Any, i: int) -> Any:
     """vLLM's NCCL weight transfer for server i when `engine.vllm.weight_transfer` is 'nccl', else None (disk)."""
     if E.remote_server != "vllm" or E.vllm.weight_transfer != "nccl":
         return None
-    from rollwise.engine.vllm_nccl import VLLMNcclSync
+    from rollwise.clients.vllm.nccl import VLLMNcclSync
 
     return VLLMNcclSync(E.vllm.nccl_address, E.vllm.nccl_port + i, E.vllm.server_world_size)
 
@@ -92,7 +92,7 @@ def _vocab_size(model_dir: Path) -> int | None:
 
 def launch_vllm(cfg: RunConfig, model_dir: Path, run_dir: Path, log: Log) -> Any:
     """`engine.vllm.launch`: start the servers on `model_dir` and wait for them (`engine.vllm_launch`)."""
-    from rollwise.engine.vllm_launch import VLLMLaunchSpec, VLLMServers, free_port
+    from rollwise.clients.vllm.launch import VLLMLaunchSpec, VLLMServers, free_port
 
     V = cfg.engine.vllm
     dtype = cfg.model.dtype if V.dtype == "auto" else V.dtype
@@ -109,7 +109,7 @@ def launch_vllm(cfg: RunConfig, model_dir: Path, run_dir: Path, log: Log) -> Any
                                     log_path=str(log_dir / f"server-{i}.log"), seed=cfg.train.seed))
         port += 1
     if V.placement == "ray":
-        from rollwise.run.ray_vllm import RayVLLMServers
+        from rollwise.clients.vllm.ray_placement import RayVLLMServers
 
         servers: Any = RayVLLMServers(specs, address=cfg.run.ray_address, gpus_per_server=V.gpus_per_server,
                                       timeout_s=V.startup_timeout_s + 60)
@@ -131,7 +131,7 @@ def make_engine(cfg: RunConfig, model_dir: Path, device: str, tokenizer: Any, se
 
         return LLM(model_dir, device=device, dtype=cfg.model.dtype, tokenizer=tokenizer, **engine_kwargs(E, seed))
     if E.backend == "remote":
-        from rollwise.engine.remote import MultiEngine, RemoteEngine
+        from rollwise.clients.remote import MultiEngine, RemoteEngine
 
         key = os.environ.get(E.remote_api_key_env) or None
         urls = launched.urls if launched is not None else list(E.remote_urls)
@@ -142,9 +142,9 @@ def make_engine(cfg: RunConfig, model_dir: Path, device: str, tokenizer: Any, se
                                 lora_adapters=E.remote_server == "vllm" and E.vllm.lora_adapters)
                    for i, url in enumerate(urls)]
         return engines[0] if len(engines) == 1 else MultiEngine(engines)
-    from rollwise.run.ray_engines import RayEngines
+    from rollwise.cluster.ray_engines import RayEngines
 
-    from rollwise.run.ray_resources import ENGINE_CPUS, ensure_ray, gpus_each
+    from rollwise.cluster.ray_resources import ENGINE_CPUS, ensure_ray, gpus_each
 
     ensure_ray(cfg, device)  # a cluster too small for the config is refused here, before any actor waits
     return RayEngines(E.num_engines, str(model_dir), device=device, dtype=cfg.model.dtype,
@@ -159,7 +159,7 @@ RANK_CALL_TIMEOUT_S = 3600.0
 
 def trainer_spec(cfg: RunConfig, model_dir: Path, device: str) -> Any:
     """The one typed object every trainer variant is built from (`run.trainer_handle.TrainerSpec`)."""
-    from rollwise.run.trainer_handle import TrainerSpec
+    from rollwise.cluster.trainer_handle import TrainerSpec
     from rollwise.train.losses import LossConfig
 
     R, A = cfg.rollout, cfg.algo
@@ -177,13 +177,13 @@ def make_trainer(cfg: RunConfig, model_dir: Path, device: str) -> Any:
     (engine.backend 'ray', any world size)."""
     spec = trainer_spec(cfg, model_dir, device)
     if cfg.engine.backend == "ray":
-        from rollwise.run.ray_resources import TRAINER_CPUS, gpus_each
-        from rollwise.run.trainer_handle import RayTrainer
+        from rollwise.cluster.ray_resources import TRAINER_CPUS, gpus_each
+        from rollwise.cluster.trainer_handle import RayTrainer
 
         return RayTrainer(spec, timeout_s=cfg.run.ray_timeout_s, cpus_per_rank=TRAINER_CPUS,
                           gpus_per_rank=gpus_each(cfg.run.ray_gpus_per_trainer_rank, device))
     if spec.world_size > 1:
-        from rollwise.run.ranks import LocalRanks
+        from rollwise.cluster.ranks import LocalRanks
 
         return LocalRanks(spec, timeout_s=RANK_CALL_TIMEOUT_S)
     return spec.build()
@@ -208,7 +208,7 @@ def make_scorer(cfg: RunConfig, env: Any) -> tuple[Callable[[list[tuple[Task, st
     """(scorer, handle to shut down): Ray scoring actors with the ray backend, else (None, None) = in-process."""
     if cfg.engine.backend != "ray":
         return None, None
-    from rollwise.run.ray_scoring import RayScorer
+    from rollwise.cluster.ray_scoring import RayScorer
 
     sc = RayScorer(env, cfg.run.num_scorers, timeout_s=cfg.run.ray_timeout_s)
     return sc, sc

@@ -20,7 +20,7 @@ were wrong, which is noise. DAPO adds two fixes, both on by default with `algo.l
 |y| is the completion length in tokens (`len(completion_token_ids)`). Errored and aborted rollouts get no
 penalty (they have no reward to shape).
 
-Left out: DAPO's dynamic sampling lives in `control/dynamic.py`, its token-level loss and clip-higher in
+Left out: DAPO's dynamic sampling lives in `control/policies/dynamic.py`, its token-level loss and clip-higher in
 `losses.dapo_loss`.
 """
 

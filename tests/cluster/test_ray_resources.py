@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from rollwise.config import load_config
-from rollwise.run.ray_resources import ray_demands, shortfall, totals
+from rollwise.cluster.ray_resources import ray_demands, shortfall, totals
 
 
 def test_demands_follow_the_config():

@@ -10,7 +10,7 @@ import time
 import pytest
 from fake_server import FakeServer, choice
 
-from rollwise.engine.remote import RemoteEngine, RemoteEngineError
+from rollwise.clients.remote import RemoteEngine, RemoteEngineError
 from rollwise.types import SamplingParams
 
 SP = SamplingParams(n=2, max_tokens=6, seed=0)

@@ -11,8 +11,8 @@ import torch
 from fake_server import FakeServer
 
 from rollwise.config import ConfigError, load_config
-from rollwise.engine.remote import RemoteEngine, RemoteEngineError
-from rollwise.engine.vllm_nccl import TrainerAPI, VLLMNcclSync
+from rollwise.clients.remote import RemoteEngine, RemoteEngineError
+from rollwise.clients.vllm.nccl import TrainerAPI, VLLMNcclSync
 
 
 @dataclass

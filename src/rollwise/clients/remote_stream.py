@@ -26,7 +26,7 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
-from rollwise.engine.remote_check import RemoteEngineError, check_length, check_vocab, chunk_tokens, versions_of
+from rollwise.clients.remote_check import RemoteEngineError, check_length, check_vocab, chunk_tokens, versions_of
 from rollwise.types import CompletionOutput, RequestOutput, SamplingParams
 
 

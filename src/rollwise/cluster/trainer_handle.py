@@ -1,4 +1,4 @@
-"""The trainer as the loop sees it: in-process (`LocalTrainer`), N local rank processes (`run/ranks.py`), or N Ray
+"""The trainer as the loop sees it: in-process (`LocalTrainer`), N local rank processes (`cluster/ranks.py`), or N Ray
 actors (`RayTrainer`). Every variant is built from one typed `TrainerSpec`, so a Ray or rank trainer gets exactly
 what the local one gets (tokenizer included).
 
@@ -153,7 +153,7 @@ def free_tcp_port() -> int:
 
 
 class TrainerWorker:
-    """One trainer rank in its own process: a local rank process (`run/ranks.py`) or a Ray actor (`RayTrainer`).
+    """One trainer rank in its own process: a local rank process (`cluster/ranks.py`) or a Ray actor (`RayTrainer`).
 
     Built in two stages so that a Ray actor can say where it runs before the process group is formed:
     `address()` (this node's IP and a free port, asked of rank 0), then `setup(init_method)` on every rank.

@@ -29,8 +29,10 @@ import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from rollwise.control.base import PendingGroup, SampleRequest, StepContext, beta_all_equal
-from rollwise.control.uniform import UniformPolicy
+from rollwise.control.beta import beta_all_equal
+from rollwise.control.context import PendingGroup, StepContext
+from rollwise.control.driver import SampleRequest
+from rollwise.control.policies.uniform import UniformPolicy
 from rollwise.filter import DEFAULT_RULES, FilterRules, score_values
 from rollwise.types import RolloutGroup
 

@@ -10,7 +10,7 @@ import torch
 from fake_server import FakeServer
 from safetensors.torch import load_file
 
-from rollwise.engine.remote import RemoteEngine, RemoteEngineError
+from rollwise.clients.remote import RemoteEngine, RemoteEngineError
 
 STATE = {"model.embed_tokens.weight": torch.arange(12.0).reshape(4, 3), "lm_head.weight": None,
          "model.norm.weight": torch.ones(3)}
@@ -52,7 +52,7 @@ def test_a_sync_folder_is_removed_even_without_close(tmp_path):
     """A run that dies between syncs (or code that forgets close()) must not leave a model-sized folder behind."""
     import gc
 
-    from rollwise.engine.weight_sync import VLLMSync
+    from rollwise.clients.weight_sync import VLLMSync
 
     sync = VLLMSync(tmp_path)
     (next(tmp_path.iterdir()) / "v1").mkdir()

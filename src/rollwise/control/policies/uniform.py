@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rollwise.control.base import StepContext, build_group
+from rollwise.control.context import StepContext, build_group
 from rollwise.types import RolloutGroup
 
 

@@ -5,7 +5,7 @@ of vLLM's own interpreter (`engine.vllm.python`: vLLM pins its torch and transfo
 venv of its own), on the run's initial model, with what RL needs:
 - `--logprobs-mode processed_logprobs`: log-probs of the distribution sampled from (after temperature/top-p);
 - `VLLM_SERVER_DEV_MODE=1`: the `/collective_rpc` route weight syncs use;
-- rollwise's worker extension (`engine/vllm_plugin/rollwise_vllm_ext.py`, put on the server's PYTHONPATH) for
+- rollwise's worker extension (`clients/vllm/plugin/rollwise_vllm_ext.py`, put on the server's PYTHONPATH) for
   weight loads that also refresh tied LM heads.
 
 Each server runs in a session of its own (its engine-core and worker processes with it) and gets SIGTERM when
@@ -29,7 +29,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-PLUGIN_DIR = Path(__file__).resolve().parent / "vllm_plugin"
+PLUGIN_DIR = Path(__file__).resolve().parent / "plugin"
 """Holds `rollwise_vllm_ext.py` (imported by vLLM's interpreter, which has no rollwise installed)."""
 EXTENSION_CLS = "rollwise_vllm_ext.RollwiseWorkerExtension"
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from rollwise.control.base import StepContext, build_group, informative, mark
+from rollwise.control.context import StepContext, build_group, informative, mark
 from rollwise.types import RolloutGroup
 
 

@@ -26,10 +26,10 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Iterable, Mapping, Sequence as Seq
 
-from rollwise.engine.http_client import HttpClient
+from rollwise.clients.http_client import HttpClient
 from rollwise.engine.protocol import Engine  # noqa: F401 - re-exported: the protocol both classes implement
-from rollwise.engine.remote_check import ChoiceLimits, RemoteEngineError, ordered_choices, parse_choice
-from rollwise.engine.weight_sync import ServerSync, SyncReport, make_server_sync
+from rollwise.clients.remote_check import ChoiceLimits, RemoteEngineError, ordered_choices, parse_choice
+from rollwise.clients.weight_sync import ServerSync, SyncReport, make_server_sync
 from rollwise.types import CompletionOutput, RequestOutput, SamplingParams
 
 __all__ = ["Engine", "MultiEngine", "RemoteEngine", "RemoteEngineError"]
@@ -191,7 +191,7 @@ class RemoteEngine:
 
     def stepwise(self) -> Any:
         """The step-level engine over streaming requests (add_request / step / abort), for early_stop and partial."""
-        from rollwise.engine.remote_stream import RemoteStepEngine
+        from rollwise.clients.remote_stream import RemoteStepEngine
 
         return RemoteStepEngine(self)
 
@@ -322,7 +322,7 @@ class MultiEngine:
 
     def stepwise(self) -> Any:
         """The step-level engine over every engine's streaming requests (remote engines only)."""
-        from rollwise.engine.remote_stream import MultiStepEngine
+        from rollwise.clients.remote_stream import MultiStepEngine
 
         if not all(callable(getattr(e, "stepwise", None)) for e in self.engines):
             raise ValueError("early_stop and partial over several engines need every one to be a remote engine")

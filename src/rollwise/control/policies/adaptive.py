@@ -17,7 +17,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from rollwise.control.base import PendingGroup, StepContext, beta_all_equal, build_group, informative, mark
+from rollwise.control.beta import beta_all_equal
+from rollwise.control.context import PendingGroup, StepContext, build_group, informative, mark
 from rollwise.filter import DEFAULT_RULES, FilterRules, differ, score_values
 from rollwise.types import RolloutGroup
 

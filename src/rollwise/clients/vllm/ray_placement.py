@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from rollwise.engine.vllm_launch import VLLMLaunchError, VLLMLaunchSpec, VLLMServer, free_port
+from rollwise.clients.vllm.launch import VLLMLaunchError, VLLMLaunchSpec, VLLMServer, free_port
 
 
 class VLLMServerHost:

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from rollwise.config import ConfigError, load_config
-from rollwise.engine.vllm_launch import EXTENSION_CLS, PLUGIN_DIR, VLLMLaunchError, VLLMLaunchSpec, VLLMServers, free_port
+from rollwise.clients.vllm.launch import EXTENSION_CLS, PLUGIN_DIR, VLLMLaunchError, VLLMLaunchSpec, VLLMServers, free_port
 
 FAKE = textwrap.dedent('''\
     #!{python}
@@ -104,7 +104,7 @@ def test_servers_die_when_the_run_is_sigkilled(fake_python, tmp_path):
     script = tmp_path / "run.py"
     script.write_text(textwrap.dedent(f'''
         import time
-        from rollwise.engine.vllm_launch import VLLMLaunchSpec, VLLMServers
+        from rollwise.clients.vllm.launch import VLLMLaunchSpec, VLLMServers
         s = VLLMServers([VLLMLaunchSpec(python={str(fake_python)!r}, model="m", port={port})])
         s.start(60)
         print("ready", flush=True)
@@ -136,7 +136,7 @@ def test_launch_config_is_checked_at_load():
 @pytest.mark.slow
 def test_servers_in_ray_actors_report_their_node_url_and_stop(fake_python, tmp_path):
     ray = pytest.importorskip("ray")
-    from rollwise.run.ray_vllm import RayVLLMServers
+    from rollwise.clients.vllm.ray_placement import RayVLLMServers
 
     started = ray.is_initialized()
     if not started:

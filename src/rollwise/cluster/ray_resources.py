@@ -15,11 +15,11 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 ENGINE_CPUS = 1.0
-"""CPUs per engine actor (run/ray_engines.py)."""
+"""CPUs per engine actor (cluster/ray_engines.py)."""
 TRAINER_CPUS = 1.0
-"""CPUs per trainer rank actor (run/trainer_handle.py RayTrainer)."""
+"""CPUs per trainer rank actor (cluster/trainer_handle.py RayTrainer)."""
 SCORER_CPUS = 0.5
-"""CPUs per scoring actor (run/ray_scoring.py)."""
+"""CPUs per scoring actor (cluster/ray_scoring.py)."""
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Iterator
 from urllib.parse import urlsplit
 
-from rollwise.engine.remote_check import RemoteEngineError
+from rollwise.clients.remote_check import RemoteEngineError
 
 MAX_BODY_BYTES = 256 << 20
 """The largest response body read (a completions answer for 64 x 4k tokens is a few MB)."""

@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from rollwise.control.base import PendingGroup, StepContext, build_group
+from rollwise.control.context import PendingGroup, StepContext, build_group
 from rollwise.types import CompletionOutput, RolloutGroup, Score, Task
 
 

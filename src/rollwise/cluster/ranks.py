@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from rollwise.run.trainer_handle import TrainerLost, TrainerSpec, TrainerWorker, free_tcp_port
+from rollwise.cluster.trainer_handle import TrainerLost, TrainerSpec, TrainerWorker, free_tcp_port
 from rollwise.types import Rollout
 
 POLL_S = 0.2

@@ -95,7 +95,7 @@ def test_ray_trainer_ranks_killed_restart_and_the_run_finishes(tmp_path, run_cfg
     and the run ends with the weights of an uninterrupted run."""
     from safetensors.torch import load_file
 
-    from rollwise.run.trainer_handle import RayTrainer
+    from rollwise.cluster.trainer_handle import RayTrainer
 
     sets = ["train.steps=4", "run.checkpoint_every=2", "engine.backend=ray", "engine.num_engines=1",
             "run.num_scorers=1", "run.ray_timeout_s=300", "train.world_size=2", "train.lr=1e-3"]

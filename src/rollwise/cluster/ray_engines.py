@@ -10,8 +10,8 @@ on the restarted actor after it has been given the current weights, so nothing i
 sampling is seeded per request (counter-based), the re-run chunk produces exactly what the dead actor would
 have. Every wait has a timeout, so a hung actor ends the run with a message instead of blocking forever.
 
-The trainer runs in its own actor (`run/trainer_handle.py`), scoring in `ScoringWorker` actors
-(`run/ray_scoring.py`). Deliberately left out (not built yet): torch.distributed weight broadcast on GPU.
+The trainer runs in its own actor (`cluster/trainer_handle.py`), scoring in `ScoringWorker` actors
+(`cluster/ray_scoring.py`). Deliberately left out (not built yet): torch.distributed weight broadcast on GPU.
 """
 
 from __future__ import annotations

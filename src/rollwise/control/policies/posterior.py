@@ -19,7 +19,7 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from rollwise.control.base import beta_all_equal
+from rollwise.control.beta import beta_all_equal
 from rollwise.filter import has_reward
 from rollwise.types import RolloutGroup
 

@@ -5,7 +5,7 @@
     vllm-lora  LoRA runs on a vLLM with LoRA on: the adapter (PEFT format) reloaded in place under one name
     vllm       safetensors into a directory the server reads, then vLLM's own RL API in order:
                /pause?mode=wait -> /collective_rpc rollwise_load_weights (the worker extension in
-               engine/vllm_plugin; vLLM's plain reload_weights when the server runs without it) ->
+               clients/vllm/plugin; vLLM's plain reload_weights when the server runs without it) ->
                /reset_prefix_cache -> /update_weight_version -> /resume
 
 Why a directory for vLLM and SGLang: both load from a path on their own filesystem (one machine, or a shared
@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Protocol
 
-from rollwise.engine.http_client import HttpClient
-from rollwise.engine.remote_check import RemoteEngineError
+from rollwise.clients.http_client import HttpClient
+from rollwise.clients.remote_check import RemoteEngineError
 
 
 @dataclass
@@ -89,7 +89,7 @@ class RollwiseServeSync:
         return self._check(http, r.status, r.json(), r.body, version, t0)
 
     def _check(self, http: HttpClient, status: int, data: Any, raw: bytes, version: int, t0: float) -> SyncReport:
-        from rollwise.engine.http_client import error_message
+        from rollwise.clients.http_client import error_message
 
         if status >= 400:
             raise RemoteEngineError(f"POST {http.base_url}{self.route} -> HTTP {status}: {error_message(data, raw)}")

@@ -1,0 +1,200 @@
+"""The `Driver`: runs a step's requests on an engine and keeps the books (engine time, generated tokens, idle
+batch capacity).
+
+Two engine shapes are supported:
+- step-level (`add_request` / `step` / `abort`, i.e. `EngineCore` or `llm.engine`): the samples of a group go
+  in one request (n = K, one prefill of the prompt, a seed derived from the step, the group and the first
+  sample's index), or one request per sample where a policy must see, score or abort each on its own
+  (early_stop) or where per-sample params are set; the driver measures how much of the engine's batch sits
+  empty while the long tail finishes;
+- batch (`generate`: `RemoteEngine`, `MultiEngine`, `RayEngines`): whole batches. Remote engines also offer the
+  step-level interface over streaming requests (`stepwise()`), opened only when a policy submits (early_stop,
+  partial); Ray engine actors do not, and the config refuses those two policies there.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from rollwise.control.ledger import own_tokens
+from rollwise.engine.protocol import step_engine
+from rollwise.types import CompletionOutput, RequestOutput, SamplingParams
+
+
+@dataclass
+class SampleRequest:
+    """Samples start .. start+count-1 of one group as one engine request (they share the prompt's prefill)."""
+
+    group_id: str
+    start: int
+    count: int
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    """n == count; a seed of its own (see `sample_params`)."""
+    partial: list[CompletionOutput] | None = None
+    """Resume these aborted samples instead of starting fresh (partial rollouts)."""
+    submitted_at: float = 0.0
+    """perf_counter() when the request went to the engine (for the rollouts' `timings`)."""
+    drafts: Any = None
+    """Speculative rollouts: an `engine.speculative.DraftSpec` for the engine (step-level engines only)."""
+
+    @property
+    def request_id(self) -> str:
+        return f"{self.group_id}/{self.start}"
+
+
+class Driver:
+    """Runs requests on an engine and keeps the books: engine time, generated tokens, idle batch capacity."""
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+        self.core = step_engine(engine)
+        # A batch engine that can also stream (RemoteEngine, MultiEngine of them) offers its step-level interface
+        # through `stepwise()`; it is opened only when a policy submits (batch policies keep batched generate).
+        self._stepwise_factory = getattr(engine, "stepwise", None) if self.core is None else None
+        if self.core is None and not callable(getattr(engine, "generate", None)):
+            raise ValueError(f"{type(engine).__name__} is not an engine: it has neither add_request/step/abort nor generate")
+        self.inflight: dict[str, tuple[SampleRequest, int]] = {}  # request id -> (request, tokens at submit)
+        self.reset()
+
+    def reset(self) -> None:
+        self.gen_s = 0.0
+        self.idle_s = 0.0
+        self.generated_tokens = 0
+        self._peak = 0
+        self._spec0 = self._spec_counts()
+
+    def _spec_counts(self) -> tuple[float, ...] | None:
+        sp = getattr(getattr(self.core, "stats", None), "spec", None)
+        if sp is None:
+            return None
+        return (sp.accepted_tokens, sp.tested_tokens, sp.decode_emitted, sp.decode_seq_steps, sp.saved_s_est)
+
+    def spec_books(self) -> tuple[float, float, float, float] | None:
+        """(acceptance, tokens per forward, seconds saved, draft tokens tested) of the drafts verified since `reset`;
+        None if none were."""
+        now, before = self._spec_counts(), self._spec0
+        if now is None or before is None:
+            return None
+        acc, tested, emitted, seq_steps, saved = (a - b for a, b in zip(now, before))
+        if not tested:
+            return None
+        return acc / tested, emitted / max(seq_steps, 1), saved, tested
+
+    @property
+    def stepwise(self) -> bool:
+        return self.core is not None or callable(self._stepwise_factory)
+
+    @property
+    def speculative(self) -> bool:
+        """Drafts can be verified: the in-process step engine only."""
+        return self.core is not None and self._stepwise_factory is None
+
+    @property
+    def weight_version(self) -> int:
+        src = self.core if self.core is not None else self.engine
+        return int(getattr(src, "weight_version", 0))
+
+    def _live_samples(self) -> int:
+        """Samples still generating: the engine's own count when it has one, else the in-flight requests' sizes."""
+        for src in (getattr(self.core, "scheduler", None), self.core):
+            n = getattr(src, "num_unfinished_seqs", None)
+            if isinstance(n, int):
+                return n
+        return sum(r.count for r, _ in self.inflight.values())
+
+    def submit(self, req: SampleRequest) -> None:
+        if self.core is None and callable(self._stepwise_factory):
+            self.core = self._stepwise_factory()
+        if self.core is None:
+            raise RuntimeError("submit needs a step-level engine (add_request/step/abort)")
+        req.submitted_at = time.perf_counter()
+        if req.drafts is not None:
+            self.core.add_request(req.request_id, req.prompt_token_ids, req.params, partial=req.partial,
+                                  drafts=req.drafts)
+        else:
+            self.core.add_request(req.request_id, req.prompt_token_ids, req.params, partial=req.partial)
+        self.inflight[req.request_id] = (req, sum(len(o.token_ids) for o in req.partial or []))
+        self._peak = max(self._peak, self._live_samples())
+
+    def step(self) -> list[tuple[SampleRequest, list[CompletionOutput]]]:
+        """One engine step; the requests that finished in it (all their samples)."""
+        n_before = len(self.inflight)
+        live = self._live_samples()
+        t0 = time.perf_counter()
+        outs = self.core.step()
+        dt = time.perf_counter() - t0
+        self.gen_s += dt
+        if self._peak:
+            self.idle_s += dt * (1.0 - min(live, self._peak) / self._peak)
+        done = [self._close(o) for o in outs]
+        if not outs and n_before and not self.core.has_unfinished():
+            raise RuntimeError(f"engine went idle with {n_before} requests in flight")
+        return done
+
+    def abort(self, request_id: str) -> tuple[SampleRequest, list[CompletionOutput]] | None:
+        """Stop a request now; its partial outputs (unfinished samples: finish_reason 'abort'), or None when it
+        was not in flight."""
+        if request_id not in self.inflight:
+            return None
+        out = self.core.abort(request_id)
+        if out is None:
+            raise RuntimeError(f"engine lost request {request_id!r}")
+        return self._close(out)
+
+    def ended_early(self, request_id: str, pending: set[int]) -> tuple[list[int], list[CompletionOutput]]:
+        """Samples at positions `pending` of an in-flight request that have ended (a tree's leaves end one by one):
+        their positions in the request and their outputs. Nothing on an engine that reports samples only with their
+        whole request."""
+        finished = getattr(self.core, "finished_slots", None)
+        if request_id not in self.inflight or not callable(finished):
+            return [], []
+        new = [j for j in finished(request_id) if j in pending]
+        return (new, list(self.core.snapshot(request_id, new).outputs)) if new else ([], [])
+
+    def _close(self, out: RequestOutput) -> tuple[SampleRequest, list[CompletionOutput]]:
+        req, before = self.inflight.pop(out.request_id)
+        self.generated_tokens += own_tokens(out.outputs) - before
+        if not self.inflight:
+            self._peak = 0  # the next wave of submissions sets its own capacity
+        return req, list(out.outputs)
+
+    def counting_engine(self) -> Any:
+        """The engine's batch `generate`, with the time and tokens booked here (multi-turn episodes call it)."""
+        drv = self
+
+        class _Counting:
+            tokenizer = getattr(drv.engine, "tokenizer", None)
+
+            def generate(self, prompts: Any, params: Any) -> list[RequestOutput]:
+                t0 = time.perf_counter()
+                outs = drv.engine.generate(prompts, params)
+                drv.gen_s += time.perf_counter() - t0
+                drv.generated_tokens += sum(own_tokens(r.outputs) for r in outs)
+                return outs
+
+        return _Counting()
+
+    def run(self, reqs: Sequence[SampleRequest]) -> list[list[CompletionOutput]]:
+        """Generate every request to completion; outputs in the order of `reqs`."""
+        if not reqs:
+            return []
+        if self.core is None or self._stepwise_factory is not None:  # batch engines: one batched call
+            t0 = time.perf_counter()
+            for r in reqs:
+                r.submitted_at = t0
+            outs = self.engine.generate([r.prompt_token_ids for r in reqs], [r.params for r in reqs])
+            self.gen_s += time.perf_counter() - t0
+            got = [list(o.outputs) for o in outs]
+            self.generated_tokens += sum(own_tokens(os_) for os_ in got)
+            return got
+        for r in reqs:
+            self.submit(r)
+        done: dict[str, list[CompletionOutput]] = {}
+        while len(done) < len(reqs):
+            for req, outs in self.step():
+                done[req.request_id] = outs
+        return [done[r.request_id] for r in reqs]
