@@ -36,9 +36,10 @@ sysdeps:
 run: setup
 	$(BIN)/rollwise train --out runs/default
 
-# Lint first: a finding fails CI before the (longer) test run.
+# Lint first: a finding fails CI before the (longer) test run. mypy reads its packages from pyproject.toml.
 lint: setup
 	$(BIN)/ruff check .
+	$(BIN)/mypy
 
 test: setup sysdeps lint vllm-venv
 	ROLLWISE_REQUIRE_VLLM=1 $(BIN)/python -m pytest tests

@@ -10,7 +10,7 @@ Deliberately left out: anything tensor-shaped (that is `train.batch.TrainBatch`)
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Protocol, runtime_checkable
 
 FinishReason = Literal["stop", "length", "abort"]
 RolloutStatus = Literal["kept", "filtered", "errored", "truncated", "aborted"]
@@ -263,3 +263,31 @@ class RolloutGroup:
     @property
     def rewards(self) -> list[float]:
         return [r.reward if r.reward is not None else 0.0 for r in self.rollouts]
+
+
+@runtime_checkable
+class Tokenizer(Protocol):
+    """What rollwise asks of a tokenizer: a `transformers` tokenizer (fast or slow) has all of it.
+
+    It lives here, beside the plain types, because every layer that turns text into ids takes one (the engine,
+    prompting, environments, the controller, the trainer) and none of them may depend on `transformers` to name it.
+    `apply_chat_template` is called with a conversation and keyword options (`tokenize=`, `add_generation_prompt=`,
+    `tools=`); the result is ids or text as `tokenize` asks.
+    """
+
+    @property
+    def eos_token_id(self) -> int | None: ...
+
+    @property
+    def pad_token_id(self) -> int | None: ...
+
+    @property
+    def bos_token_id(self) -> int | None: ...
+
+    def encode(self, text: str, *args: Any, **kwargs: Any) -> list[int]: ...
+
+    def decode(self, token_ids: list[int], skip_special_tokens: bool = False, **kwargs: Any) -> Any:
+        """Text of a flat list of ids (a `str`; transformers types it wider, as it also decodes batches)."""
+        ...
+
+    def apply_chat_template(self, conversation: Any, *args: Any, **kwargs: Any) -> Any: ...

@@ -122,6 +122,9 @@ class ScriptedPolicy:
         self.loads += 1
         return version
 
+    def counters(self):
+        return {}
+
 
 def test_a_tool_class_trains_after_sft_with_tools_called_results_masked_and_rewards_from_environments(
         tmp_path, smol_tiny, monkeypatch):

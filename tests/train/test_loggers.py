@@ -258,7 +258,7 @@ def _step_record() -> dict:
     train_m = {"loss": 0.75, "kl": 0.01, "logprob_diff_mean": 0.0312, "logprob_diff_max": 0.2, "train_s": 1.0}
     return step_metrics([ro(0, 1.0), ro(1, 0.0), ro(2, 1.0), ro(3, 1.0)], 1, 0, books, train_m, gen_wait_s=0.1,
                         producer_wait_s=0.0, sync_s=0.1, step_s=4.0, weight_version=1, staleness_bound=0,
-                        engine=None, useful=12)
+                        engine_counters={}, useful=12)
 
 
 def test_progress_bar_fields_are_keys_the_loop_writes_and_show(tmp_path):

@@ -114,6 +114,10 @@ class RemoteEngine:
         0 before any load."""
         return self._version
 
+    def counters(self) -> dict[str, int]:
+        """None kept: a server's failures surface as errors of the call that met them."""
+        return {}
+
     def abort(self, request_id: str) -> RequestOutput | None:
         """`generate` is synchronous, so no request of this engine is in flight between calls: always None."""
         return None
@@ -310,6 +314,14 @@ class MultiEngine:
         for f in [self._pool.submit(e.load_weights, sd, v) for e in self.engines]:
             f.result()
         return v
+
+    def counters(self) -> dict[str, int]:
+        """Each count summed over the servers."""
+        out: dict[str, int] = {}
+        for e in self.engines:
+            for k, v in e.counters().items():
+                out[k] = out.get(k, 0) + v
+        return out
 
     def abort(self, request_id: str) -> RequestOutput | None:
         """Generation is split into synchronous per-engine calls: no request is in flight between calls."""

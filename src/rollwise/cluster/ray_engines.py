@@ -151,6 +151,10 @@ class RayEngines:
                 self._revive(i)  # the restarted actor gets the weights there
         return self.weight_version
 
+    def counters(self) -> dict[str, int]:
+        """`requeued`: generate chunks re-run because their actor died; `restarts`: actor deaths handled."""
+        return {"requeued": self.requeued, "restarts": self.restarts}
+
     def abort(self, request_id: str) -> RequestOutput | None:
         """Chunks run as synchronous actor calls inside `generate`: no request is in flight between calls."""
         return None

@@ -176,6 +176,10 @@ class LLM:
         with self._turn():
             return list(self.engine.requests)
 
+    def counters(self) -> dict[str, int]:
+        """Nothing to count: the engine lives and dies with this process."""
+        return {}
+
     def abort(self, request_id: str) -> RequestOutput | None:
         """End a request now; a `generate` call waiting for it gets its partial output (finish_reason 'abort')."""
         with self._turn():

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol, Sequence, runtime_checkable
 
-from rollwise.types import CompletionOutput, RequestOutput, SamplingParams
+from rollwise.types import CompletionOutput, RequestOutput, SamplingParams, Tokenizer
 
 
 @runtime_checkable
@@ -29,7 +29,7 @@ class Engine(Protocol):
     """Batch generation with behaviour log-probs, and weight updates under a caller-given version."""
 
     @property
-    def tokenizer(self) -> Any: ...
+    def tokenizer(self) -> Tokenizer | None: ...
 
     @property
     def weight_version(self) -> int: ...
@@ -46,6 +46,11 @@ class Engine(Protocol):
     def abort(self, request_id: str) -> RequestOutput | None:
         """Stop a request that is in flight; its partial outputs, or None when it is not in flight (batch engines
         hold no requests between `generate` calls)."""
+        ...
+
+    def counters(self) -> dict[str, int]:
+        """The engine's own event counts since it started, for each step's metrics as `engine_<name>` (Ray engine
+        actors: `requeued` generate chunks, actor `restarts`); empty for an engine that has none."""
         ...
 
 

@@ -175,7 +175,7 @@ def _run_steps(run: Any, log: Log, stop_after: int | None) -> dict[str, Any] | N
                                producer_wait_s=batch.wait_s, sync_s=sync_s, step_s=time.perf_counter() - t_step - eval_s,
                                cpu_s=time.process_time() - cpu_step - eval_cpu_s,
                                weight_version=trainer.version, staleness_bound=source.staleness_bound,
-                               engine=engine, useful=_useful_tokens(trainable, is_replayed),
+                               engine_counters=engine.counters(), useful=_useful_tokens(trainable, is_replayed),
                                pass_threshold=cfg.env.pass_threshold)
             wall = prev_wall + time.perf_counter() - run.t_start
             state = loop_state(batch.data_position, batch.policy_state, replay, wall)
@@ -190,8 +190,9 @@ def _run_steps(run: Any, log: Log, stop_after: int | None) -> dict[str, Any] | N
     finally:
         source.close()
         metrics.close()
-        if hasattr(engine, "requeued"):
-            log(f"ray: {engine.requeued} generate chunk(s) re-queued after an engine actor died")
+        requeued = engine.counters().get("requeued")
+        if requeued is not None:
+            log(f"ray: {requeued} generate chunk(s) re-queued after an engine actor died")
     if last < cfg.train.steps:
         return None
     with source.exclusive() as eng:
@@ -206,7 +207,8 @@ def _useful_tokens(trainable: Sequence[Rollout], is_replayed: Callable[[Rollout]
 def step_metrics(rollouts: Sequence[Rollout], num_groups: int, zero_var: int, books: Any, train_m: dict[str, float],
                  *, gen_wait_s: float, producer_wait_s: float, sync_s: float, step_s: float, cpu_s: float | None = None,
                  weight_version: int,
-                 staleness_bound: int, engine: Any, useful: int, pass_threshold: float = 1.0) -> dict[str, Any]:
+                 staleness_bound: int, engine_counters: dict[str, int], useful: int,
+                 pass_threshold: float = 1.0) -> dict[str, Any]:
     """One step's metrics.jsonl record; a value that does not exist this step is left out (never NaN or 0).
 
     step_s and cpu_s (this process's CPU seconds, every thread) leave out a mid-run held-out evaluation (its own
@@ -239,7 +241,7 @@ def step_metrics(rollouts: Sequence[Rollout], num_groups: int, zero_var: int, bo
         "kl": train_m.get("kl"), "entropy": train_m.get("entropy"), "grad_norm": train_m.get("grad_norm"),
         "loss": train_m.get("loss"), "clip_frac": train_m.get("clip_frac"), "lr": train_m.get("lr"),
         "weight_version": weight_version, "async_staleness_bound": staleness_bound,
-        "engine_requeued": getattr(engine, "requeued", None), "engine_restarts": getattr(engine, "restarts", None),
+        **{f"engine_{k}": v for k, v in engine_counters.items()},  # e.g. Ray actors' requeued / restarts
     }
     if staleness_bound:
         rec["time_producer_wait_s"] = producer_wait_s
