@@ -118,11 +118,11 @@ def warm_cache(tmp_path_factory) -> Path:
 def tiny_model(warm_cache, tmp_path_factory) -> Path:
     """The warmed-up built-in tiny model as an HF checkpoint directory (with its character tokenizer)."""
     from rollwise.config import load_config
-    from rollwise.run.setup import make_env, prepare_model
+    from rollwise.run.setup import ModelSource, make_env, prepare_model
 
     cfg = load_config(None, [*TINY_BUILTIN, f"warmup.cache_dir={warm_cache}"])
     env = make_env(cfg.env)
-    path, _ = prepare_model(cfg, env, env.load("train", seed=cfg.train.seed), tmp_path_factory.mktemp("tiny-model"),
+    path, _ = prepare_model(ModelSource.of(cfg), env, env.load("train", seed=cfg.train.seed), tmp_path_factory.mktemp("tiny-model"),
                             log=lambda s: None)
     return path
 

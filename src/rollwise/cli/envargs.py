@@ -167,5 +167,6 @@ def prompting(setup: Setup, env: Any, llm: Any, tasks: list) -> tuple[Any, Any, 
     tok = llm.tokenizer
     encode = prompt_encoder(setup.cfg.env, tok, env)
     check_prompts_fit(tasks, encode, engine_context(llm))
-    runner = make_episode_runner(setup.cfg, env, tok, encode) if is_multi_turn(env) else None
+    runner = make_episode_runner(setup.cfg.env, setup.cfg.engine.max_model_len, env, tok, encode) \
+        if is_multi_turn(env) else None
     return encode, runner, stop_token_ids(tok, llm.model_dir)

@@ -172,12 +172,13 @@ class LocalRanks:
         pos, self.version = self._all("restore", str(ckpt_path), what="restore a checkpoint")
         return pos
 
-    def restart(self) -> None:
+    def restart(self) -> bool:
         """Kill every rank and start fresh ones from the initial model (the caller restores a checkpoint next)."""
         self._kill()
         self.restarts += 1
         self.version = 0
         self._start()
+        return True
 
     def _kill(self) -> None:
         for p in self.procs:

@@ -20,7 +20,7 @@ import os
 import time
 from typing import Any, Sequence
 
-from rollwise.types import RequestOutput, SamplingParams
+from rollwise.types import RequestOutput, SamplingParams, Tokenizer
 
 
 class EngineWorker:
@@ -54,25 +54,27 @@ class RayEngines:
 
     def __init__(self, n: int, model_dir: str, *, device: str = "cpu", dtype: str = "float32",
                  engine_kwargs: dict[str, Any] | None = None, address: str | None = None, timeout_s: float = 600.0,
-                 threads: int | None = 1, tokenizer: Any = None, num_cpus_per_engine: float = 1.0,
+                 threads: int | None = 1, tokenizer: Tokenizer | None = None, num_cpus_per_engine: float = 1.0,
                  gpus_per_engine: float | None = None) -> None:
         import ray
 
         if n < 1:
             raise ValueError(f"run.num_engines must be >= 1, got {n}")
         if not ray.is_initialized():
-            ray.init(address=address, include_dashboard=False, ignore_reinit_error=True, log_to_driver=False,
-                     **({} if address else {"num_cpus": int(n * num_cpus_per_engine) + 3}))
+            kw: dict[str, Any] = {} if address else {"num_cpus": int(n * num_cpus_per_engine) + 3}
+            ray.init(address=address, include_dashboard=False, ignore_reinit_error=True, log_to_driver=False, **kw)
         self._ray = ray
         self.timeout_s = timeout_s
         self.tokenizer = tokenizer
         self.weight_version = 0
         self.requeued = 0  # chunks re-run because their actor died
         self.restarts = 0  # actor deaths noticed and handled (restart + current weights)
-        self._weights_ref = None
+        self._weights_ref: Any = None  # a Ray ObjectRef to the current weights (numpy), once there are any
         remote = ray.remote(max_restarts=-1, max_task_retries=0)(EngineWorker)
         gpus = gpus_per_engine if gpus_per_engine is not None else (1 if device.startswith("cuda") else 0)
-        self.actors = [remote.options(num_cpus=num_cpus_per_engine, num_gpus=gpus).remote(
+        # NOTE: actor handles are typed Any: their methods are called through `.remote`, which Ray's annotations
+        # do not describe for a class wrapped at run time.
+        self.actors: list[Any] = [remote.options(num_cpus=num_cpus_per_engine, num_gpus=gpus).remote(
             model_dir, device, dtype, engine_kwargs or {}, threads) for _ in range(n)]
         self.pids = self._get([a.pid.remote() for a in self.actors], "start")
 
@@ -98,7 +100,12 @@ class RayEngines:
                     raise RuntimeError(f"Ray engine actor {i} did not come back within {self.timeout_s:.0f}s") from None
                 time.sleep(0.5)
 
-    def generate(self, prompts: Sequence[list[int]], params: SamplingParams | Sequence[SamplingParams]) -> list[RequestOutput]:
+    def generate(self, prompts: Sequence[str] | Sequence[list[int]],
+                 sampling_params: SamplingParams | Sequence[SamplingParams] | None = None) -> list[RequestOutput]:
+        """Token-id prompts only: the actors hold no tokenizer of the driver's."""
+        if any(isinstance(p, str) for p in prompts):
+            raise TypeError("RayEngines.generate takes token-id prompts (encode text prompts first)")
+        params = sampling_params if sampling_params is not None else SamplingParams()
         plist = list(params) if isinstance(params, (list, tuple)) else [params] * len(prompts)
         n = len(self.actors)
         size = -(-len(prompts) // n) if prompts else 0

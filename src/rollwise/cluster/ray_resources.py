@@ -12,7 +12,10 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
+
+if TYPE_CHECKING:  # pragma: no cover
+    from rollwise.config import RunConfig
 
 ENGINE_CPUS = 1.0
 """CPUs per engine actor (cluster/ray_engines.py)."""
@@ -40,7 +43,7 @@ def gpus_each(setting: float | None, device: str) -> float:
     return 1.0 if str(device).startswith("cuda") else 0.0
 
 
-def ray_demands(cfg: Any, device: str) -> list[Demand]:
+def ray_demands(cfg: RunConfig, device: str) -> list[Demand]:
     """The actors an `engine.backend: ray` run starts."""
     return [
         Demand("engine actor", "engine.num_engines", cfg.engine.num_engines, ENGINE_CPUS,
@@ -69,18 +72,18 @@ def shortfall(demands: list[Demand], have: Mapping[str, float]) -> str | None:
             f"and {need_gpu:g} GPU(s): {parts};{hint}")
 
 
-def ensure_ray(cfg: Any, device: str) -> None:
-    """Start (or join `run.ray_address`) the cluster and refuse the run when it cannot hold its actors."""
+def ensure_ray(demands: list[Demand], address: str | None) -> None:
+    """Start (or join `address`, `run.ray_address`) the cluster and refuse the run when it cannot hold `demands`
+    (`ray_demands`)."""
     import ray
 
-    demands = ray_demands(cfg, device)
     need_cpu, _ = totals(demands)
     local_cpus = max(int(math.ceil(need_cpu)) + 1, os.cpu_count() or 1)  # logical CPUs: scheduling tokens
-    if ray.is_initialized() and not cfg.run.ray_address and ray.cluster_resources().get("CPU", 0) < need_cpu:
+    if ray.is_initialized() and not address and ray.cluster_resources().get("CPU", 0) < need_cpu:
         ray.shutdown()  # a local cluster an earlier run in this process started smaller: start it again, larger
     if not ray.is_initialized():
-        kw: dict[str, Any] = {} if cfg.run.ray_address else {"num_cpus": local_cpus}
-        ray.init(address=cfg.run.ray_address, include_dashboard=False, ignore_reinit_error=True, log_to_driver=False,
+        kw: dict[str, Any] = {} if address else {"num_cpus": local_cpus}
+        ray.init(address=address, include_dashboard=False, ignore_reinit_error=True, log_to_driver=False,
                  **kw)
     msg = shortfall(demands, ray.cluster_resources())
     if msg:

@@ -71,7 +71,11 @@ class TrainerSpec:
 
 
 class TrainerHandle(Protocol):
+    """What the loop, the resume and the weight-sync check ask of a trainer, wherever its ranks run."""
+
     version: int
+    restarts: int
+    """Times `restart` brought the trainer back."""
 
     def train_step(self, rollouts: Sequence[Rollout]) -> dict[str, float]: ...
 
@@ -86,6 +90,15 @@ class TrainerHandle(Protocol):
 
     def restore(self, ckpt_path: str | Path) -> dict[str, Any]: ...
 
+    def save_adapter(self, path: str) -> None:
+        """Write the LoRA adapter alone (PEFT layout) where a vLLM server reads it."""
+        ...
+
+    def restart(self) -> bool:
+        """Replace a trainer whose process died with a fresh one (initial weights; the caller restores a
+        checkpoint); False, doing nothing, where the trainer cannot die apart from this process."""
+        ...
+
     def shutdown(self) -> None: ...
 
 
@@ -98,6 +111,7 @@ class LocalTrainer:
         self.loss_name = loss_name
         self.loss_cfg = loss_cfg
         self.version = 0
+        self.restarts = 0
 
     def train_step(self, rollouts: Sequence[Rollout]) -> dict[str, float]:
         """One RL step on `rollouts` (none: no update, empty metrics); `version` goes up by one either way."""
@@ -138,6 +152,10 @@ class LocalTrainer:
         pos = restore_checkpoint(self.trainer, ckpt)
         self.version = ckpt.step
         return pos
+
+    def restart(self) -> bool:
+        """In-process: the trainer dies with the run, so there is nothing to bring back."""
+        return False
 
     def shutdown(self) -> None:
         """Nothing to release in-process."""
@@ -308,7 +326,7 @@ class RayTrainer:
         pos, self.version = self._all("restore", str(ckpt_path), what="restore a checkpoint")
         return pos
 
-    def restart(self) -> None:
+    def restart(self) -> bool:
         """Kill every rank (the survivors of a dead one are stuck in a collective) and start fresh ones from the
         initial model; the caller restores a checkpoint next."""
         for a in self.actors:
@@ -316,6 +334,7 @@ class RayTrainer:
         self.restarts += 1
         self.version = 0
         self._start()
+        return True
 
     def shutdown(self) -> None:
         for a in self.actors:

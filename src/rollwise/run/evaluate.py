@@ -7,11 +7,16 @@ Used before, during (`run.eval_every`) and after training, and by `rollwise eval
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from rollwise.rewards.base import is_correct
 from rollwise.rewards.concurrent import score_many
 from rollwise.types import SamplingParams, Score, Task
+
+if TYPE_CHECKING:  # pragma: no cover
+    from rollwise.control.episodes import EpisodeRunner
+    from rollwise.engine.protocol import Engine
+    from rollwise.envs.base import Environment
 
 ACCURACY_METHOD = (
     "accuracy = correct samples / all samples on held-out problems; 'accuracy' samples at the training "
@@ -30,10 +35,10 @@ def per_prompt_params(sp: SamplingParams, n: int) -> list[SamplingParams]:
     return [dataclasses.replace(sp, seed=sp.seed * 1_000_003 + i) for i in range(n)]
 
 
-def evaluate(engine: Any, encode: Callable[[Task], list[int]], env: Any, tasks: Sequence[Task], *, temperature: float,
+def evaluate(engine: Engine, encode: Callable[[Task], list[int]], env: Environment, tasks: Sequence[Task], *, temperature: float,
              samples: int, max_tokens: int, seed: int, score_workers: int = 8,
              scorer: Callable[[list[Any]], list[Score]] | None = None, stop_token_ids: list[int] | None = None,
-             pass_threshold: float = 1.0, episodes: Any = None) -> dict[str, float]:
+             pass_threshold: float = 1.0, episodes: EpisodeRunner | None = None) -> dict[str, float]:
     """Held-out accuracy (pass rate) and mean reward, sampled at `temperature` and greedy, as ACCURACY_METHOD
     describes. `episodes`: a multi-turn runner (`control.episodes.EpisodeRunner`) for multi-turn environments."""
     return evaluate_detailed(engine, encode, env, tasks, temperature=temperature, samples=samples, max_tokens=max_tokens,
@@ -53,11 +58,11 @@ class EvalResult:
     """Per mode: (task id, error) of each errored sample, in task order."""
 
 
-def evaluate_detailed(engine: Any, encode: Callable[[Task], list[int]], env: Any, tasks: Sequence[Task], *,
+def evaluate_detailed(engine: Engine, encode: Callable[[Task], list[int]], env: Environment, tasks: Sequence[Task], *,
                       temperature: float, samples: int, max_tokens: int, seed: int, score_workers: int = 8,
                       scorer: Callable[[list[Any]], list[Score]] | None = None,
                       stop_token_ids: list[int] | None = None, pass_threshold: float = 1.0,
-                      episodes: Any = None) -> EvalResult:
+                      episodes: EpisodeRunner | None = None) -> EvalResult:
     """`evaluate`, also returning the errored samples' task ids and errors."""
     res: dict[str, float] = {"n": float(len(tasks))}
     counts: dict[str, int] = {}
@@ -70,7 +75,7 @@ def evaluate_detailed(engine: Any, encode: Callable[[Task], list[int]], env: Any
         plist = per_prompt_params(sp, len(tasks))
         if episodes is not None:
             eps = episodes.run(engine, list(tasks), plist)
-            scores = [ep.score for ep in eps]
+            scores = [ep.score or Score(0.0, error="episode was not scored") for ep in eps]  # as in training
             ids = [t.id for t in tasks]
         else:
             outs = engine.generate([encode(t) for t in tasks], plist)

@@ -27,8 +27,20 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
 from rollwise.config import RunConfig, config_hash
-from rollwise.types import ROLLOUT_STATUSES, Rollout, SamplingParams
+from rollwise.types import ROLLOUT_STATUSES, Rollout, RolloutGroup, SamplingParams
+
+if TYPE_CHECKING:  # pragma: no cover
+    from rollwise.control.ledger import Accounting
+    from rollwise.engine.protocol import Engine
+    from rollwise.run.setup import RunParts
+    from rollwise.run.sources import RolloutSource, StepBatch
+    from rollwise.store.replay import ReplayBuffer
+    from rollwise.store.writer import RolloutStore
+    from rollwise.train.metrics import MetricsLogger
 
 Log = Callable[[str], None]
 """Samples per held-out problem for the sampled accuracy (ACCURACY_METHOD states it)."""
@@ -49,144 +61,43 @@ def train(cfg: RunConfig, log: Log = print, *, stop_after: int | None = None) ->
         run.close()
 
 
-def _run_steps(run: Any, log: Log, stop_after: int | None) -> dict[str, Any] | None:
-    from rollwise.filter import select
-    from rollwise.run.evaluate import evaluate
-    from rollwise.run.resume import (StoredRollouts, apply_loop_state, loop_state, recover_trainer,
-                                     replay_stored_steps, rng_state, run_info, set_rng_state, step_record, trained_refs)
-    from rollwise.cluster.trainer_handle import TrainerLost
+def _run_steps(run: RunParts, log: Log, stop_after: int | None) -> dict[str, Any] | None:
+    """Restore, evaluate before, run the steps, evaluate after and write the summary."""
+    from rollwise.run.resume import restore
     from rollwise.run.sources import DataOrder, make_source
-    from rollwise.store.replay import ReplayBuffer, ReplayConfig, is_replayed, rescue_groups, reuse_rollouts
     from rollwise.store.writer import RolloutStore
-    from rollwise.train.advantages import assign_advantages
     from rollwise.train.metrics import MetricsLogger, prepare_resume
-    from rollwise.train.overlong import overlong_options, shape_overlong
 
-    cfg, trainer, engine = run.cfg, run.trainer, run.engine
-    R, A, P = cfg.rollout, cfg.algo, cfg.replay
+    cfg, trainer, engine, tok = run.cfg, run.trainer, run.engine, run.tokenizer
+    store = RolloutStore(run.run_dir, decode=(lambda ids: tok.decode(list(ids))) if tok is not None else None)
     order = DataOrder(len(run.train_tasks), run.seed)
-    start_step, prev_wall, saved = 0, 0.0, None
-    if run.ckpt is not None:
-        pos = trainer.restore(run.ckpt.path)  # trainer.version = the checkpoint's step
-        order.epoch, order.index = int(pos.get("epoch", 0)), int(pos.get("index", 0))
-        prev_wall = float(pos.get("wall_s", 0.0))
-        start_step, saved = run.ckpt.step, pos.get("loop")
-        log(f"resume: continuing after step {start_step} from {run.ckpt.path}")
-    tok = run.tokenizer
-    store = RolloutStore(run.run_dir, decode=(lambda ids: tok.decode(ids)) if tok is not None else None)
-    wal = replay_stored_steps(store, trainer, start_step, cfg, run.run_dir, log) if cfg.run.resume else None
-    if wal is not None and wal.steps:
-        start_step, saved = wal.last_step, wal.state
-    if start_step > 0 or cfg.engine.backend == "remote":  # a server may hold other weights: send ours
+    replay = _replay_buffer(cfg, run.seed)
+    point = restore(run.resume, trainer, store, run.ckpt, order=order, replay=replay, controller=run.controller,
+                    tasks={t.id: t for t in run.train_tasks}, tokenizer=tok, log=log)
+    if point.step > 0 or not run.engine_holds_policy:  # a server may hold other weights: send ours
         engine.load_weights(trainer.weights(), trainer.version)
     if run.sync_check is not None:  # the engine samples from the trainer's distribution, or the run stops here
         run.sync_check.verify(engine, run.sync_check.reference(trainer), first=True)
-    for note in prepare_resume(run.run_dir, start_step, wal.metrics if wal is not None else None):
+    for note in prepare_resume(run.run_dir, point.step, point.metrics):
         log(note)
     metrics = MetricsLogger(run.run_dir, total_steps=cfg.train.steps, loggers=cfg.run.loggers,
-                            resume_from_step=start_step, run_config=cfg.model_dump(mode="json"))
-    eval_kw = dict(temperature=R.temperature, samples=cfg.run.eval_samples, max_tokens=R.max_tokens, seed=run.seed + 7919,
-                   scorer=run.scorer, stop_token_ids=run.stop_token_ids, pass_threshold=cfg.env.pass_threshold,
-                   episodes=run.episodes)
-
-    def held_out(eng: Any) -> dict[str, float]:
-        return evaluate(eng, run.encode, run.env, run.eval_tasks, **eval_kw)
-
+                            resume_from_step=point.step, run_config=run.resume.config)
+    held_out = _held_out(run)
     eval_base = _eval_base(run, held_out, log) if run.base_dir is not None and cfg.sft.eval_base else None
-    eval_b = _eval_before(run, engine, held_out, resumed=start_step > 0)
-    K = cfg.control.async_staleness
+    eval_b = _eval_before(run, engine, held_out, resumed=point.step > 0)
+    R, K = cfg.rollout, cfg.control.async_staleness
     log(f"held-out accuracy before RL: {eval_b['accuracy']:.3f} sampled (T={R.temperature}), "
         f"{eval_b['accuracy_greedy']:.3f} greedy, on {len(run.eval_tasks)} problems"
         + (f"; generation up to {K} versions ahead" if K else ""))
-    replay = ReplayBuffer(ReplayConfig(capacity=P.capacity, max_age=P.max_age, max_reuse=P.max_reuse, seed=run.seed,
-                                       success_threshold=cfg.env.pass_threshold)) if P.enabled else None
-    info = run_info(cfg, run.config_yaml_sha256)  # kept with each checkpoint: a resume checks its config against it
-
-    def due(step: int) -> bool:
-        return bool(cfg.run.checkpoint_every and step % cfg.run.checkpoint_every == 0) or step == cfg.train.steps
-
-    ckpt_dir = run.ckpt.path if run.ckpt is not None and run.ckpt.step == start_step else None
-    if saved is not None:  # replay buffer, partial carry, data position, RNG: as they were after start_step
-        prev_wall = apply_loop_state(saved, order=order, replay=replay, controller=run.controller,
-                                     rollouts=StoredRollouts(store), tasks={t.id: t for t in run.train_tasks})
-        if wal is not None and wal.steps and due(start_step):  # the save the crash interrupted
-            ckpt_dir = trainer.save(run.run_dir, start_step, {**saved["data_position"], "wall_s": prev_wall,
-                                    "loop": saved, "run": info}, cfg.run.keep_checkpoints, tokenizer=tok)
-    last = cfg.train.steps if stop_after is None else min(cfg.train.steps, start_step + stop_after)
-
-    tree = R.tree.spec()  # tree rollouts (engine/tree.py), or None
-
-    def params(step: int) -> SamplingParams:
-        return SamplingParams(n=R.samples_per_prompt, temperature=R.temperature, top_p=R.top_p, top_k=R.top_k,
-                              max_tokens=R.max_tokens, seed=run.seed * 1_000_003 + step,
-                              stop_token_ids=run.stop_token_ids or None, tree=tree)
-
-    overlong = overlong_options(A)  # DAPO's overlong filtering / soft punishment (on for algo.loss: dapo)
-    rules = run.controller.rules  # the Filter room's rules, built once at setup from algo (control uses the same)
-    source = make_source(run.controller, engine, run.train_tasks, order, params, R.prompts_per_step, staleness=K,
-                         first_step=start_step + 1, last_step=last, trained_version=trainer.version,
+    last = cfg.train.steps if stop_after is None else min(cfg.train.steps, point.step + stop_after)
+    source = make_source(run.controller, engine, run.train_tasks, order, _params_for(run), R.prompts_per_step,
+                         staleness=K, first_step=point.step + 1, last_step=last, trained_version=trainer.version,
                          sync_check=run.sync_check, trainer=trainer)
+    steps = _Steps(run, source, store, metrics, replay, held_out, log, prev_wall=point.wall_s)
+    ckpt_dir = point.checkpoint
     try:
-        for step in range(start_step + 1, last + 1):
-            t_step, cpu_step = time.perf_counter(), time.process_time()
-            batch = source.next_batch(step)  # select prompts -> generate -> score
-            t_got = time.perf_counter()
-            groups = batch.result.groups
-            policy_version = trainer.version  # the policy this step's gradient is taken at
-            replayed: list[Rollout] = []
-            if replay is not None and P.rescue:  # past successes for groups that all failed
-                replayed += rescue_groups(replay, groups, policy_version, P.rescue_k)
-            if overlong.punish:  # the soft length penalty joins the reward the advantages see
-                shape_overlong(groups, max_length=R.max_tokens, cache_len=overlong.cache_for(R.max_tokens))
-            assign_advantages(groups, A.advantage, rules=rules, eps=A.adv_eps, baseline=A.reinforce_baseline)
-            selection = select(groups, rules)  # zero-variance groups, overlong samples; what trains
-            zero_var, trainable = selection.zero_variance_groups, list(selection.trainable)
-            if replay is not None and P.reuse_per_step:  # train again on recent informative rollouts
-                reused = reuse_rollouts(replay, P.reuse_per_step, policy_version)
-                trainable += reused
-                replayed += reused
-            # useful tokens, staleness of what trains
-            books = run.controller.finalize(batch.result, policy_version, selection.trainable)
-            rng_before = rng_state()  # the write-ahead log re-trains this step under the same RNG
-            try:
-                train_m = trainer.train_step(trainable)
-            except TrainerLost as lost:  # a trainer process died: back to step - 1 from checkpoint + store
-                recover_trainer(trainer, store, step, cfg, run.run_dir, log, lost)
-                set_rng_state(rng_before)
-                train_m = trainer.train_step(trainable)
-            sync_s = source.sync(trainer.weights(), trainer.version)
-            own = [r for g in groups for r in g.rollouts if not is_replayed(r)]  # this step's own rollouts
-            extra: dict[str, Any] = {}
-            if replay is not None:
-                replay.add(own)
-                replay.evict_stale(trainer.version)
-                extra = {"replay_used": len(replayed), **replay.stats(trainer.version)}
-            if run.sync_check is not None and run.sync_check.last_diff is not None:
-                extra["sync_logprob_gap"] = run.sync_check.last_diff
-            eval_s = eval_cpu_s = 0.0
-            if cfg.run.eval_every and step % cfg.run.eval_every == 0 and step < cfg.train.steps:
-                t_eval, cpu_eval = time.perf_counter(), time.process_time()
-                with source.exclusive() as eng:
-                    ev = held_out(eng)
-                extra["eval_accuracy"], extra["eval_accuracy_greedy"] = ev["accuracy"], ev["accuracy_greedy"]
-                eval_s, eval_cpu_s = time.perf_counter() - t_eval, time.process_time() - cpu_eval
-                extra["time_eval_s"] = eval_s
-            rec = step_metrics(own, len(groups), zero_var, books, train_m, gen_wait_s=t_got - t_step,
-                               producer_wait_s=batch.wait_s, sync_s=sync_s, step_s=time.perf_counter() - t_step - eval_s,
-                               cpu_s=time.process_time() - cpu_step - eval_cpu_s,
-                               weight_version=trainer.version, staleness_bound=source.staleness_bound,
-                               engine_counters=engine.counters(), useful=_useful_tokens(trainable, is_replayed),
-                               pass_threshold=cfg.env.pass_threshold)
-            wall = prev_wall + time.perf_counter() - run.t_start
-            state = loop_state(batch.data_position, batch.policy_state, replay, wall)
-            # NOTE: the shard and its record land in one rename, before the metrics line: a crash between the two
-            # leaves a shard whose record restores the line (train/metrics.py prepare_resume).
-            store.write_step(step, own, journal=step_record(step, trained_refs(trainable, is_replayed), rng_before,
-                                                            state, {**rec, **extra}, cfg))
-            metrics.log(step, {**rec, **extra})
-            if due(step):
-                ckpt_dir = trainer.save(run.run_dir, step, {**batch.data_position, "wall_s": wall, "loop": state,
-                                                            "run": info}, cfg.run.keep_checkpoints, tokenizer=tok)
+        for step in range(point.step + 1, last + 1):
+            ckpt_dir = steps.run_step(step) or ckpt_dir
     finally:
         source.close()
         metrics.close()
@@ -197,14 +108,180 @@ def _run_steps(run: Any, log: Log, stop_after: int | None) -> dict[str, Any] | N
         return None
     with source.exclusive() as eng:
         after = held_out(eng)
-    return _finish(run, eval_b, after, store, ckpt_dir, prev_wall, log, eval_base)
+    return _finish(run, eval_b, after, store, ckpt_dir, point.wall_s, log, eval_base)
+
+
+def _replay_buffer(cfg: RunConfig, seed: int) -> ReplayBuffer | None:
+    """The replay buffer `replay` describes, or None when it is off."""
+    from rollwise.store.replay import ReplayBuffer, ReplayConfig
+
+    P = cfg.replay
+    if not P.enabled:
+        return None
+    return ReplayBuffer(ReplayConfig(capacity=P.capacity, max_age=P.max_age, max_reuse=P.max_reuse, seed=seed,
+                                     success_threshold=cfg.env.pass_threshold))
+
+
+def _held_out(run: RunParts) -> Callable[[Engine], dict[str, float]]:
+    """Held-out accuracy on the run's eval tasks (sampled at the training temperature, and greedy)."""
+    from rollwise.run.evaluate import evaluate
+
+    cfg, R = run.cfg, run.cfg.rollout
+
+    def held_out(eng: Engine) -> dict[str, float]:
+        return evaluate(eng, run.encode, run.env, run.eval_tasks, temperature=R.temperature,
+                        samples=cfg.run.eval_samples, max_tokens=R.max_tokens, seed=run.seed + 7919,
+                        scorer=run.scorer, stop_token_ids=run.stop_token_ids, pass_threshold=cfg.env.pass_threshold,
+                        episodes=run.episodes)
+
+    return held_out
+
+
+def _params_for(run: RunParts) -> Callable[[int], SamplingParams]:
+    """`params(step)`: the step's sampling params (its own seed; tree rollouts when `rollout.tree` is on)."""
+    R, seed, stop = run.cfg.rollout, run.seed, run.stop_token_ids
+    tree = R.tree.spec()  # tree rollouts (engine/tree.py), or None
+
+    def params(step: int) -> SamplingParams:
+        return SamplingParams(n=R.samples_per_prompt, temperature=R.temperature, top_p=R.top_p, top_k=R.top_k,
+                              max_tokens=R.max_tokens, seed=seed * 1_000_003 + step, stop_token_ids=stop or None,
+                              tree=tree)
+
+    return params
+
+
+@dataclass
+class _Learned:
+    """What one step trained on, and how."""
+
+    groups: list[RolloutGroup]
+    zero_var: int
+    trainable: list[Rollout]
+    """What the trainer got: the Filter room's selection, then replayed copies."""
+    replayed: list[Rollout]
+    books: Accounting
+    train_m: dict[str, float]
+    rng_before: dict[str, Any]
+    """The RNG just before the update (the write-ahead log re-trains the step under it)."""
+
+
+class _Steps:
+    """One RL step at a time: learn from a batch, sync, evaluate when due, store, log, checkpoint."""
+
+    def __init__(self, run: RunParts, source: RolloutSource, store: RolloutStore, metrics: MetricsLogger,
+                 replay: ReplayBuffer | None, held_out: Callable[[Engine], dict[str, float]], log: Log, *,
+                 prev_wall: float) -> None:
+        from rollwise.train.overlong import overlong_options
+
+        self.run, self.source, self.store, self.metrics, self.replay = run, source, store, metrics, replay
+        self.held_out, self.log, self.prev_wall = held_out, log, prev_wall
+        self.overlong = overlong_options(run.cfg.algo)  # DAPO's overlong filtering / soft punishment
+        self.rules = run.controller.rules  # the Filter room's rules, built once at setup (control uses the same)
+
+    def run_step(self, step: int) -> Path | None:
+        """Run `step`; the checkpoint written after it, if one was due."""
+        from rollwise.run.resume import loop_state, step_record, trained_refs
+        from rollwise.store.replay import is_replayed
+
+        run, trainer, cfg = self.run, self.run.trainer, self.run.cfg
+        t_step, cpu_step = time.perf_counter(), time.process_time()
+        batch = self.source.next_batch(step)  # select prompts -> generate -> score
+        t_got = time.perf_counter()
+        learned = self._learn(step, batch)
+        sync_s = self.source.sync(trainer.weights(), trainer.version)
+        own = [r for g in learned.groups for r in g.rollouts if not is_replayed(r)]  # this step's own rollouts
+        extra = self._extras(own, learned)
+        eval_s, eval_cpu_s = self._eval_when_due(step, extra)
+        rec = step_metrics(own, len(learned.groups), learned.zero_var, learned.books, learned.train_m,
+                           gen_wait_s=t_got - t_step, producer_wait_s=batch.wait_s, sync_s=sync_s,
+                           step_s=time.perf_counter() - t_step - eval_s,
+                           cpu_s=time.process_time() - cpu_step - eval_cpu_s, weight_version=trainer.version,
+                           staleness_bound=self.source.staleness_bound, engine_counters=run.engine.counters(),
+                           useful=_useful_tokens(learned.trainable, is_replayed),
+                           pass_threshold=cfg.env.pass_threshold)
+        wall = self.prev_wall + time.perf_counter() - run.t_start
+        state = loop_state(batch.data_position, batch.policy_state, self.replay, wall)
+        # NOTE: the shard and its record land in one rename, before the metrics line: a crash between the two
+        # leaves a shard whose record restores the line (train/metrics.py prepare_resume).
+        self.store.write_step(step, own, journal=step_record(
+            step, trained_refs(learned.trainable, is_replayed), learned.rng_before, state, {**rec, **extra},
+            run.resume.config))
+        self.metrics.log(step, {**rec, **extra})
+        if not run.resume.due(step):
+            return None
+        return trainer.save(run.run_dir, step, {**batch.data_position, "wall_s": wall, "loop": state,
+                                                "run": run.resume.run_info()}, run.resume.keep_checkpoints,
+                            tokenizer=run.tokenizer)
+
+    def _learn(self, step: int, batch: StepBatch) -> _Learned:
+        """Rescue, shape, advantages, the Filter room's selection, reuse; then the update (a lost trainer is
+        brought back to step - 1 from its checkpoint and the store, and trains the step again)."""
+        from rollwise.cluster.trainer_handle import TrainerLost
+        from rollwise.filter import select
+        from rollwise.run.resume import recover_trainer, rng_state, set_rng_state
+        from rollwise.store.replay import rescue_groups, reuse_rollouts
+        from rollwise.train.advantages import assign_advantages
+        from rollwise.train.overlong import shape_overlong
+
+        run, trainer, replay = self.run, self.run.trainer, self.replay
+        R, A, P = run.cfg.rollout, run.cfg.algo, run.cfg.replay
+        groups = batch.result.groups
+        policy_version = trainer.version  # the policy this step's gradient is taken at
+        replayed: list[Rollout] = []
+        if replay is not None and P.rescue:  # past successes for groups that all failed
+            replayed += rescue_groups(replay, groups, policy_version, P.rescue_k)
+        if self.overlong.punish:  # the soft length penalty joins the reward the advantages see
+            shape_overlong(groups, max_length=R.max_tokens, cache_len=self.overlong.cache_for(R.max_tokens))
+        assign_advantages(groups, A.advantage, rules=self.rules, eps=A.adv_eps, baseline=A.reinforce_baseline)
+        selection = select(groups, self.rules)  # zero-variance groups, overlong samples; what trains
+        trainable = list(selection.trainable)
+        if replay is not None and P.reuse_per_step:  # train again on recent informative rollouts
+            reused = reuse_rollouts(replay, P.reuse_per_step, policy_version)
+            trainable += reused
+            replayed += reused
+        # useful tokens, staleness of what trains
+        books = run.controller.finalize(batch.result, policy_version, selection.trainable)
+        rng_before = rng_state()  # the write-ahead log re-trains this step under the same RNG
+        try:
+            train_m = trainer.train_step(trainable)
+        except TrainerLost as lost:  # a trainer process died: back to step - 1 from checkpoint + store
+            recover_trainer(trainer, self.store, step, run.resume, self.log, lost)
+            set_rng_state(rng_before)
+            train_m = trainer.train_step(trainable)
+        return _Learned(groups, selection.zero_variance_groups, trainable, replayed, books, train_m, rng_before)
+
+    def _extras(self, own: list[Rollout], learned: _Learned) -> dict[str, Any]:
+        """The replay buffer's books and the last sync's log-prob gap, beside the step's metrics."""
+        extra: dict[str, Any] = {}
+        if self.replay is not None:
+            self.replay.add(own)
+            self.replay.evict_stale(self.run.trainer.version)
+            extra = {"replay_used": len(learned.replayed), **self.replay.stats(self.run.trainer.version)}
+        check = self.run.sync_check
+        if check is not None and check.last_diff is not None:
+            extra["sync_logprob_gap"] = check.last_diff
+        return extra
+
+    def _eval_when_due(self, step: int, extra: dict[str, Any]) -> tuple[float, float]:
+        """A mid-run held-out evaluation every `run.eval_every` steps (into `extra`); its wall and CPU seconds."""
+        cfg = self.run.cfg
+        if not (cfg.run.eval_every and step % cfg.run.eval_every == 0 and step < cfg.train.steps):
+            return 0.0, 0.0
+        t_eval, cpu_eval = time.perf_counter(), time.process_time()
+        with self.source.exclusive() as eng:
+            ev = self.held_out(eng)
+        extra["eval_accuracy"], extra["eval_accuracy_greedy"] = ev["accuracy"], ev["accuracy_greedy"]
+        eval_s, eval_cpu_s = time.perf_counter() - t_eval, time.process_time() - cpu_eval
+        extra["time_eval_s"] = eval_s
+        return eval_s, eval_cpu_s
 
 
 def _useful_tokens(trainable: Sequence[Rollout], is_replayed: Callable[[Rollout], bool]) -> int:
     return sum(len(r.completion_token_ids) for r in trainable if r.has_signal and not is_replayed(r))
 
 
-def step_metrics(rollouts: Sequence[Rollout], num_groups: int, zero_var: int, books: Any, train_m: dict[str, float],
+def step_metrics(rollouts: Sequence[Rollout], num_groups: int, zero_var: int, books: Accounting,
+                 train_m: dict[str, float],
                  *, gen_wait_s: float, producer_wait_s: float, sync_s: float, step_s: float, cpu_s: float | None = None,
                  weight_version: int,
                  staleness_bound: int, engine_counters: dict[str, int], useful: int,
@@ -270,7 +347,7 @@ def _write_json_atomic(path: Path, obj: Any) -> None:
     os.replace(tmp, path)
 
 
-def _eval_base(run: Any, held_out: Callable[[Any], dict[str, float]], log: Log) -> dict[str, float]:
+def _eval_base(run: RunParts, held_out: Callable[[Engine], dict[str, float]], log: Log) -> dict[str, float]:
     """The model before SFT, evaluated once on an in-process engine (kept in RUN_DIR/eval_base.json)."""
     path = run.run_dir / "eval_base.json"
     if path.is_file():
@@ -278,13 +355,12 @@ def _eval_base(run: Any, held_out: Callable[[Any], dict[str, float]], log: Log) 
     from rollwise.engine.llm import LLM
     from rollwise.run.setup import engine_kwargs
 
+    assert run.base_dir is not None, "the base model is evaluated only when SFT ran first"
     llm = LLM(run.base_dir, device=run.device, dtype=run.cfg.model.dtype, tokenizer=run.tokenizer,
               **engine_kwargs(run.cfg.engine, run.seed))
     try:
         res = held_out(llm)
     finally:
-        if callable(getattr(llm, "shutdown", None)):
-            llm.shutdown()
         del llm
     log(f"held-out accuracy of the base model (before SFT): {res['accuracy']:.3f} sampled, "
         f"{res['accuracy_greedy']:.3f} greedy")
@@ -292,7 +368,7 @@ def _eval_base(run: Any, held_out: Callable[[Any], dict[str, float]], log: Log) 
     return res
 
 
-def _eval_before(run: Any, engine: Any, held_out: Callable[[Any], dict[str, float]], *,
+def _eval_before(run: RunParts, engine: Engine, held_out: Callable[[Engine], dict[str, float]], *,
                  resumed: bool) -> dict[str, float]:
     """The pre-RL evaluation, computed once and kept in RUN_DIR/eval_before.json for resumed runs."""
     path = run.run_dir / "eval_before.json"
@@ -303,7 +379,8 @@ def _eval_before(run: Any, engine: Any, held_out: Callable[[Any], dict[str, floa
     return res
 
 
-def _finish(run: Any, before: dict[str, float], after: dict[str, float], store: Any, ckpt_dir: Path | None,
+def _finish(run: RunParts, before: dict[str, float], after: dict[str, float], store: RolloutStore,
+            ckpt_dir: Path | None,
             prev_wall: float, log: Log, base: dict[str, float] | None = None) -> dict[str, Any]:
     """summary.json (with the rollout card) and report.html."""
     from rollwise.run.evaluate import ACCURACY_METHOD

@@ -24,7 +24,7 @@ MESSAGE_SLACK = 32
 """Tokens allowed per chat message for role markers and separators in the cheap bound."""
 
 
-def engine_context(engine: Any) -> int | None:
+def engine_context(engine: object) -> int | None:
     """The longest sequence (prompt + output) an engine takes, when it says: `LLM.engine.max_model_len` or an
     engine's own `max_model_len`; None for engines that do not say (a remote server checks its own)."""
     for obj in (engine, getattr(engine, "engine", None)):

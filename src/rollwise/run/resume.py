@@ -50,11 +50,14 @@ from typing import TYPE_CHECKING, Any
 from rollwise.types import Rollout
 
 if TYPE_CHECKING:  # pragma: no cover
-    from rollwise.config import RunConfig
     from rollwise.cluster.trainer_handle import TrainerHandle
+    from rollwise.config import RunConfig
+    from rollwise.control.controller import RolloutController
+    from rollwise.run.sources import DataOrder
     from rollwise.store.replay import ReplayBuffer
     from rollwise.store.writer import RolloutStore
     from rollwise.train.checkpoint import Checkpoint
+    from rollwise.types import Task, Tokenizer
 
 RECORD_VERSION = 1
 Log = Callable[[str], None]
@@ -62,6 +65,41 @@ Log = Callable[[str], None]
 
 class ResumeError(ValueError):
     """A resume that cannot continue the run as it was; the message is one line."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ResumeSpec:
+    """What resuming and re-training need of the run's config, taken from it once (`ResumeSpec.of`)."""
+
+    run_dir: Path
+    config: dict[str, Any]
+    """The resolved run config as JSON (`model_dump(mode="json")`): what every record and checkpoint keeps, and
+    what a resume compares key by key."""
+    train_steps: int
+    """`train.steps`: no stored step or checkpoint may lie beyond it."""
+    max_restarts: int
+    """`train.max_restarts`: trainer restarts a run may use."""
+    config_yaml_sha256: str = ""
+    """sha256 of RUN_DIR/config.yaml as this invocation wrote it."""
+    resume: bool = False
+    """`run.resume`: re-train stored steps after the checkpoint."""
+    checkpoint_every: int = 0
+    """`run.checkpoint_every` (0: only at the end)."""
+    keep_checkpoints: int | None = None
+    """`run.keep_checkpoints`."""
+
+    @classmethod
+    def of(cls, cfg: RunConfig, run_dir: Path, config_yaml_sha256: str = "") -> ResumeSpec:
+        return cls(Path(run_dir), cfg.model_dump(mode="json"), cfg.train.steps, cfg.train.max_restarts,
+                   config_yaml_sha256, cfg.run.resume, cfg.run.checkpoint_every, cfg.run.keep_checkpoints)
+
+    def due(self, step: int) -> bool:
+        """A checkpoint is written after this step (every `checkpoint_every` steps, and after the last one)."""
+        return bool(self.checkpoint_every and step % self.checkpoint_every == 0) or step == self.train_steps
+
+    def run_info(self) -> dict[str, Any]:
+        """What a checkpoint keeps of the run's config: the resolved config and the sha256 of config.yaml."""
+        return {"config": self.config, "config_yaml_sha256": self.config_yaml_sha256}
 
 
 # ------------------------------------------------------------------------------------------------- RNG as JSON
@@ -124,18 +162,14 @@ def config_diffs(saved: Mapping[str, Any], given: Mapping[str, Any], *, harmless
     return out
 
 
-def run_info(cfg: RunConfig, config_yaml_sha256: str) -> dict[str, Any]:
-    """What a checkpoint keeps of the run's config: the resolved config and the sha256 of config.yaml as written."""
-    return {"config": cfg.model_dump(mode="json"), "config_yaml_sha256": config_yaml_sha256}
-
-
-def check_resume_config(run_dir: Path, cfg: RunConfig, ckpt: Checkpoint, log: Log) -> None:
+def check_resume_config(spec: ResumeSpec, ckpt: Checkpoint, log: Log) -> None:
     """Refuse (ResumeError, one line naming every differing key) a resume whose config changes results against
     the config checkpoint `ckpt` was trained under; say so when config.yaml was edited by hand."""
     from rollwise.train.checkpoint import file_sha256
 
-    if ckpt.step > cfg.train.steps:
-        raise ResumeError(f"cannot resume {run_dir}: train.steps={cfg.train.steps} is below the {ckpt.step} steps "
+    run_dir = spec.run_dir
+    if ckpt.step > spec.train_steps:
+        raise ResumeError(f"cannot resume {run_dir}: train.steps={spec.train_steps} is below the {ckpt.step} steps "
                           f"checkpoint {ckpt.path.name} has already trained")
     info = ckpt.data_position.get("run") or {}
     saved = info.get("config")
@@ -145,7 +179,7 @@ def check_resume_config(run_dir: Path, cfg: RunConfig, ckpt: Checkpoint, log: Lo
     yaml_path = run_dir / "config.yaml"
     edited = bool(info.get("config_yaml_sha256")) and yaml_path.is_file() and \
         file_sha256(yaml_path) != info["config_yaml_sha256"]
-    now = cfg.model_dump(mode="json")
+    now = spec.config
     diffs = config_diffs(saved, now)
     if diffs:
         how = "config.yaml was edited after it was written, and " if edited else ""
@@ -169,24 +203,18 @@ def trained_refs(trainable: Sequence[Rollout], is_replayed: Callable[[Rollout], 
 
 
 def step_record(step: int, trained: list[Any], rng_before_train: dict[str, Any], state: dict[str, Any],
-                metrics: Mapping[str, Any], cfg: RunConfig) -> dict[str, Any]:
+                metrics: Mapping[str, Any], config: dict[str, Any]) -> dict[str, Any]:
     """The write-ahead log record of one step (stored with its shard: `RolloutStore.write_step(journal=...)`)."""
     from rollwise.train.metrics import flatten_metrics
 
     return {"version": RECORD_VERSION, "step": int(step), "trained": trained, "rng_before_train": rng_before_train,
-            "state": state, "metrics": flatten_metrics(metrics), "config": cfg.model_dump(mode="json")}
+            "state": state, "metrics": flatten_metrics(metrics), "config": config}
 
 
 def loop_state(data_position: Mapping[str, Any], policy_state: Any, replay: ReplayBuffer | None, wall_s: float) -> dict[str, Any]:
     """The loop's state after a step (what a checkpoint and a record carry besides weights)."""
     return {"data_position": {k: int(v) for k, v in data_position.items()}, "policy": policy_state,
             "replay": replay.state_dict() if replay is not None else None, "rng": rng_state(), "wall_s": float(wall_s)}
-
-
-def policy_state(controller: Any) -> Any:
-    """The rollout policy's cross-step state (partial rollouts' carry), or None for a policy that keeps none."""
-    fn = getattr(controller.policy, "state_dict", None)
-    return fn() if callable(fn) else None
 
 
 class StoredRollouts:
@@ -209,13 +237,14 @@ class StoredRollouts:
         return r
 
 
-def apply_loop_state(state: Mapping[str, Any], *, order: Any, replay: ReplayBuffer | None, controller: Any,
-                     rollouts: StoredRollouts, tasks: Mapping[str, Any]) -> float:
+def apply_loop_state(state: Mapping[str, Any], *, order: DataOrder, replay: ReplayBuffer | None,
+                     controller: RolloutController, rollouts: StoredRollouts, tasks: Mapping[str, Task]) -> float:
     """Put the loop back where `loop_state` saved it (the RNG included); returns the run's wall time so far."""
     pos = state.get("data_position") or {}
     order.epoch, order.index = int(pos.get("epoch", 0)), int(pos.get("index", 0))
-    if state.get("policy") is not None:
-        controller.policy.load_state_dict(state["policy"], tasks)
+    load = getattr(controller.policy, "load_state_dict", None)  # only a policy with cross-step state saved one
+    if state.get("policy") is not None and callable(load):
+        load(state["policy"], tasks)
     if replay is not None and state.get("replay") is not None:
         replay.load_state_dict(state["replay"], rollouts.get)
     if state.get("rng") is not None:
@@ -258,13 +287,13 @@ def _rebuild(store: RolloutStore, step: int, trained: list[Any]) -> list[Rollout
     return out
 
 
-def replay_stored_steps(store: RolloutStore, trainer: TrainerHandle, from_step: int, cfg: RunConfig, run_dir: Path,
+def replay_stored_steps(store: RolloutStore, trainer: TrainerHandle, from_step: int, spec: ResumeSpec,
                         log: Log) -> ReplayedSteps:
     """Re-train the steps after `from_step` (the restored checkpoint's; 0 = the initial model) from their shards,
     in order, while each has a record; move every shard after the last usable one to RUN_DIR/quarantine/."""
     from rollwise.store.writer import ShardError
 
-    now = cfg.model_dump(mode="json")
+    now, run_dir = spec.config, spec.run_dir
     done: list[int] = []
     state: dict[str, Any] | None = None
     metrics: dict[int, dict[str, Any]] = {}
@@ -274,8 +303,8 @@ def replay_stored_steps(store: RolloutStore, trainer: TrainerHandle, from_step: 
         if s != expect:
             why = f"step {expect} has no shard"
             break
-        if s > cfg.train.steps:
-            raise ResumeError(f"cannot resume {run_dir}: train.steps={cfg.train.steps} is below the {s} steps its "
+        if s > spec.train_steps:
+            raise ResumeError(f"cannot resume {run_dir}: train.steps={spec.train_steps} is below the {s} steps its "
                               "rollout store holds")
         try:
             rec = store.read_journal(s)
@@ -315,7 +344,47 @@ def replay_stored_steps(store: RolloutStore, trainer: TrainerHandle, from_step: 
     return ReplayedSteps(last, done, state, metrics, moved)
 
 
-def recover_trainer(trainer: Any, store: RolloutStore, step: int, cfg: RunConfig, run_dir: Path, log: Log,
+@dataclasses.dataclass
+class ResumePoint:
+    """Where a run continues (`restore`): the trainer, the data order, the replay buffer, the policy's carry and
+    the RNG are as they were after `step`."""
+
+    step: int
+    """The last step done (0: a fresh run); the loop goes on at step + 1."""
+    wall_s: float
+    """The run's wall-clock seconds before this invocation."""
+    checkpoint: Path | None
+    """The checkpoint holding step's weights (the final model of a finished run), None when none does."""
+    metrics: dict[int, dict[str, Any]] | None
+    """Each re-trained step's metrics line (for metrics.jsonl lines a crash cut off); None without a resume."""
+
+
+def restore(spec: ResumeSpec, trainer: TrainerHandle, store: RolloutStore, ckpt: Checkpoint | None, *,
+            order: DataOrder, replay: ReplayBuffer | None, controller: RolloutController, tasks: Mapping[str, Task],
+            tokenizer: Tokenizer | None, log: Log) -> ResumePoint:
+    """Bring a run back to where it stopped: restore `ckpt` (None: the initial model), re-train the stored steps
+    after it (`replay_stored_steps`), put the loop's state back, and write the checkpoint a crash interrupted."""
+    step, wall, saved = 0, 0.0, None
+    if ckpt is not None:
+        pos = trainer.restore(ckpt.path)  # trainer.version = the checkpoint's step
+        order.epoch, order.index = int(pos.get("epoch", 0)), int(pos.get("index", 0))
+        wall = float(pos.get("wall_s", 0.0))
+        step, saved = ckpt.step, pos.get("loop")
+        log(f"resume: continuing after step {step} from {ckpt.path}")
+    wal = replay_stored_steps(store, trainer, step, spec, log) if spec.resume else None
+    if wal is not None and wal.steps:
+        step, saved = wal.last_step, wal.state
+    ckpt_dir = ckpt.path if ckpt is not None and ckpt.step == step else None
+    if saved is not None:  # replay buffer, partial carry, data position, RNG: as they were after `step`
+        wall = apply_loop_state(saved, order=order, replay=replay, controller=controller,
+                                rollouts=StoredRollouts(store), tasks=tasks)
+        if wal is not None and wal.steps and spec.due(step):  # the save the crash interrupted
+            ckpt_dir = trainer.save(spec.run_dir, step, {**saved["data_position"], "wall_s": wall, "loop": saved,
+                                    "run": spec.run_info()}, spec.keep_checkpoints, tokenizer=tokenizer)
+    return ResumePoint(step, wall, ckpt_dir, wal.metrics if wal is not None else None)
+
+
+def recover_trainer(trainer: TrainerHandle, store: RolloutStore, step: int, spec: ResumeSpec, log: Log,
                     cause: BaseException) -> None:
     """A trainer died (`TrainerLost`) while training `step`: restart it, restore the last checkpoint and re-train
     steps after it up to step - 1 from the stored rollouts, so the trainer is again where it was when the step
@@ -323,25 +392,30 @@ def recover_trainer(trainer: Any, store: RolloutStore, step: int, cfg: RunConfig
     up or the stored steps do not lead back to step - 1."""
     from rollwise.train.checkpoint import find_latest_checkpoint
 
-    used = int(getattr(trainer, "restarts", 0))
-    if not callable(getattr(trainer, "restart", None)) or used >= cfg.train.max_restarts:
-        raise ResumeError(f"{cause}; the run stopped at step {step} after {used} trainer restart(s) "
-                          f"(train.max_restarts={cfg.train.max_restarts}): run.resume: true continues it") from None
+    used = trainer.restarts
+
+    def stopped() -> ResumeError:
+        return ResumeError(f"{cause}; the run stopped at step {step} after {used} trainer restart(s) "
+                           f"(train.max_restarts={spec.max_restarts}): run.resume: true continues it")
+
+    if used >= spec.max_restarts:
+        raise stopped() from None
     rng = rng_state()  # the recovery must not move the loop's own random streams
     t0 = time.perf_counter()
-    trainer.restart()
-    latest = find_latest_checkpoint(run_dir)
+    if not trainer.restart():
+        raise stopped() from None
+    latest = find_latest_checkpoint(spec.run_dir)
     base = 0
     if latest is not None:
         trainer.restore(latest)
         base = trainer.version
-    replayed = replay_stored_steps(store, trainer, base, cfg, run_dir, log) if step - 1 > base else None
+    replayed = replay_stored_steps(store, trainer, base, spec, log) if step - 1 > base else None
     set_rng_state(rng)
     if trainer.version != step - 1:
         raise ResumeError(f"{cause}; after a restart the trainer is at step {trainer.version}, not {step - 1} (the "
                           f"stored rollouts stop there): run.resume: true continues from the store")
     redone = f"re-trained steps {base + 1}..{step - 1} from the stored rollouts" if replayed and replayed.steps else \
         "nothing to re-train"
-    log(f"trainer lost at step {step} ({cause}); restart {used + 1} of {cfg.train.max_restarts}: restored "
+    log(f"trainer lost at step {step} ({cause}); restart {used + 1} of {spec.max_restarts}: restored "
         f"{latest.name if latest is not None else 'the initial model'}, {redone}, in {time.perf_counter() - t0:.1f}s; "
         f"no step or rollout was lost, step {step} trains again")

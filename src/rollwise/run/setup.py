@@ -18,10 +18,22 @@ import random
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
-from rollwise.config import RunConfig, dump_config
-from rollwise.types import Score, Task
+from rollwise.config import EngineConfig, EnvConfig, ModelConfig, RunConfig, WarmupConfig, dump_config
+from rollwise.run.resume import ResumeSpec
+from rollwise.types import Score, Task, Tokenizer
+
+if TYPE_CHECKING:  # pragma: no cover
+    from rollwise.clients.vllm.launch import VLLMServers
+    from rollwise.cluster.trainer_handle import TrainerHandle, TrainerSpec
+    from rollwise.control.controller import RolloutController
+    from rollwise.control.episodes import EpisodeRunner
+    from rollwise.engine.protocol import Engine
+    from rollwise.envs.base import Environment
+    from rollwise.models.prompting import PromptFormat
+    from rollwise.run.sync_check import SyncCheck
+    from rollwise.train.checkpoint import Checkpoint
 
 Log = Callable[[str], None]
 
@@ -42,7 +54,7 @@ SCORE_WORKERS = 8
 """Concurrent per-sample reward calls."""
 
 
-def make_env(env_cfg: Any) -> Any:
+def make_env(env_cfg: EnvConfig) -> Environment:
     """The environment an `env` config section names, with the user's reward(s) when it names them."""
     from rollwise.envs.build import make_env as build
 
@@ -52,20 +64,21 @@ def make_env(env_cfg: Any) -> Any:
                  max_tool_calls=env_cfg.max_tool_calls, turn_budget_s=max(env_cfg.turn_timeout_s - 1.0, 0.5))
 
 
-def prompt_format(env_cfg: Any, env: Any = None) -> Any:
+def prompt_format(env_cfg: EnvConfig, env: Environment | None = None) -> PromptFormat:
     """The `PromptFormat` of the `env` section (with the tools of a tool class, `envs.agent.ToolEnv`)."""
     from rollwise.models.prompting import PromptFormat
 
     return PromptFormat(env_cfg.chat_template, env_cfg.system_prompt, tools=getattr(env, "tools", None) or None)
 
 
-def prompt_encoder(env_cfg: Any, tokenizer: Any, env: Any = None) -> Callable[[Task], list[int]]:
+def prompt_encoder(env_cfg: EnvConfig, tokenizer: Tokenizer | None,
+                   env: Environment | None = None) -> Callable[[Task], list[int]]:
     """`encode(task)`: the task's prompt as the model expects it (`env.chat_template`, `env.system_prompt`, the
     environment's tools); the same in train, eval and generate."""
     return prompt_format(env_cfg, env).task_encoder(tokenizer)
 
 
-def engine_kwargs(engine_cfg: Any, seed: int) -> dict[str, Any]:
+def engine_kwargs(engine_cfg: EngineConfig, seed: int) -> dict[str, Any]:
     """`LLM(...)` keyword arguments: the sizing fields of the `engine` section, and the seed."""
     sizing = ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "block_size", "num_kv_blocks", "kv_cache_gb",
               "enable_prefix_caching")
@@ -90,7 +103,7 @@ def _vocab_size(model_dir: Path) -> int | None:
     return v if isinstance(v, int) and v > 0 else None
 
 
-def launch_vllm(cfg: RunConfig, model_dir: Path, run_dir: Path, log: Log) -> Any:
+def launch_vllm(cfg: RunConfig, model_dir: Path, run_dir: Path, log: Log) -> VLLMServers:
     """`engine.vllm.launch`: start the servers on `model_dir` and wait for them (`engine.vllm_launch`)."""
     from rollwise.clients.vllm.launch import VLLMLaunchSpec, VLLMServers, free_port
 
@@ -121,8 +134,8 @@ def launch_vllm(cfg: RunConfig, model_dir: Path, run_dir: Path, log: Log) -> Any
     return servers
 
 
-def make_engine(cfg: RunConfig, model_dir: Path, device: str, tokenizer: Any, seed: int,
-                launched: Any = None) -> Any:
+def make_engine(cfg: RunConfig, model_dir: Path, device: str, tokenizer: Tokenizer | None, seed: int,
+                launched: VLLMServers | None = None) -> Engine:
     """The engine `engine.backend` names, loaded with the model in `model_dir` (remote servers get it at the first
     weight sync); `launched`: the `VLLMServers` rollwise started, when it did."""
     E = cfg.engine
@@ -144,9 +157,10 @@ def make_engine(cfg: RunConfig, model_dir: Path, device: str, tokenizer: Any, se
         return engines[0] if len(engines) == 1 else MultiEngine(engines)
     from rollwise.cluster.ray_engines import RayEngines
 
-    from rollwise.cluster.ray_resources import ENGINE_CPUS, ensure_ray, gpus_each
+    from rollwise.cluster.ray_resources import ENGINE_CPUS, ensure_ray, gpus_each, ray_demands
 
-    ensure_ray(cfg, device)  # a cluster too small for the config is refused here, before any actor waits
+    # A cluster too small for the config is refused here, before any actor waits.
+    ensure_ray(ray_demands(cfg, device), cfg.run.ray_address)
     return RayEngines(E.num_engines, str(model_dir), device=device, dtype=cfg.model.dtype,
                       engine_kwargs=engine_kwargs(E, seed), address=cfg.run.ray_address,
                       timeout_s=cfg.run.ray_timeout_s, threads=cfg.run.cpu_threads, tokenizer=tokenizer,
@@ -157,7 +171,7 @@ RANK_CALL_TIMEOUT_S = 3600.0
 """Longest one call to local trainer ranks may take (a dead rank is noticed at once: its process is polled)."""
 
 
-def trainer_spec(cfg: RunConfig, model_dir: Path, device: str) -> Any:
+def trainer_spec(cfg: RunConfig, model_dir: Path, device: str) -> TrainerSpec:
     """The one typed object every trainer variant is built from (`run.trainer_handle.TrainerSpec`)."""
     from rollwise.cluster.trainer_handle import TrainerSpec
     from rollwise.train.losses import LossConfig
@@ -172,7 +186,7 @@ def trainer_spec(cfg: RunConfig, model_dir: Path, device: str) -> Any:
                        world_size=cfg.train.world_size, parallel=cfg.train.parallel)
 
 
-def make_trainer(cfg: RunConfig, model_dir: Path, device: str) -> Any:
+def make_trainer(cfg: RunConfig, model_dir: Path, device: str) -> TrainerHandle:
     """The trainer handle: in-process (one rank), local rank processes (train.world_size > 1), or Ray actors
     (engine.backend 'ray', any world size)."""
     spec = trainer_spec(cfg, model_dir, device)
@@ -189,7 +203,7 @@ def make_trainer(cfg: RunConfig, model_dir: Path, device: str) -> Any:
     return spec.build()
 
 
-def make_sync_check(cfg: RunConfig, encode: Callable[[Task], list[int]], tasks: list[Task]) -> Any:
+def make_sync_check(cfg: RunConfig, encode: Callable[[Task], list[int]], tasks: list[Task]) -> SyncCheck | None:
     """The weight-sync check (`run.sync_check`) on two of the run's own prompts, or None when it is off."""
     E, R = cfg.engine, cfg.rollout
     on = E.sync_check is True or (E.sync_check == "auto" and E.backend != "local")
@@ -204,57 +218,82 @@ def make_sync_check(cfg: RunConfig, encode: Callable[[Task], list[int]], tasks: 
                      top_k=R.top_k, tol=E.sync_check_tol, engine_name=where)
 
 
-def make_scorer(cfg: RunConfig, env: Any) -> tuple[Callable[[list[tuple[Task, str]]], list[Score]] | None, Any]:
+def make_scorer(cfg: RunConfig, env: Environment) -> tuple[Scorer | None, Callable[[], None] | None]:
     """(scorer, handle to shut down): Ray scoring actors with the ray backend, else (None, None) = in-process."""
     if cfg.engine.backend != "ray":
         return None, None
     from rollwise.cluster.ray_scoring import RayScorer
 
     sc = RayScorer(env, cfg.run.num_scorers, timeout_s=cfg.run.ray_timeout_s)
-    return sc, sc
+    return sc, sc.shutdown
 
 
-def prepare_model(cfg: RunConfig, env: Any, train_tasks: list, run_dir: Path, log: Log) -> tuple[Path, dict[str, Any]]:
+@dataclass(frozen=True)
+class ModelSource:
+    """Where the initial policy comes from: the `model` and `warmup` sections, and what the built-in model's
+    warm-up is keyed on (the environment and its data)."""
+
+    model: ModelConfig
+    warmup: WarmupConfig
+    env_name: str
+    env_signature: str
+    """`name:kwargs:train_size` of the environment the built-in model warms up on."""
+    seed: int
+
+    @classmethod
+    def of(cls, cfg: RunConfig) -> ModelSource:
+        sig = f"{cfg.env.name}:{json.dumps(cfg.env.kwargs, sort_keys=True)}:{cfg.env.train_size}"
+        return cls(cfg.model, cfg.warmup, cfg.env.name, sig, cfg.train.seed)
+
+
+def prepare_model(src: ModelSource, env: Environment, train_tasks: list[Task], run_dir: Path,
+                  log: Log) -> tuple[Path, dict[str, Any]]:
     """The initial policy checkpoint directory (the built-in model is built and warmed up into RUN_DIR)."""
-    if cfg.model.path != "builtin:tiny":
+    if src.model.path != "builtin:tiny":
         from rollwise.models.convert import resolve_model
 
-        p = Path(resolve_model(cfg.model.path))  # a directory, a .gguf, 'smollm2-135m' or a hub id
+        p = Path(resolve_model(src.model.path))  # a directory, a .gguf, 'smollm2-135m' or a hub id
         if not (p / "config.json").is_file():
-            raise ValueError(f"model.path {cfg.model.path!r} is not an HF checkpoint directory (no config.json)")
+            raise ValueError(f"model.path {src.model.path!r} is not an HF checkpoint directory (no config.json)")
         return p, {}
     from rollwise.run.warmup import prepare_builtin_model
 
     charset = getattr(env, "charset", None)
     if not charset:
-        raise ValueError(f"the built-in model needs an environment with a `charset` (env {cfg.env.name!r} has none); "
+        raise ValueError(f"the built-in model needs an environment with a `charset` (env {src.env_name!r} has none); "
                          "set model.path to an HF checkpoint instead")
     dest = run_dir / "init_model"
     if (dest / "config.json").is_file() and (dest / "warmup.json").is_file() or (
-            (dest / "config.json").is_file() and not cfg.warmup.enabled):
+            (dest / "config.json").is_file() and not src.warmup.enabled):
         return dest, {}
-    sig = f"{cfg.env.name}:{json.dumps(cfg.env.kwargs, sort_keys=True)}:{cfg.env.train_size}"
-    info = prepare_builtin_model(dest, charset, train_tasks, cfg.model.builtin, cfg.warmup, sig, cfg.train.seed, log)
+    info = prepare_builtin_model(dest, charset, train_tasks, src.model.builtin, src.warmup, src.env_signature,
+                                 src.seed, log)
     return dest, info
 
 
-def make_episode_runner(cfg: RunConfig, env: Any, tokenizer: Any, encode: Callable[[Task], list[int]]) -> Any:
+def make_episode_runner(env_cfg: EnvConfig, max_model_len: int | None, env: Environment,
+                        tokenizer: Tokenizer | None, encode: Callable[[Task], list[int]]) -> EpisodeRunner:
     """Episodes of a multi-turn environment: replies as chat turns when the prompts use the chat template."""
     from rollwise.control.episodes import EpisodeRunner, chat_reply_formatter
     from rollwise.models.tool_calls import CALL_CLOSE
     from rollwise.models.turns import ChatTurns
 
-    E = cfg.env
+    E = env_cfg
     turns = ChatTurns(tokenizer, prompt_format(E, env)) if tokenizer is not None else None
     templated = turns is not None and turns.templated
-    budget = E.max_episode_tokens or cfg.engine.max_model_len or 1024
+    budget = E.max_episode_tokens or max_model_len or 1024
     # Tool classes: a turn ends at the template's end-of-turn token and the tool turns follow it; without a
     # template, at a call's closing tag.
     tool_class = E.environment is not None
     return EpisodeRunner(env, tokenizer, encode, chat_reply_formatter(tokenizer, templated), max_turns=E.max_turns,
                          max_total_tokens=budget, turn_timeout_s=E.turn_timeout_s,
-                         turn_end_ids=frozenset(turns.turn_end_ids) if templated and tool_class else frozenset(),
+                         turn_end_ids=frozenset(turns.turn_end_ids) if turns is not None and templated and tool_class
+                         else frozenset(),
                          stop=(CALL_CLOSE,) if tool_class and not templated else ())
+
+
+Scorer = Callable[[list[tuple[Task, str, list[int]]]], list[Score]]
+"""`scorer(items) -> scores` in input order, items (task, completion text, completion ids): Ray scoring actors."""
 
 
 @dataclass
@@ -265,32 +304,35 @@ class RunParts:
     run_dir: Path
     seed: int
     device: str
-    env: Any
+    env: Environment
     train_tasks: list[Task]
     eval_tasks: list[Task]
-    ckpt: Any
+    ckpt: Checkpoint | None
     """The checkpoint to resume from, or None."""
     init_dir: Path
     warm_info: dict[str, Any]
-    engine: Any
-    tokenizer: Any
+    engine: Engine
+    tokenizer: Tokenizer | None
     encode: Callable[[Task], list[int]]
     stop_token_ids: list[int]
     """Generation ends at these (the generation config's eos ids and the chat template's end-of-turn token)."""
-    scorer: Callable[[list[tuple[Task, str]]], list[Score]] | None
-    episodes: Any
-    """`control.episodes.EpisodeRunner` when the environment is multi-turn, else None."""
-    trainer: Any
-    controller: Any
+    scorer: Scorer | None
+    episodes: EpisodeRunner | None
+    """The runner of a multi-turn environment's episodes, else None."""
+    trainer: TrainerHandle
+    controller: RolloutController
+    resume: ResumeSpec
+    """What resuming, re-training and checkpointing need of the config (taken from it once)."""
     t_start: float
+    engine_holds_policy: bool = True
+    """The engine was loaded with the initial policy (local, Ray); False for servers, which may hold other weights
+    until the first sync sends the trainer's."""
     closers: list[Callable[[], None]] = field(default_factory=list)
-    sync_check: Any = None
+    sync_check: SyncCheck | None = None
     """`run.sync_check.SyncCheck` when engine.sync_check is on for this backend, else None."""
     base_dir: Path | None = None
     """The model before SFT (when `sft.path` is set): evaluated as `eval_base`."""
     sft_info: dict[str, Any] = field(default_factory=dict)
-    config_yaml_sha256: str = ""
-    """sha256 of RUN_DIR/config.yaml as this invocation wrote it (kept with each checkpoint: an edit is detected)."""
 
     def close(self) -> None:
         for c in reversed(self.closers):
@@ -323,134 +365,212 @@ def build_run(cfg: RunConfig, log: Log) -> RunParts:
     return parts
 
 
+@dataclass
+class _Prepared:
+    """What is ready before any engine or trainer exists: data, the resume point, the initial model."""
+
+    run_dir: Path
+    device: str
+    env: Environment
+    train_tasks: list[Task]
+    eval_tasks: list[Task]
+    ckpt: Checkpoint | None
+    init_dir: Path
+    warm_info: dict[str, Any]
+    tokenizer: Tokenizer | None
+    encode: Callable[[Task], list[int]]
+    resume: ResumeSpec
+    episodes: EpisodeRunner | None = None
+    base_dir: Path | None = None
+    sft_info: dict[str, Any] = field(default_factory=dict)
+
+
 def _build_run(cfg: RunConfig, log: Log) -> RunParts:
-    """Threads and seeds, the run directory, data, resume point, model, engine, scorer, trainer and controller."""
-    import numpy as np
-    import torch
-
-    from rollwise.control import make_controller
-    from rollwise.engine.core import load_tokenizer
-    from rollwise.models.prompting import stop_token_ids
-    from rollwise.train.checkpoint import CheckpointError, find_latest_checkpoint, load_checkpoint
-
+    """Threads and seeds, the run directory, data, resume point, model; then engine, scorer, trainer, controller."""
     t_start = time.perf_counter()
-    if cfg.run.cpu_threads:
-        torch.set_num_threads(cfg.run.cpu_threads)
-    run_dir = Path(cfg.run.out_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    from rollwise.run.rundir import check_run_dir, clean_run_dir
+    prep = _prepare(cfg, log)
+    closers: list[Callable[[], None]] = []
+    try:
+        return _start_workers(cfg, prep, log, closers, t_start)
+    except BaseException:
+        for c in reversed(closers):
+            c()
+        raise
 
-    check_run_dir(run_dir)  # before anything is written or deleted: no path of the run may lead outside it
-    clean_run_dir(run_dir)  # what crashed writers left: temp checkpoint folders, temp shards
-    seed = cfg.train.seed
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
+
+def _prepare(cfg: RunConfig, log: Log) -> _Prepared:
+    """Everything before the engine and trainer: RUN_DIR made safe, seeds, data, the resume point, config.yaml, the
+    initial model and tokenizer, the episode runner, and the SFT stage when `sft.path` is set."""
+    from rollwise.control.episodes import is_multi_turn
+
+    run_dir = _seeded_run_dir(cfg)
     device = resolve_device(cfg.model.device)
     env = make_env(cfg.env)
     if cfg.sft.path:  # a missing or broken demonstration file fails now, before any model loads
         from rollwise.train.sft import load_demos
 
         load_demos(cfg.sft.path)
-    from rollwise.control.episodes import is_multi_turn
-
     multi_turn = is_multi_turn(env)
-    mid_way = [p for p in cfg.control.policies if p in ("early_stop", "partial")]
-    if multi_turn and mid_way:
-        raise ValueError(f"control.policy '{mid_way[0]}' works on single-turn environments only; env "
-                         f"{cfg.env.name!r} is multi-turn (its episodes are not aborted or carried mid-way)")
-    if multi_turn and cfg.rollout.tree.branch != "off":
-        raise ValueError(f"rollout.tree works on single-turn environments only; env {cfg.env.name!r} is multi-turn "
-                         "(its episodes are not forked mid-turn)")
-    train_tasks = env.load("train", n=cfg.env.train_size, seed=seed)
-    eval_tasks = env.load("test", n=cfg.run.eval_size or cfg.env.eval_size, seed=seed)
+    _check_episode_shape(cfg, multi_turn)
+    train_tasks = env.load("train", n=cfg.env.train_size, seed=cfg.train.seed)
+    eval_tasks = env.load("test", n=cfg.run.eval_size or cfg.env.eval_size, seed=cfg.train.seed)
     if not train_tasks:
         raise ValueError(f"environment {cfg.env.name!r} returned no training tasks")
-    ckpt = None
+    ckpt = _resume_checkpoint(cfg, run_dir, log)
+    yaml_sha = _write_config(cfg, run_dir)
+    init_dir, warm_info = prepare_model(ModelSource.of(cfg), env, train_tasks, run_dir, log)
+    tokenizer = _load_tokenizer(cfg.model, init_dir)
+    encode = prompt_encoder(cfg.env, tokenizer, env)
+    prep = _Prepared(run_dir, device, env, train_tasks, eval_tasks, ckpt, init_dir, warm_info, tokenizer, encode,
+                     ResumeSpec.of(cfg, run_dir, yaml_sha))
+    if multi_turn:
+        prep.episodes = make_episode_runner(cfg.env, cfg.engine.max_model_len, env, tokenizer, encode)
+    if cfg.sft.path:  # supervised fine-tuning on demonstrations first: RL starts from its model
+        _sft_first(cfg, prep, log)
+    return prep
+
+
+def _seeded_run_dir(cfg: RunConfig) -> Path:
+    """Threads and seeds set; RUN_DIR checked (no path of it leads outside) and cleaned of what crashed writers
+    left (temp checkpoint folders, temp shards)."""
+    import numpy as np
+    import torch
+
+    from rollwise.run.rundir import check_run_dir, clean_run_dir
+
+    if cfg.run.cpu_threads:
+        torch.set_num_threads(cfg.run.cpu_threads)
+    run_dir = Path(cfg.run.out_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    check_run_dir(run_dir)  # before anything is written or deleted
+    clean_run_dir(run_dir)
+    random.seed(cfg.train.seed)
+    np.random.seed(cfg.train.seed)
+    torch.manual_seed(cfg.train.seed)
+    return run_dir
+
+
+def _check_episode_shape(cfg: RunConfig, multi_turn: bool) -> None:
+    """Refuse what works on single-turn environments only (episodes are not aborted, carried or forked mid-turn)."""
+    if not multi_turn:
+        return
+    mid_way = [p for p in cfg.control.policies if p in ("early_stop", "partial")]
+    if mid_way:
+        raise ValueError(f"control.policy '{mid_way[0]}' works on single-turn environments only; env "
+                         f"{cfg.env.name!r} is multi-turn (its episodes are not aborted or carried mid-way)")
+    if cfg.rollout.tree.branch != "off":
+        raise ValueError(f"rollout.tree works on single-turn environments only; env {cfg.env.name!r} is multi-turn "
+                         "(its episodes are not forked mid-turn)")
+
+
+def _resume_checkpoint(cfg: RunConfig, run_dir: Path, log: Log) -> Checkpoint | None:
+    """A fresh run sets an earlier run aside; a resume finds its newest complete checkpoint and checks the config
+    against it and the stored shards it keeps. The checkpoint to restore, or None."""
+    from rollwise.train.checkpoint import CheckpointError, find_latest_checkpoint, load_checkpoint
+
     if not cfg.run.resume:
         from rollwise.run.rundir import set_aside_previous_run
 
         aside = set_aside_previous_run(run_dir)  # a fresh run in a used directory overwrites nothing
         if aside is not None:
             log(f"{run_dir} held an earlier run: its checkpoints and rollouts were moved to {aside}")
-    if cfg.run.resume:
-        latest = find_latest_checkpoint(run_dir)
-        if latest is None:
-            log(f"resume: no complete checkpoint in {run_dir}; starting from scratch")
-        else:
-            try:
-                ckpt = load_checkpoint(latest)
-            except CheckpointError as e:
-                raise CheckpointError(f"{e}; to resume from the checkpoint before it, move {latest} out of the way "
-                                      "(the stored rollouts re-train the steps since)") from None
-            from rollwise.run.resume import check_resume_config
-            from rollwise.store.writer import RolloutStore
+        return None
+    latest = find_latest_checkpoint(run_dir)
+    if latest is None:
+        log(f"resume: no complete checkpoint in {run_dir}; starting from scratch")
+        return None
+    try:
+        ckpt = load_checkpoint(latest)
+    except CheckpointError as e:
+        raise CheckpointError(f"{e}; to resume from the checkpoint before it, move {latest} out of the way "
+                              "(the stored rollouts re-train the steps since)") from None
+    if ckpt is None:  # found complete a moment ago: it went away since
+        raise CheckpointError(f"{latest} is no longer a complete checkpoint")
+    from rollwise.run.resume import check_resume_config
+    from rollwise.store.writer import RolloutStore
 
-            check_resume_config(run_dir, cfg, ckpt, log)  # the config the checkpoint was trained under, key by key
+    check_resume_config(ResumeSpec.of(cfg, run_dir), ckpt, log)  # the config it was trained under, key by key
+    # Before any model is loaded: a corrupt or truncated shard of the steps being kept stops the resume
+    # with one line naming it, instead of surfacing after more training and checkpoints.
+    RolloutStore(run_dir).verify(steps=range(1, ckpt.step + 1))
+    return ckpt
 
-            # Before any model is loaded: a corrupt or truncated shard of the steps being kept stops the resume
-            # with one line naming it, instead of surfacing after more training and checkpoints.
-            RolloutStore(run_dir).verify(steps=range(1, ckpt.step + 1))
+
+def _write_config(cfg: RunConfig, run_dir: Path) -> str:
+    """RUN_DIR/config.yaml, the resolved config (without how this invocation started); its sha256."""
+    import hashlib
+
     resolved = cfg.model_copy(deep=True)
     resolved.run.resume = False  # how this invocation started is not part of the run's config
     text = dump_config(resolved).encode()
     _write_atomic(run_dir / "config.yaml", text)
-    import hashlib
+    return hashlib.sha256(text).hexdigest()
 
-    yaml_sha = hashlib.sha256(text).hexdigest()
-    init_dir, warm_info = prepare_model(cfg, env, train_tasks, run_dir, log)
-    tok_dir = Path(cfg.model.tokenizer) if cfg.model.tokenizer else init_dir
+
+def _load_tokenizer(model_cfg: ModelConfig, init_dir: Path) -> Tokenizer | None:
+    """`model.tokenizer` when set, else the tokenizer beside the initial weights."""
+    from rollwise.engine.core import load_tokenizer
+
+    tok_dir = Path(model_cfg.tokenizer) if model_cfg.tokenizer else init_dir
     tokenizer = load_tokenizer(tok_dir)
-    if tokenizer is None and cfg.model.tokenizer:
+    if tokenizer is None and model_cfg.tokenizer:
         raise ValueError(f"model.tokenizer {str(tok_dir)!r} holds no tokenizer files")
-    parts = RunParts(cfg, run_dir, seed, device, env, train_tasks, eval_tasks, ckpt, init_dir, warm_info,
-                     engine=None, tokenizer=tokenizer, encode=prompt_encoder(cfg.env, tokenizer, env),
-                     stop_token_ids=stop_token_ids(tokenizer, init_dir), scorer=None, episodes=None, trainer=None,
-                     controller=None, t_start=t_start, config_yaml_sha256=yaml_sha)
-    if multi_turn:
-        parts.episodes = make_episode_runner(cfg, env, tokenizer, parts.encode)
-    if cfg.sft.path:  # supervised fine-tuning on demonstrations first: RL starts from its model
-        from rollwise.run.sft import run_sft, set_aside
+    return tokenizer
 
-        if not cfg.run.resume and (aside := set_aside(run_dir)) is not None:
-            log(f"{run_dir} held an earlier run's SFT stage: moved to {aside}")
-        parts.base_dir = init_dir
-        parts.init_dir, parts.sft_info = run_sft(cfg, init_dir, tokenizer, prompt_format(cfg.env, env), run_dir,
-                                                 device, log)  # type: ignore[assignment]
-        init_dir = parts.init_dir
-    try:
-        launched = None
-        if cfg.engine.backend == "remote" and cfg.engine.remote_server == "vllm" and cfg.engine.vllm.launch:
-            launched = launch_vllm(cfg, init_dir, run_dir, log)
-            parts.closers.append(launched.stop)
-        parts.engine = make_engine(cfg, init_dir, device, tokenizer, seed, launched)
-        for name in ("shutdown", "close"):
-            if callable(getattr(parts.engine, name, None)):
-                parts.closers.append(getattr(parts.engine, name))
-                break
-        from rollwise.run.prompt_fit import check_prompts_fit, engine_context
 
-        # A prompt the model's context cannot hold fails here naming its row, not at the first request.
-        check_prompts_fit(train_tasks + eval_tasks, parts.encode, engine_context(parts.engine) or cfg.engine.max_model_len)
-        parts.scorer, sc = make_scorer(cfg, env)
-        if sc is not None:
-            parts.closers.append(sc.shutdown)
-        parts.trainer = make_trainer(cfg, init_dir, device)
-        parts.closers.append(parts.trainer.shutdown)
-        if callable(getattr(parts.engine, "bind_trainer", None)):  # LoRA adapter syncs read the trainer directly
-            parts.engine.bind_trainer(parts.trainer)
-        parts.sync_check = make_sync_check(cfg, parts.encode, train_tasks)
-        from rollwise.control.drafts import DraftStore
+def _sft_first(cfg: RunConfig, prep: _Prepared, log: Log) -> None:
+    """The SFT stage (`run/sft.py`) on `prep`'s initial model; RL then starts from the model it ends with."""
+    from rollwise.run.sft import SftStage, run_sft, set_aside
 
-        from rollwise.filter import FilterRules
-        from rollwise.train.overlong import overlong_options
+    if not cfg.run.resume and (aside := set_aside(prep.run_dir)) is not None:
+        log(f"{prep.run_dir} held an earlier run's SFT stage: moved to {aside}")
+    prep.base_dir = prep.init_dir
+    final, prep.sft_info = run_sft(SftStage.of(cfg), prep.init_dir, prep.tokenizer,
+                                   prompt_format(cfg.env, prep.env), prep.run_dir, prep.device, log)
+    if final is None:  # only a stage stopped on purpose (`stop_after`) ends without a model
+        raise RuntimeError("the SFT stage ended without a final model")
+    prep.init_dir = final
 
-        rules = FilterRules.from_config(cfg.algo, overlong_filter=overlong_options(cfg.algo).filter,
-                                        max_tokens=cfg.rollout.max_tokens)  # the Filter room's, for control and loop
-        parts.controller = make_controller(cfg.control, env, tokenizer, seed=seed, encode=parts.encode,
-                                           scorer=parts.scorer, episodes=parts.episodes,
-                                           drafts=DraftStore.from_config(cfg.rollout.speculative), rules=rules)
-    except BaseException:
-        parts.close()
-        raise
-    return parts
+
+def _start_workers(cfg: RunConfig, prep: _Prepared, log: Log, closers: list[Callable[[], None]],
+                   t_start: float) -> RunParts:
+    """The engine (vLLM servers started first when asked), the scorer, the trainer handle, the sync check and the
+    controller; each one's release goes to `closers` as soon as it exists."""
+    from rollwise.control import make_controller
+    from rollwise.control.drafts import DraftStore
+    from rollwise.filter import FilterRules
+    from rollwise.models.prompting import stop_token_ids
+    from rollwise.run.prompt_fit import check_prompts_fit, engine_context
+    from rollwise.train.overlong import overlong_options
+
+    E, seed = cfg.engine, cfg.train.seed
+    launched = None
+    if E.backend == "remote" and E.remote_server == "vllm" and E.vllm.launch:
+        launched = launch_vllm(cfg, prep.init_dir, prep.run_dir, log)
+        closers.append(launched.stop)
+    engine = make_engine(cfg, prep.init_dir, prep.device, prep.tokenizer, seed, launched)
+    for name in ("shutdown", "close"):
+        if callable(getattr(engine, name, None)):
+            closers.append(getattr(engine, name))
+            break
+    # A prompt the model's context cannot hold fails here naming its row, not at the first request.
+    check_prompts_fit(prep.train_tasks + prep.eval_tasks, prep.encode, engine_context(engine) or E.max_model_len)
+    scorer, stop_scorer = make_scorer(cfg, prep.env)
+    if stop_scorer is not None:
+        closers.append(stop_scorer)
+    trainer = make_trainer(cfg, prep.init_dir, prep.device)
+    closers.append(trainer.shutdown)
+    bind = getattr(engine, "bind_trainer", None)
+    if callable(bind):  # LoRA adapter syncs read the trainer directly
+        bind(trainer)
+    rules = FilterRules.from_config(cfg.algo, overlong_filter=overlong_options(cfg.algo).filter,
+                                    max_tokens=cfg.rollout.max_tokens)  # the Filter room's, for control and loop
+    controller = make_controller(cfg.control, prep.env, prep.tokenizer, seed=seed, encode=prep.encode, scorer=scorer,
+                                 episodes=prep.episodes, drafts=DraftStore.from_config(cfg.rollout.speculative),
+                                 rules=rules)
+    return RunParts(cfg, prep.run_dir, seed, prep.device, prep.env, prep.train_tasks, prep.eval_tasks, prep.ckpt,
+                    prep.init_dir, prep.warm_info, engine, prep.tokenizer, prep.encode,
+                    stop_token_ids(prep.tokenizer, prep.init_dir), scorer, prep.episodes, trainer, controller,
+                    prep.resume, t_start, engine_holds_policy=E.backend != "remote", closers=closers,
+                    sync_check=make_sync_check(cfg, prep.encode, prep.train_tasks), base_dir=prep.base_dir,
+                    sft_info=prep.sft_info)

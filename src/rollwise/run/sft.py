@@ -20,10 +20,16 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
+
+if TYPE_CHECKING:  # pragma: no cover
+    from rollwise.config import RunConfig, SftConfig, TrainConfig
+    from rollwise.models.prompting import PromptFormat
+    from rollwise.types import Tokenizer
 
 Log = Callable[[str], None]
 SFT_DIR = "sft"
@@ -41,12 +47,32 @@ def batch_indices(n: int, batch_size: int, step: int, seed: int) -> list[int]:
     return out
 
 
-def sft_train_config(cfg: Any) -> Any:
+def sft_train_config(sft: SftConfig, train: TrainConfig) -> TrainConfig:
     """The trainer config of the SFT stage: the `train` section with `sft`'s optimiser settings."""
-    S = cfg.sft
-    return cfg.train.model_copy(update={"lr": S.lr, "steps": S.steps, "schedule": S.schedule,
-                                        "warmup_steps": S.warmup_steps, "grad_clip": S.grad_clip,
-                                        "updates_per_step": 1})
+    return train.model_copy(update={"lr": sft.lr, "steps": sft.steps, "schedule": sft.schedule,
+                                    "warmup_steps": sft.warmup_steps, "grad_clip": sft.grad_clip,
+                                    "updates_per_step": 1})
+
+
+@dataclass(frozen=True)
+class SftStage:
+    """What the SFT stage needs of the run config, taken from it once (`SftStage.of`)."""
+
+    sft: SftConfig
+    train: TrainConfig
+    """The trainer config of the stage (`sft_train_config`): `train` with `sft`'s optimiser settings."""
+    seed: int
+    """`train.seed`: the order of the demonstrations."""
+    micro_batch_tokens: int
+    max_model_len: int | None
+    """`engine.max_model_len`: a longer demonstration is refused before any training."""
+    tokenizer_path: str | None
+    """`model.tokenizer`."""
+
+    @classmethod
+    def of(cls, cfg: RunConfig) -> SftStage:
+        return cls(cfg.sft, sft_train_config(cfg.sft, cfg.train), cfg.train.seed, cfg.train.micro_batch_tokens,
+                   cfg.engine.max_model_len, cfg.model.tokenizer)
 
 
 def finished_sft(run_dir: Path) -> Path | None:
@@ -83,8 +109,8 @@ def _keep_metrics_through(path: Path, step: int) -> None:
     path.write_text("".join(x + "\n" for x in keep))
 
 
-def run_sft(cfg: Any, base_dir: Path, tokenizer: Any, prompt_format: Any, run_dir: Path, device: str, log: Log, *,
-            stop_after: int | None = None) -> tuple[Path | None, dict[str, Any]]:
+def run_sft(stage: SftStage, base_dir: Path, tokenizer: Tokenizer | None, prompt_format: PromptFormat, run_dir: Path,
+            device: str, log: Log, *, stop_after: int | None = None) -> tuple[Path | None, dict[str, Any]]:
     """Run (or resume, or skip when finished) the SFT stage; (final model dir, info). With `stop_after`, stop after
     that many steps of this invocation as if interrupted (returns (None, info))."""
     from rollwise.models.turns import ChatTurns
@@ -94,27 +120,31 @@ def run_sft(cfg: Any, base_dir: Path, tokenizer: Any, prompt_format: Any, run_di
     from rollwise.train.losses import LossConfig
     from rollwise.train.trainer import Trainer
 
-    S = cfg.sft
+    S = stage.sft
     root = run_dir / SFT_DIR
     done = finished_sft(run_dir)
     if done is not None:
         info = json.loads((root / DONE).read_text())
         log(f"sft: finished earlier ({info.get('steps')} steps); RL starts from {done}")
         return done, info
+    if not S.path:
+        raise ValueError("sft.path is not set: the SFT stage needs a demonstrations file")
     demos = render_demos(load_demos(S.path), ChatTurns(tokenizer, prompt_format))
     tokens = [len(d.prompt_ids) + len(d.completion_ids) for d in demos]
-    limit = cfg.engine.max_model_len
+    limit = stage.max_model_len
     if limit and max(tokens) > limit:
         raise ValueError(f"sft.path: demonstration {tokens.index(max(tokens)) + 1} has {max(tokens)} tokens, over "
                          f"engine.max_model_len {limit}")
     rollouts = demo_rollouts(demos)
     t0 = time.perf_counter()
-    trainer = Trainer(base_dir, sft_train_config(cfg), device=device, temperature=1.0, total_steps=S.steps,
-                      tokenizer_path=cfg.model.tokenizer)
+    trainer = Trainer(base_dir, stage.train, device=device, temperature=1.0, total_steps=S.steps,
+                      tokenizer_path=stage.tokenizer_path)
     start = 0
     latest = find_latest_checkpoint(root)
     if latest is not None:
         ckpt = load_checkpoint(latest)
+        if ckpt is None:  # found complete a moment ago: it went away since
+            raise ValueError(f"{latest} is no longer a complete checkpoint")
         restore_checkpoint(trainer, ckpt)
         start = ckpt.step
         log(f"sft: resuming after step {start} from {latest}")
@@ -128,8 +158,8 @@ def run_sft(cfg: Any, base_dir: Path, tokenizer: Any, prompt_format: Any, run_di
     m: dict[str, float] = {}
     path = latest
     for step in range(start + 1, last + 1):
-        batch = [rollouts[i] for i in batch_indices(len(rollouts), S.batch_size, step, cfg.train.seed)]
-        m = trainer.train_step(TrainBatch.from_rollouts(batch, cfg.train.micro_batch_tokens), sft_loss, loss_cfg)
+        batch = [rollouts[i] for i in batch_indices(len(rollouts), S.batch_size, step, stage.seed)]
+        m = trainer.train_step(TrainBatch.from_rollouts(batch, stage.micro_batch_tokens), sft_loss, loss_cfg)
         rec = {"step": step, "loss": m.get("loss"), "nll": m.get("nll"), "lr": m.get("lr"),
                "grad_norm": m.get("grad_norm"), "train_s": m.get("train_s")}
         with open(metrics_path, "a") as fh:
@@ -148,4 +178,4 @@ def run_sft(cfg: Any, base_dir: Path, tokenizer: Any, prompt_format: Any, run_di
     return path, info
 
 
-__all__ = ["batch_indices", "finished_sft", "run_sft", "set_aside", "sft_train_config"]
+__all__ = ["SftStage", "batch_indices", "finished_sft", "run_sft", "set_aside", "sft_train_config"]

@@ -29,9 +29,15 @@ import random
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Protocol
 
 from rollwise.types import SamplingParams, Task
+
+if TYPE_CHECKING:  # pragma: no cover
+    from rollwise.cluster.trainer_handle import TrainerHandle
+    from rollwise.control.controller import ControlStep, RolloutController
+    from rollwise.engine.protocol import Engine
+    from rollwise.run.sync_check import ProbeReference, SyncCheck
 
 
 @dataclass
@@ -68,8 +74,8 @@ class StepBatch:
     """One step's generated and scored groups, and where the data order stood after them."""
 
     step: int
-    result: Any
-    """`control.ControlStep`: the groups (every rollout with a status) and the controller's books."""
+    result: ControlStep
+    """The groups (every rollout with a status) and the controller's books."""
     data_position: dict[str, int]
     """The data order's state after this step's prompts (what a checkpoint of this step resumes from)."""
     wait_s: float = 0.0
@@ -81,31 +87,57 @@ class StepBatch:
 class _StepMaker:
     """Runs the controller for one step: the part both sources share."""
 
-    def __init__(self, controller: Any, engine: Any, tasks: list[Task], order: DataOrder,
+    def __init__(self, controller: RolloutController, engine: Engine, tasks: list[Task], order: DataOrder,
                  params: Callable[[int], SamplingParams], batch_groups: int) -> None:
         self.controller, self.engine, self.tasks, self.order = controller, engine, tasks, order
         self.params, self.batch_groups = params, batch_groups
 
     def make(self, step: int) -> StepBatch:
-        from rollwise.run.resume import policy_state
-
         res = self.controller.run_step(self.engine, lambda k: [self.tasks[i] for i in self.order.take(k)],
                                        self.params(step), step=step, batch_groups=self.batch_groups)
         return StepBatch(step, res, self.order.state(), policy_state=policy_state(self.controller))
 
 
+def policy_state(controller: RolloutController) -> Any:
+    """The rollout policy's cross-step state (partial rollouts' carry), or None for a policy that keeps none: what
+    a checkpoint and a step's record keep of it (`run.resume.loop_state`)."""
+    fn = getattr(controller.policy, "state_dict", None)
+    return fn() if callable(fn) else None
+
+
 class _Checked:
     """The weight-sync check (`run.sync_check`) bound to the trainer that makes its references; none = no check."""
 
-    def __init__(self, check: Any = None, trainer: Any = None) -> None:
+    def __init__(self, check: SyncCheck | None = None, trainer: TrainerHandle | None = None) -> None:
         self.check, self.trainer = check, trainer
 
-    def reference(self) -> Any:
-        return self.check.reference(self.trainer) if self.check is not None else None
+    def reference(self) -> ProbeReference | None:
+        if self.check is None or self.trainer is None:
+            return None
+        return self.check.reference(self.trainer)
 
-    def verify(self, engine: Any, ref: Any) -> None:
+    def verify(self, engine: Engine, ref: ProbeReference | None) -> None:
         if self.check is not None and ref is not None:
             self.check.verify(engine, ref)
+
+
+class RolloutSource(Protocol):
+    """Where the loop's batches come from and where its weights go (`SyncSource`, or `AsyncSource` K ahead)."""
+
+    staleness_bound: int
+    """K: how many weight versions generation may run ahead of training (0: synchronous)."""
+
+    def next_batch(self, step: int) -> StepBatch: ...
+
+    def sync(self, weights: Any, version: int) -> float:
+        """Hand the trainer's new weights to the engine(s); the seconds it took the loop."""
+        ...
+
+    def exclusive(self) -> contextlib.AbstractContextManager[Engine]:
+        """The engine, with generation paused around it (held-out evaluation)."""
+        ...
+
+    def close(self) -> None: ...
 
 
 class SyncSource:
@@ -130,7 +162,7 @@ class SyncSource:
         return time.perf_counter() - t0
 
     @contextlib.contextmanager
-    def exclusive(self) -> Iterator[Any]:
+    def exclusive(self) -> Iterator[Engine]:
         yield self.engine
 
     def close(self) -> None:
@@ -152,7 +184,7 @@ class AsyncSource:
         if k < 1:
             raise ValueError(f"AsyncSource needs K >= 1 (K = 0 is SyncSource), got {k}")
         self.checked = checked or _Checked()
-        self._ref: Any = None
+        self._ref: ProbeReference | None = None
         self.maker = maker
         self.engine = maker.engine
         self.staleness_bound = k
@@ -162,7 +194,7 @@ class AsyncSource:
         self._weights: Any = None
         self._stop = False
         self._engine_lock = threading.Lock()
-        self._queue: queue.Queue = queue.Queue()
+        self._queue: queue.Queue[StepBatch | BaseException] = queue.Queue()
         self._thread: threading.Thread | None = None
 
     # ---- producer side
@@ -218,7 +250,7 @@ class AsyncSource:
         return time.perf_counter() - t0
 
     @contextlib.contextmanager
-    def exclusive(self) -> Iterator[Any]:
+    def exclusive(self) -> Iterator[Engine]:
         """The engine with the newest published weights, while the producer is paused between steps."""
         with self._engine_lock:
             self._load_newest()
@@ -232,10 +264,10 @@ class AsyncSource:
             self._thread.join()
 
 
-def make_source(controller: Any, engine: Any, tasks: list[Task], order: DataOrder,
+def make_source(controller: RolloutController, engine: Engine, tasks: list[Task], order: DataOrder,
                 params: Callable[[int], SamplingParams], batch_groups: int, *, staleness: int, first_step: int,
-                last_step: int, trained_version: int, sync_check: Any = None,
-                trainer: Any = None) -> SyncSource | AsyncSource:
+                last_step: int, trained_version: int, sync_check: SyncCheck | None = None,
+                trainer: TrainerHandle | None = None) -> SyncSource | AsyncSource:
     """SyncSource for K = 0, else AsyncSource(K); `sync_check` (with the `trainer` that makes its references)
     proves every weight sync."""
     maker = _StepMaker(controller, engine, tasks, order, params, batch_groups)

@@ -22,9 +22,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from rollwise.types import SamplingParams
+
+if TYPE_CHECKING:  # pragma: no cover
+    from rollwise.cluster.trainer_handle import TrainerHandle
+    from rollwise.engine.protocol import Engine
 
 PROBE_SEED = 20_261_201
 
@@ -61,7 +65,7 @@ class SyncCheck:
         if self.tol <= 0 or self.samples < 1:
             raise ValueError(f"sync check tolerance must be > 0 and samples >= 1, got {self.tol} and {self.samples}")
 
-    def reference(self, trainer: Any) -> ProbeReference:
+    def reference(self, trainer: TrainerHandle) -> ProbeReference:
         """The trainer's reference at its current version (call when its weights are the ones being sent)."""
         import numpy as np
 
@@ -73,7 +77,7 @@ class SyncCheck:
         return SamplingParams(n=self.samples, temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
                               max_tokens=1, seed=PROBE_SEED, ignore_eos=True)
 
-    def gap(self, engine: Any, ref: ProbeReference) -> float:
+    def gap(self, engine: Engine, ref: ProbeReference) -> float:
         """The largest |engine log-prob - trainer log-prob| over the probe's sampled tokens."""
         outs = engine.generate([list(p) for p in self.prompts], self.params())
         worst = 0.0
@@ -92,7 +96,7 @@ class SyncCheck:
                 worst = max(worst, d)
         return worst
 
-    def verify(self, engine: Any, ref: ProbeReference, *, first: bool = False) -> float:
+    def verify(self, engine: Engine, ref: ProbeReference, *, first: bool = False) -> float:
         """Raise WeightSyncError when the engine's log-probs are more than `tol` from `ref`; returns the gap."""
         d = self.gap(engine, ref)
         self.last_diff = d

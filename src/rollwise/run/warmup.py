@@ -19,10 +19,13 @@ import random
 import shutil
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from rollwise.envs.base import Task
 from rollwise.models.builtin import build_builtin_model, builtin_kwargs
+
+if TYPE_CHECKING:  # pragma: no cover
+    from rollwise.config import BuiltinModelConfig, WarmupConfig
 
 CACHE_VERSION = 1
 
@@ -34,7 +37,8 @@ def noisy_answer(answer: int, rng: random.Random, noise_fraction: float) -> int:
     return answer
 
 
-def warmup_cache_key(charset: str, builtin_cfg: Any, warmup_cfg: Any, env_sig: str, seed: int) -> str:
+def warmup_cache_key(charset: str, builtin_cfg: BuiltinModelConfig, warmup_cfg: WarmupConfig, env_sig: str,
+                     seed: int) -> str:
     blob = json.dumps({
         "v": CACHE_VERSION, "charset": charset, "model": builtin_kwargs(builtin_cfg), "env": env_sig, "seed": seed,
         "steps": warmup_cfg.steps, "lr": warmup_cfg.lr,
@@ -97,7 +101,8 @@ def supervised_warmup(model_dir: Path, tasks: list[Task], *, steps: int | None, 
     return {"warmup_steps": float(step), "warmup_s": time.perf_counter() - t0, "warmup_loss": float(loss_ema or 0.0)}
 
 
-def prepare_builtin_model(dest: Path, charset: str, tasks: list[Task], builtin_cfg: Any, warmup_cfg: Any,
+def prepare_builtin_model(dest: Path, charset: str, tasks: list[Task], builtin_cfg: BuiltinModelConfig,
+                          warmup_cfg: WarmupConfig,
                           env_sig: str, seed: int, log: Callable[[str], None] = print) -> dict[str, Any]:
     """Build (and warm up, unless disabled) the built-in model into `dest`, through the cache."""
     dest = Path(dest)
