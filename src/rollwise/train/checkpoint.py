@@ -156,37 +156,12 @@ def _fsync_tree(path: Path) -> None:
 
 
 def _save_weights(trainer: Trainer, out: Path, full: dict[str, torch.Tensor] | None) -> None:
+    from rollwise.train.weights import save_plain_hf
+
     if full is not None:  # gathered from the shards (FSDP2)
-        _save_plain_hf(trainer.model, full, out)
-    elif trainer.lora:
-        base = trainer.model.get_base_model()
-        merged = {k: v.detach().clone() for k, v in trainer.state_dict_for_sync().items()}
-        _save_plain_hf(base, merged, out)
-    else:
-        trainer.model.save_pretrained(str(out))
-
-
-def _save_plain_hf(base: torch.nn.Module, state_dict: dict[str, torch.Tensor], out: Path) -> None:
-    """Save merged weights under the plain HF names with the base config, as save_pretrained would."""
-    from safetensors.torch import save_file
-
-    cfg = base.config
-    seen: dict[int, str] = {}
-    tensors: dict[str, torch.Tensor] = {}
-    for k, v in state_dict.items():
-        # tied parameters (lm_head <-> embed_tokens) are stored once, as save_pretrained does
-        ptr = v.data_ptr()
-        if ptr in seen:
-            continue
-        seen[ptr] = k
-        tensors[k] = v.contiguous().cpu()
-    if getattr(cfg, "tie_word_embeddings", False):
-        tensors.pop("lm_head.weight", None)
-    cfg.save_pretrained(str(out))
-    gen = getattr(base, "generation_config", None)
-    if gen is not None:
-        gen.save_pretrained(str(out))
-    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+        save_plain_hf(trainer.model, full, out)
+    else:  # the HF model itself, or with LoRA the merged weights under the plain names
+        trainer.weight_mode.save_weights(trainer.model, trainer.sync, out)
 
 
 def _save_tokenizer(trainer: Trainer, tokenizer: Any, out: Path) -> None:
