@@ -47,6 +47,7 @@ import torch
 
 if TYPE_CHECKING:  # pragma: no cover
     from rollwise.train.trainer import Trainer
+    from rollwise.types import Tokenizer
 
 CHECKPOINTS = "checkpoints"
 STATE_FILE = "trainer_state.pt"
@@ -83,7 +84,9 @@ def checkpoint_dir(run_dir: str | Path, step: int) -> Path:
 
 
 def _rng_state() -> dict[str, Any]:
-    np_state = np.random.get_state()
+    np_state = np.random.get_state(legacy=True)
+    if not isinstance(np_state, tuple):  # only a non-MT19937 global generator gives the dict form
+        raise CheckpointError("numpy's global generator is not MT19937: its state cannot be checkpointed")
     state: dict[str, Any] = {
         "python": random.getstate(),
         "numpy": {"name": np_state[0], "keys": torch.from_numpy(np.array(np_state[1], dtype=np.int64)),
@@ -164,7 +167,7 @@ def _save_weights(trainer: Trainer, out: Path, full: dict[str, torch.Tensor] | N
         trainer.weight_mode.save_weights(trainer.model, trainer.sync, out)
 
 
-def _save_tokenizer(trainer: Trainer, tokenizer: Any, out: Path) -> None:
+def _save_tokenizer(trainer: Trainer, tokenizer: Tokenizer | None, out: Path) -> None:
     tok = tokenizer if tokenizer is not None else trainer.tokenizer
     if tok is not None and hasattr(tok, "save_pretrained"):
         tok.save_pretrained(str(out))
@@ -177,7 +180,7 @@ def _save_tokenizer(trainer: Trainer, tokenizer: Any, out: Path) -> None:
 
 
 def save_checkpoint(trainer: Trainer, run_dir: str | Path, step: int, *, data_position: dict[str, Any] | None = None,
-                    tokenizer: Any = None, keep: int | None = None) -> Path:
+                    tokenizer: Tokenizer | None = None, keep: int | None = None) -> Path:
     """Write `RUN_DIR/checkpoints/step-{step}/` atomically and return its path.
 
     data_position: the caller's place in its data (e.g. {"epoch": 1, "index": 96, "sampler": generator.get_state()})
@@ -313,9 +316,10 @@ def load_checkpoint(path: str | Path) -> Checkpoint | None:
     else:
         if not path.is_dir():
             raise CheckpointError(f"run directory not found: {path}")
-        ckpt = find_latest_checkpoint(path)
-        if ckpt is None:
+        latest = find_latest_checkpoint(path)
+        if latest is None:
             return None
+        ckpt = latest
     manifest = verify_checkpoint(ckpt)
     sf = ckpt / STATE_FILE
     try:

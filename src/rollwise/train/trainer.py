@@ -53,7 +53,8 @@ from rollwise.train.parallel import Single
 from rollwise.train.rank_split import split_for_ranks
 from rollwise.train.step_plan import MiniBatchPlan, MiniBatchTensors, StepInputs, with_gradient
 from rollwise.train.step_stats import StepStats
-from rollwise.train.weights import as_causal_lm, weight_mode
+from rollwise.train.causal_lm import as_causal_lm
+from rollwise.train.weights import weight_mode
 
 if TYPE_CHECKING:  # pragma: no cover
     from transformers import PreTrainedModel
@@ -276,6 +277,7 @@ class Trainer:
         pred = mb.pred_positions.to(self.device)  # [N]
         targets = mb.target_ids.to(self.device)  # [N]
         kw: dict[str, Any] = {}
+        mask: torch.Tensor | None
         if mb.segments is not None:
             if not self.share_prompt:
                 raise TrainerError("a shared-prompt batch reached a model without segment attention: repack it with "

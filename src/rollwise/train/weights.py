@@ -17,37 +17,18 @@ import contextlib
 import copy
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
 from rollwise.config import LoraConfig
+from rollwise.train.causal_lm import as_causal_lm
 from rollwise.train.errors import TrainerError
 from rollwise.train.parallel import Single
 
 if TYPE_CHECKING:  # pragma: no cover
     from peft import PeftModel
     from transformers import GenerationConfig, PretrainedConfig, PreTrainedModel
-
-
-@runtime_checkable
-class CausalLM(Protocol):
-    """The transformers side of a policy the trainer uses (an HF causal LM, or a PEFT wrapper forwarding to it)."""
-
-    config: PretrainedConfig
-
-    def get_decoder(self) -> torch.nn.Module: ...
-
-    def get_output_embeddings(self) -> torch.nn.Module | None: ...
-
-    def save_pretrained(self, save_directory: str) -> None: ...
-
-
-def as_causal_lm(model: torch.nn.Module) -> CausalLM:
-    """`model` seen as a transformers causal LM; a module without that interface is refused by name."""
-    if not isinstance(model, CausalLM):
-        raise TrainerError(f"{type(model).__name__} is not a transformers causal LM (no get_decoder / config)")
-    return model
 
 
 def freeze(model: torch.nn.Module) -> torch.nn.Module:
