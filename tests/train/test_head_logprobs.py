@@ -8,7 +8,8 @@ import torch
 
 from rollwise.config import TrainConfig
 from rollwise.train.batch import TrainBatch
-from rollwise.train.trainer import Trainer, head_logprobs, token_logprobs
+from rollwise.train.logprobs import head_logprobs, token_logprobs
+from rollwise.train.trainer import Trainer
 
 from .conftest import build_tiny_llama
 from .synthetic import SPEC, _groups

@@ -48,8 +48,8 @@ def test_split_falls_back_to_sequences_when_groups_are_fewer_than_ranks():
 # ------------------------------------------------------------------------------------------------- 1 vs 2 ranks
 
 
-def spec(path, world, parallel="ddp", **train) -> TrainerSpec:
-    cfg = TrainConfig(lr=1e-2, micro_batch_tokens=24, **train)
+def spec(path, world, parallel="ddp", mbt=24, **train) -> TrainerSpec:
+    cfg = TrainConfig(lr=1e-2, micro_batch_tokens=mbt, **train)
     return TrainerSpec(model_path=str(path), train=cfg, loss_name="grpo", loss_cfg=LossConfig(), device="cpu",
                        threads=1, world_size=world, parallel=parallel, total_steps=4)
 
@@ -70,6 +70,20 @@ def max_diff(a, b):
     return max(float((a[k] - b[k]).abs().max()) for k in a)
 
 
+def rounding_bound(yardstick, floor=1e-5, factor=4.0):
+    """How far two results that differ only in float summation order may be apart on this CPU: a small multiple
+    of `yardstick` (the same computation on one rank with the sequences repacked into other micro-batches,
+    measured in the test), never below `floor`. NOTE: a fixed bound held on one CPU and not on another: the
+    kernels' reduction order (AMX, AVX-512, AVX2) sets the rounding, and AdamW's first steps divide by sqrt(v),
+    which magnifies it for weights whose gradient is near 0."""
+    return max(floor, factor * yardstick)
+
+
+def repacked(spec_):
+    """The same one-rank run with the micro-batches cut at another token cap: a float-rounding yardstick."""
+    return dataclasses.replace(spec_, train=spec_.train.model_copy(update={"micro_batch_tokens": 16}))
+
+
 @pytest.mark.parametrize("parallel,updates", [("ddp", 1), ("ddp", 2), ("fsdp2", 1)])
 def test_two_ranks_equal_one_rank_after_two_steps(tiny_llama_tied, parallel, updates):
     ms1, w1 = run_two_steps(spec(tiny_llama_tied, 1, updates_per_step=updates).build())
@@ -78,12 +92,13 @@ def test_two_ranks_equal_one_rank_after_two_steps(tiny_llama_tied, parallel, upd
         ms2, w2 = run_two_steps(ranks)
     finally:
         ranks.shutdown()
-    d = max_diff(w1, w2)
-    print(f"{parallel} updates_per_step={updates}: max |w1 - w2| = {d:.2e}")
-    assert d < 1e-5  # float reassociation only (the weights moved by ~1e-2 per step)
+    ms_pack, w_pack = run_two_steps(repacked(spec(tiny_llama_tied, 1, updates_per_step=updates)).build())
+    d, d_pack = max_diff(w1, w2), max_diff(w1, w_pack)
+    print(f"{parallel} updates_per_step={updates}: max |w1 - w2| = {d:.2e}; 1 rank repacked: {d_pack:.2e}")
+    assert d <= rounding_bound(d_pack)  # float reassociation only (the weights moved by ~1e-2 per step)
     assert max_diff(w1, run_two_steps(spec(tiny_llama_tied, 1).build())[1]) > 1e-3 or updates == 1
-    for a, b in zip(ms1, ms2):
-        assert a["loss"] == pytest.approx(b["loss"], abs=1e-5)
+    for a, b, p in zip(ms1, ms2, ms_pack):
+        assert a["loss"] == pytest.approx(b["loss"], abs=rounding_bound(abs(a["loss"] - p["loss"])))
         assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-4)
         assert a["forward_tokens"] == b["forward_tokens"] and a["micro_batches"] <= b["micro_batches"]
         assert b["collective_s"] > 0
@@ -103,9 +118,13 @@ def test_two_ranks_with_a_reference_model_and_proximal_policy(tiny_llama, parall
         ms2, w2 = run_two_steps(ranks)
     finally:
         ranks.shutdown()
-    assert max_diff(w1, w2) < 1e-5
-    for a, b in zip(ms1, ms2):
-        assert a["kl"] == pytest.approx(b["kl"], abs=1e-6) and a["loss"] == pytest.approx(b["loss"], abs=1e-5)
+    ms_pack, w_pack = run_two_steps(repacked(sp(1)).build())
+    d, d_pack = max_diff(w1, w2), max_diff(w1, w_pack)
+    print(f"{parallel} reference + proximal: max |w1 - w2| = {d:.2e}; 1 rank repacked: {d_pack:.2e}")
+    assert d <= rounding_bound(d_pack)
+    for a, b, p in zip(ms1, ms2, ms_pack):
+        assert a["kl"] == pytest.approx(b["kl"], abs=rounding_bound(abs(a["kl"] - p["kl"]), floor=1e-6))
+        assert a["loss"] == pytest.approx(b["loss"], abs=rounding_bound(abs(a["loss"] - p["loss"])))
 
 
 def test_checkpoint_saved_at_two_ranks_loads_at_one(tiny_llama, tmp_path):
@@ -122,8 +141,12 @@ def test_checkpoint_saved_at_two_ranks_loads_at_one(tiny_llama, tmp_path):
     assert one.restore(path) == {"epoch": 0} and one.version == 1
     assert max_diff(w2, one.weights()) == 0.0
     m1 = one.train_step(batches()[1])  # optimiser state came along: the next step is the same step
-    assert m1["loss"] == pytest.approx(m2["loss"], abs=1e-6)
-    assert max_diff(after2, one.weights()) < 1e-5
+    after1 = {k: v.clone() for k, v in one.weights().items()}
+    pack = repacked(spec(tiny_llama, 1)).build()  # the yardstick: the same restored step, repacked
+    pack.restore(path)
+    m_pack = pack.train_step(batches()[1])
+    assert m1["loss"] == pytest.approx(m2["loss"], abs=rounding_bound(abs(m1["loss"] - m_pack["loss"]), floor=1e-6))
+    assert max_diff(after2, after1) <= rounding_bound(max_diff(after1, pack.weights()))
 
 
 def test_a_killed_rank_is_named(tiny_llama):

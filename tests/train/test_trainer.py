@@ -12,7 +12,8 @@ import torch
 from rollwise.config import LoraConfig, TrainConfig
 from rollwise.train.batch import TrainBatch
 from rollwise.train.losses import LOSSES, LossConfig
-from rollwise.train.trainer import Trainer, TrainerError, lr_lambda, token_logprobs
+from rollwise.train.logprobs import token_logprobs
+from rollwise.train.trainer import Trainer, TrainerError, lr_lambda
 
 from .synthetic import make_rollouts
 

@@ -10,7 +10,8 @@ from rollwise.config import TrainConfig
 from rollwise.train.advantages import assign_advantages
 from rollwise.train.batch import TrainBatch
 from rollwise.train.losses import LOSSES, LossConfig
-from rollwise.train.trainer import Trainer, TrainerError, token_logprobs, truncation_keep
+from rollwise.train.logprobs import token_logprobs, truncation_keep
+from rollwise.train.trainer import Trainer, TrainerError
 from rollwise.types import Rollout, RolloutGroup, SamplingParams
 
 engine = pytest.importorskip("rollwise.engine.llm")

@@ -279,7 +279,7 @@ def assign_advantages(groups: Sequence[RolloutGroup], name: str, *, rules: Filte
     """
     if name not in ADVANTAGES and name not in TOKEN_ADVANTAGES:
         raise ValueError(f"unknown advantage estimator {name!r}; known: {', '.join(sorted(ADVANTAGE_NAMES))}")
-    fn = ADVANTAGES.get(name) or TOKEN_ADVANTAGES[name]
+    fn: Callable[..., object] = ADVANTAGES.get(name) or TOKEN_ADVANTAGES[name]
     accepted = inspect.signature(fn).parameters
     bad = [k for k in knobs if k not in accepted and k not in _SHARED_KNOBS]
     if bad:
@@ -289,13 +289,14 @@ def assign_advantages(groups: Sequence[RolloutGroup], name: str, *, rules: Filte
     per_token = name in TOKEN_ADVANTAGES
     if per_token:
         adv = grpo(rewards, mask, **{k: v for k, v in knobs.items() if k == "eps"})  # [G, K_max], the tree's sigma
+        tok_fn = TOKEN_ADVANTAGES[name]
     else:
-        adv = fn(rewards, mask, **kwargs)  # [G, K_max]
+        adv = ADVANTAGES[name](rewards, mask, **kwargs)  # [G, K_max]
     for gi, g in enumerate(groups):
         tok = None
         if per_token:
             vals = [float(rewards[gi, ki]) if mask[gi, ki] else None for ki in range(len(g.rollouts))]
-            tok = fn([ro.completion_token_ids for ro in g.rollouts], vals, **kwargs)
+            tok = tok_fn([ro.completion_token_ids for ro in g.rollouts], vals, **kwargs)
         for ki, ro in enumerate(g.rollouts):
             ro.advantage = float(adv[gi, ki]) if mask[gi, ki] else 0.0
             ro.token_advantages = tok[ki] if tok is not None else None

@@ -19,9 +19,12 @@ flash-attention keeps the unshared packed path, which it runs without dense mask
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+if TYPE_CHECKING:  # pragma: no cover
+    from transformers import PreTrainedModel
 
 _PREFIX = "rollwise_"
 _registered = False
@@ -81,7 +84,7 @@ def base_implementation(model: torch.nn.Module) -> str:
     return impl.removeprefix(_PREFIX)
 
 
-def enable_segment_attention(model: torch.nn.Module) -> bool:
+def enable_segment_attention(model: PreTrainedModel) -> bool:
     """Switch `model` (an HF PreTrainedModel, before any PEFT wrapping) to the segment-aware implementation.
     True when done (or already done); False when its implementation is not sdpa/eager or it cannot be switched."""
     impl = getattr(getattr(model, "config", None), "_attn_implementation", None)

@@ -47,6 +47,7 @@ import torch
 
 if TYPE_CHECKING:  # pragma: no cover
     from rollwise.train.trainer import Trainer
+    from rollwise.types import Tokenizer
 
 CHECKPOINTS = "checkpoints"
 STATE_FILE = "trainer_state.pt"
@@ -83,7 +84,9 @@ def checkpoint_dir(run_dir: str | Path, step: int) -> Path:
 
 
 def _rng_state() -> dict[str, Any]:
-    np_state = np.random.get_state()
+    np_state = np.random.get_state(legacy=True)
+    if not isinstance(np_state, tuple):  # only a non-MT19937 global generator gives the dict form
+        raise CheckpointError("numpy's global generator is not MT19937: its state cannot be checkpointed")
     state: dict[str, Any] = {
         "python": random.getstate(),
         "numpy": {"name": np_state[0], "keys": torch.from_numpy(np.array(np_state[1], dtype=np.int64)),
@@ -156,40 +159,15 @@ def _fsync_tree(path: Path) -> None:
 
 
 def _save_weights(trainer: Trainer, out: Path, full: dict[str, torch.Tensor] | None) -> None:
+    from rollwise.train.weights import save_plain_hf
+
     if full is not None:  # gathered from the shards (FSDP2)
-        _save_plain_hf(trainer.model, full, out)
-    elif trainer.lora:
-        base = trainer.model.get_base_model()
-        merged = {k: v.detach().clone() for k, v in trainer.state_dict_for_sync().items()}
-        _save_plain_hf(base, merged, out)
-    else:
-        trainer.model.save_pretrained(str(out))
+        save_plain_hf(trainer.model, full, out)
+    else:  # the HF model itself, or with LoRA the merged weights under the plain names
+        trainer.weight_mode.save_weights(trainer.model, trainer.sync, out)
 
 
-def _save_plain_hf(base: torch.nn.Module, state_dict: dict[str, torch.Tensor], out: Path) -> None:
-    """Save merged weights under the plain HF names with the base config, as save_pretrained would."""
-    from safetensors.torch import save_file
-
-    cfg = base.config
-    seen: dict[int, str] = {}
-    tensors: dict[str, torch.Tensor] = {}
-    for k, v in state_dict.items():
-        # tied parameters (lm_head <-> embed_tokens) are stored once, as save_pretrained does
-        ptr = v.data_ptr()
-        if ptr in seen:
-            continue
-        seen[ptr] = k
-        tensors[k] = v.contiguous().cpu()
-    if getattr(cfg, "tie_word_embeddings", False):
-        tensors.pop("lm_head.weight", None)
-    cfg.save_pretrained(str(out))
-    gen = getattr(base, "generation_config", None)
-    if gen is not None:
-        gen.save_pretrained(str(out))
-    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
-
-
-def _save_tokenizer(trainer: Trainer, tokenizer: Any, out: Path) -> None:
+def _save_tokenizer(trainer: Trainer, tokenizer: Tokenizer | None, out: Path) -> None:
     tok = tokenizer if tokenizer is not None else trainer.tokenizer
     if tok is not None and hasattr(tok, "save_pretrained"):
         tok.save_pretrained(str(out))
@@ -202,7 +180,7 @@ def _save_tokenizer(trainer: Trainer, tokenizer: Any, out: Path) -> None:
 
 
 def save_checkpoint(trainer: Trainer, run_dir: str | Path, step: int, *, data_position: dict[str, Any] | None = None,
-                    tokenizer: Any = None, keep: int | None = None) -> Path:
+                    tokenizer: Tokenizer | None = None, keep: int | None = None) -> Path:
     """Write `RUN_DIR/checkpoints/step-{step}/` atomically and return its path.
 
     data_position: the caller's place in its data (e.g. {"epoch": 1, "index": 96, "sampler": generator.get_state()})
@@ -338,9 +316,10 @@ def load_checkpoint(path: str | Path) -> Checkpoint | None:
     else:
         if not path.is_dir():
             raise CheckpointError(f"run directory not found: {path}")
-        ckpt = find_latest_checkpoint(path)
-        if ckpt is None:
+        latest = find_latest_checkpoint(path)
+        if latest is None:
             return None
+        ckpt = latest
     manifest = verify_checkpoint(ckpt)
     sf = ckpt / STATE_FILE
     try:

@@ -37,9 +37,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
+
+if TYPE_CHECKING:  # pragma: no cover
+    from rollwise.config import AlgoConfig
 
 Metrics = dict[str, float]
 
@@ -74,8 +77,8 @@ class LossConfig:
             raise ValueError(f"max_length must be >= 1 or None, got {self.max_length}")
 
     @classmethod
-    def from_algo(cls, algo: Any, *, max_length: int | None = None) -> LossConfig:
-        """Build from a `rollwise.config.AlgoConfig` (duck-typed: no pydantic import here)."""
+    def from_algo(cls, algo: AlgoConfig, *, max_length: int | None = None) -> LossConfig:
+        """Build from a `rollwise.config.AlgoConfig` (named for the type checker only: no pydantic import here)."""
         return cls(
             clip_eps_low=algo.clip_eps_low,
             clip_eps_high=algo.clip_eps_high,
@@ -246,7 +249,7 @@ def _finish(
         metrics["entropy"] = _masked_mean(entropy.detach().to(logprobs.dtype), p.mask)
     if p.behav_w is not None:
         metrics["behav_weight_mean"] = _masked_mean(p.behav_w, p.mask)
-        if cfg.tis_cap is not None:
+        if cfg.tis_cap is not None and p.log_behav_w is not None:  # set together with behav_w
             metrics["tis_clip_frac"] = _masked_mean((torch.exp(p.log_behav_w) > cfg.tis_cap).to(p.mask.dtype), p.mask)
     metrics["loss"] = float(loss.detach().item())
     return loss, metrics

@@ -112,7 +112,7 @@ class MetricsLogger:
         rec["wall_s"] = round(time.time() - self._t0, 3)
         rec.update(flatten_metrics(metrics))
         self.loggers = write_all(self.loggers, int(step), rec)
-        if self._progress is not None:
+        if self._progress is not None and self._task is not None:
             shown = "  ".join(f"{label}={_fmt(rec[k])}" for k, label in self.show if rec.get(k) is not None)
             self._progress.update(self._task, completed=int(step), description=shown)
         self.last = rec

@@ -29,13 +29,16 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 import torch
 
 from rollwise import filter as room
 from rollwise.types import Rollout, RolloutGroup
+
+if TYPE_CHECKING:  # pragma: no cover
+    from rollwise.config import AlgoConfig
 
 Array = TypeVar("Array", np.ndarray, torch.Tensor)
 
@@ -50,13 +53,12 @@ def soft_overlong_penalty(lengths: Array, max_length: int, cache_len: int) -> Ar
     if max_length < 1 or not 1 <= cache_len <= max_length:
         raise ValueError(f"soft overlong penalty needs 1 <= overlong_cache <= max length, got cache {cache_len}, "
                          f"max length {max_length} (algo.overlong_cache vs rollout.max_tokens)")
-    is_torch = isinstance(lengths, torch.Tensor)
-    y = lengths.to(torch.float64) if is_torch else torch.from_numpy(np.asarray(lengths, dtype=np.float64))
     expected = max_length - cache_len
-    pen = ((expected - y) / cache_len).clamp(min=-1.0, max=0.0)  # [B]
-    if is_torch:
+    if isinstance(lengths, torch.Tensor):
+        pen = ((expected - lengths.to(torch.float64)) / cache_len).clamp(min=-1.0, max=0.0)  # [B]
         return pen.to(lengths.dtype if lengths.is_floating_point() else torch.float32)
-    return pen.numpy()
+    y = torch.from_numpy(np.asarray(lengths, dtype=np.float64))
+    return ((expected - y) / cache_len).clamp(min=-1.0, max=0.0).numpy()
 
 
 @dataclass(frozen=True)
@@ -71,7 +73,7 @@ class OverlongOptions:
         return self.cache_len if self.cache_len is not None else max(1, max_length // 5)
 
 
-def overlong_options(algo: Any) -> OverlongOptions:
+def overlong_options(algo: AlgoConfig) -> OverlongOptions:
     """From an `AlgoConfig`: `overlong_filter` / `overlong_penalty` None mean on for `loss: dapo`, off otherwise."""
     dapo = getattr(algo, "loss", None) == "dapo"
     f = getattr(algo, "overlong_filter", None)

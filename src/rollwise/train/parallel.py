@@ -24,9 +24,19 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 import torch
+
+from rollwise.train.causal_lm import HasDecoder
+
+if TYPE_CHECKING:  # pragma: no cover
+    from torch.distributed.checkpoint.state_dict import OptimizerStateType, StateDictOptions, ValueType
+
+P = ParamSpec("P")
+R = TypeVar("R")
+T = TypeVar("T")
 
 BUCKET_ELEMS = 1 << 23
 """Gradient elements per all-reduce bucket (32 MB of float32): few calls, bounded extra memory."""
@@ -56,8 +66,10 @@ class Single:
     lockstep: bool = False
     clock: CollectiveClock = field(default_factory=CollectiveClock)
 
-    loss_scale = 1.0
-    """What each rank's loss is multiplied by before backward so that the reduction yields the SUM of gradients."""
+    @property
+    def loss_scale(self) -> float:
+        """What each rank's loss is multiplied by before backward so that the reduction yields the SUM of gradients."""
+        return 1.0
 
     def wrap(self, model: torch.nn.Module) -> torch.nn.Module:
         return model
@@ -74,7 +86,7 @@ class Single:
     def max_count(self, n: int) -> int:
         return n
 
-    def gather(self, obj: Any) -> list[Any]:
+    def gather(self, obj: T) -> list[T]:
         return [obj]
 
     def full_model_state(self, model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -99,7 +111,7 @@ class Replicated(Single):
 
     name: str = "ddp"
 
-    def _timed(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+    def _timed(self, fn: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
         t0 = time.perf_counter()
         out = fn(*args, **kwargs)
         self.clock.seconds += time.perf_counter() - t0
@@ -116,25 +128,33 @@ class Replicated(Single):
         return model
 
     def reduce_grads(self, params: list[torch.nn.Parameter]) -> None:
-        import torch.distributed as dist
 
+        grads: list[torch.Tensor] = []
         for p in params:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
+            grads.append(p.grad)
         bucket: list[torch.Tensor] = []
         size = 0
-        for p in params + [None]:  # type: ignore[list-item]
-            if p is not None:
-                bucket.append(p.grad)
-                size += p.grad.numel()
-            if bucket and (p is None or size >= BUCKET_ELEMS):
-                flat = torch.cat([g.reshape(-1) for g in bucket])
-                self._timed(dist.all_reduce, flat, op=dist.ReduceOp.SUM)
-                off = 0
-                for g in bucket:
-                    g.copy_(flat[off:off + g.numel()].view_as(g))
-                    off += g.numel()
+        for g in grads:
+            bucket.append(g)
+            size += g.numel()
+            if size >= BUCKET_ELEMS:
+                self._all_reduce_bucket(bucket)
                 bucket, size = [], 0
+        if bucket:
+            self._all_reduce_bucket(bucket)
+
+    def _all_reduce_bucket(self, bucket: list[torch.Tensor]) -> None:
+        """Sum `bucket`'s gradients over the ranks in one flat all-reduce, in place."""
+        import torch.distributed as dist
+
+        flat = torch.cat([g.reshape(-1) for g in bucket])
+        self._timed(dist.all_reduce, flat, op=dist.ReduceOp.SUM)
+        off = 0
+        for g in bucket:
+            g.copy_(flat[off:off + g.numel()].view_as(g))
+            off += g.numel()
 
     def max_count(self, n: int) -> int:
         import torch.distributed as dist
@@ -143,10 +163,11 @@ class Replicated(Single):
         self._timed(dist.all_reduce, t, op=dist.ReduceOp.MAX)
         return int(t.item())
 
-    def gather(self, obj: Any) -> list[Any]:
+    def gather(self, obj: T) -> list[T]:
+        """`obj` from every rank, in rank order (pickled: any picklable value)."""
         import torch.distributed as dist
 
-        out: list[Any] = [None] * self.world_size
+        out = [obj] * self.world_size  # placeholders, each replaced by that rank's object
         self._timed(dist.all_gather_object, out, obj)
         return out
 
@@ -169,7 +190,7 @@ class Sharded(Replicated):
         from torch.distributed.fsdp import fully_shard
 
         mesh = init_device_mesh(self._device().type, (self.world_size,))
-        layers = getattr(model.get_decoder(), "layers", None) if hasattr(model, "get_decoder") else None
+        layers = getattr(model.get_decoder(), "layers", None) if isinstance(model, HasDecoder) else None
         for layer in layers or []:
             fully_shard(layer, mesh=mesh)
         fully_shard(model, mesh=mesh)
@@ -191,7 +212,7 @@ class Sharded(Replicated):
         gn = self._timed(torch.nn.utils.clip_grad_norm_, params, max_norm)  # sharded grads: global norm (a collective)
         return float((gn.full_tensor() if hasattr(gn, "full_tensor") else gn).item())
 
-    def _options(self) -> Any:
+    def _options(self) -> StateDictOptions:
         from torch.distributed.checkpoint.state_dict import StateDictOptions
 
         return StateDictOptions(full_state_dict=True, cpu_offload=True)
@@ -200,7 +221,13 @@ class Sharded(Replicated):
         """Every rank must call it (a gather); rank 0 gets the full CPU tensors, the others an empty dict."""
         from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
-        return self._timed(get_model_state_dict, model, options=self._options())
+        state = self._timed(get_model_state_dict, model, options=self._options())
+        tensors: dict[str, torch.Tensor] = {}
+        for k, v in state.items():  # full_state_dict: plain tensors, never DTensor / ShardedTensor
+            if not isinstance(v, torch.Tensor):
+                raise TypeError(f"full model state: {k!r} is a {type(v).__name__}, not a tensor")
+            tensors[k] = v
+        return tensors
 
     def full_optimizer_state(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
         """The gathered state in `optimizer.state_dict()`'s own layout (parameters by index, not by name), so a
@@ -212,16 +239,22 @@ class Sharded(Replicated):
             return {}
         names = _param_names(model, optimizer)
         index = {n: i for i, n in enumerate(names)}
+        state, param_groups = full["state"], full["param_groups"]
+        if not isinstance(state, dict) or not isinstance(param_groups, list):
+            raise TypeError("full optimizer state: expected a 'state' dict and a 'param_groups' list")
         groups = []
-        for g in full["param_groups"]:
-            groups.append({**{k: v for k, v in g.items() if k != "params"}, "params": [index[n] for n in g["params"]]})
-        return {"state": {index[n]: s for n, s in full["state"].items()}, "param_groups": groups}
+        for g in param_groups:
+            params = g["params"]
+            if not isinstance(params, list):
+                raise TypeError("full optimizer state: a param group's 'params' is not a list of names")
+            groups.append({**{k: v for k, v in g.items() if k != "params"}, "params": [index[str(n)] for n in params]})
+        return {"state": {index[n]: s for n, s in state.items()}, "param_groups": groups}
 
     def load_optimizer_state(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
         names = _param_names(model, optimizer)
-        by_name = {
+        by_name: OptimizerStateType = {
             "state": {names[int(i)]: s for i, s in state["state"].items()},
             "param_groups": [{**{k: v for k, v in g.items() if k != "params"}, "params": [names[int(i)] for i in g["params"]]}
                              for g in state["param_groups"]],
@@ -231,7 +264,7 @@ class Sharded(Replicated):
     def load_model_state(self, model: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
-        full = dict(state)
+        full: dict[str, ValueType] = dict(state)
         live = set(model.state_dict())
         for k in live - set(full):  # tied weights are saved once (lm_head <-> embed_tokens)
             alias = "model.embed_tokens.weight" if k == "lm_head.weight" else None

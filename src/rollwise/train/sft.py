@@ -20,11 +20,14 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
 from rollwise.types import Rollout
+
+if TYPE_CHECKING:  # pragma: no cover
+    from rollwise.train.losses import LossConfig
 
 DemoMessages = list[dict[str, Any]]
 _ROLES = ("system", "user", "assistant", "tool")
@@ -74,7 +77,13 @@ class RenderedDemo:
     loss_mask: list[int]
 
 
-def render_demos(demos: list[DemoMessages], turns: Any, where: str = "sft.path") -> list[RenderedDemo]:
+class ConversationRenderer(Protocol):
+    """What rendering demonstrations asks of `models.turns.ChatTurns`."""
+
+    def render_conversation(self, messages: DemoMessages) -> tuple[list[int], list[int], list[int]]: ...
+
+
+def render_demos(demos: list[DemoMessages], turns: ConversationRenderer, where: str = "sft.path") -> list[RenderedDemo]:
     """Each demonstration through `turns` (`models.turns.ChatTurns`); an error names the demonstration."""
     out = []
     for i, msgs in enumerate(demos):
@@ -95,7 +104,7 @@ def demo_rollouts(demos: list[RenderedDemo], tag: str = "sft") -> list[Rollout]:
 
 
 def sft_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, *,
-             cfg: Any = None, ref_logprobs: torch.Tensor | None = None, prox_logprobs: torch.Tensor | None = None,
+             cfg: LossConfig | None = None, ref_logprobs: torch.Tensor | None = None, prox_logprobs: torch.Tensor | None = None,
              entropy: torch.Tensor | None = None, num_sequences: int | None = None,
              num_tokens: int | None = None) -> tuple[torch.Tensor, dict[str, float]]:
     """Token-mean negative log-likelihood of the masked (assistant) tokens.

@@ -6,18 +6,10 @@ The trainer is algorithm-blind: advantages arrive inside the batch and the loss 
 gradients accumulate, with the losses normalised by whole-mini-batch counts, so the update does not depend on how
 the sequences were packed.
 
-Log-probs are float32 log-probs of the rollouts' sampling distribution: `log_softmax(logits / temperature)`, and
-with `top_k > 0` / `top_p < 1` the same truncation the engine sampled under (top-k, then top-p on the renormalised
-top-k distribution, renormalised again). The engine records exactly that distribution's log-probs, so the
-trainer must use the same temperature and truncation or every ratio is off (biased, not just noisy).
-Each step reports the gap between the trainer's and the engine's log-probs on the same tokens
+Log-probs are float32 log-probs of the rollouts' sampling distribution (`train/logprobs.py`: temperature and the
+engine's top-k / top-p truncation, which the trainer must match or every ratio is off). Each step reports the gap between the trainer's and the engine's log-probs on the same tokens
 (`logprob_diff_mean` / `logprob_diff_max`): a broken weight sync or position bug shows there at once.
 
-NOTE on truncation: the kept set is chosen without gradient and always includes the target token. At the
-behaviour policy the sampled token is in the set anyway (so the ratio is exactly 1 there); after an update, a
-token that fell out of the current policy's set keeps a finite log-prob (its mass joins the normaliser) instead
-of -inf, which would turn the KL and the gap metrics into inf/NaN. Entropies are of the untruncated
-logits / temperature.
 NOTE on dropout: RL compares the trainer's forward with the engine's, so every dropout is set to 0 at load.
 NOTE on attention: with 'sdpa' and 'eager' models the trainer switches to the segment-aware implementation
 (`train.attention`) and runs shared-prompt rows (`TrainBatch(share_prompt=True)`, the default): each group's prompt
@@ -32,7 +24,9 @@ whole row, only [chunk, vocab]. Other models get their logits from the model's o
 NOTE on ranks (`train.world_size` > 1, `train/parallel.py`): every rank gets the same rollouts and computes the
 same mini-batch split and the same zero-advantage filtering, then trains on its own share of each mini-batch
 (`train/rank_split.py`), with the losses normalised by the whole mini-batch's counts and the gradients summed over
-the ranks: the update equals the one-rank update up to float reassociation. The metrics are gathered over ranks.
+the ranks: the update equals the one-rank update up to float reassociation. The metrics are merged over ranks
+(`train/step_stats.py`).
+NOTE on LoRA: full-weight vs adapter training is a `train/weights.py` mode chosen once at build time.
 
 Deliberately left out: tensor/pipeline parallelism, optimizer offload, a fused CUDA linear + cross-entropy kernel.
 They are new modules when needed, not flags here.
@@ -41,25 +35,33 @@ They are new modules when needed, not flags here.
 from __future__ import annotations
 
 import contextlib
-import copy
 import math
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 import torch
 
 from rollwise.config import TrainConfig
 from rollwise.train.attention import base_implementation, enable_segment_attention, segment_kwargs
 from rollwise.train.batch import PackedMicroBatch, TrainBatch
+from rollwise.train.errors import TrainerError
+from rollwise.train.logprobs import PLAIN_HEAD_MODEL_TYPES, head_logprobs, sampling_logprobs, token_logprobs
 from rollwise.train.losses import LossConfig, LossFn, normalizers
 from rollwise.train.parallel import Single
 from rollwise.train.rank_split import split_for_ranks
+from rollwise.train.step_plan import MiniBatchPlan, MiniBatchTensors, StepInputs, with_gradient
+from rollwise.train.step_stats import StepStats
+from rollwise.train.causal_lm import as_causal_lm
+from rollwise.train.weights import weight_mode
 
+if TYPE_CHECKING:  # pragma: no cover
+    from transformers import PreTrainedModel
 
-class TrainerError(ValueError):
-    """A user-fixable problem (bad model path, missing optional dependency, inconsistent options)."""
+    from rollwise.types import Tokenizer
+
+__all__ = ["Trainer", "TrainerError", "load_causal_lm", "lr_lambda", "resolve_device", "seed_all"]
 
 
 def lr_lambda(step: int, *, schedule: str, warmup_steps: int, total_steps: int, min_lr_ratio: float) -> float:
@@ -87,7 +89,7 @@ def _zero_dropout(model: torch.nn.Module) -> None:
             setattr(cfg, attr, 0.0)
 
 
-def load_causal_lm(path: str | Path, device: torch.device | str, attn_implementation: str | None = None) -> torch.nn.Module:
+def load_causal_lm(path: str | Path, device: torch.device | str, attn_implementation: str | None = None) -> PreTrainedModel:
     """Load an HF causal-LM checkpoint in float32 (master weights), dropout off. One-line error on a bad path."""
     from transformers import AutoModelForCausalLM
 
@@ -108,117 +110,8 @@ def load_causal_lm(path: str | Path, device: torch.device | str, attn_implementa
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise TrainerError(f"cannot load model from {p}: {first}") from None
     _zero_dropout(model)
-    return model.to(device)
-
-
-def truncation_keep(x: torch.Tensor, top_p: float, top_k: int) -> torch.Tensor:
-    """Which tokens the sampler may draw from `x` = logits / T: the top-k, then the smallest prefix of the
-    renormalised top-k distribution whose mass reaches top_p. [n, V] float32 -> [n, V] bool (no gradient)."""
-    with torch.no_grad():
-        v = x.shape[-1]
-        sorted_x, order = x.sort(dim=-1, descending=True)
-        keep_sorted = torch.ones_like(sorted_x, dtype=torch.bool)
-        if 0 < top_k < v:
-            keep_sorted[:, top_k:] = False
-        if top_p < 1.0:
-            p = torch.softmax(sorted_x.masked_fill(~keep_sorted, float("-inf")), dim=-1)
-            keep_sorted &= (p.cumsum(dim=-1) - p) < top_p
-        return torch.zeros_like(keep_sorted).scatter_(-1, order, keep_sorted)
-
-
-def _chunk_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float, top_p: float = 1.0,
-                    top_k: int = -1) -> torch.Tensor:
-    """float32 log-prob of each target under logits / T, truncated to top-k / top-p and renormalised.
-    [n, V], [n] -> [n]"""
-    x = logits.float() / temperature
-    picked = x.gather(-1, targets[:, None])[:, 0]
-    if top_p >= 1.0 and top_k <= 0:
-        return picked - torch.logsumexp(x, dim=-1)
-    keep = truncation_keep(x, top_p, top_k).scatter_(-1, targets[:, None], True)  # see NOTE on truncation
-    return picked - torch.logsumexp(x.masked_fill(~keep, float("-inf")), dim=-1)
-
-
-def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float, need_entropy: bool = False,
-                   chunk: int = 1024, top_p: float = 1.0, top_k: int = -1) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Per-target float32 log-probs (and entropies) of `logits / temperature` (truncated to top_k / top_p when
-    set, as the engine sampled), `chunk` rows at a time.
-
-    logits [N, V] (any float dtype), targets [N] -> ([N], [N] | None). With a large vocabulary the float32 copies of
-    [N, V] dominate a step's memory (16k tokens x 152k vocab = 10 GB per copy), so each chunk's float32 work is
-    recomputed in backward (activation checkpointing) instead of kept: peak extra memory is one chunk, and the
-    numbers are identical to the unchunked computation (each row is independent).
-    """
-    from torch.utils.checkpoint import checkpoint
-
-    n = logits.shape[0]
-    if top_p < 1.0 or 0 < top_k:
-        chunk = max(1, chunk // 4)  # truncation sorts each chunk: [n, V] values + int64 indices + masks
-    grad = torch.is_grad_enabled() and logits.requires_grad
-    parts = []
-    ents = []
-    for s in range(0, n, chunk):
-        lg, tg = logits[s:s + chunk], targets[s:s + chunk]
-        if grad and n > chunk:
-            parts.append(checkpoint(_chunk_logprobs, lg, tg, temperature, top_p, top_k, use_reentrant=False))
-        else:
-            parts.append(_chunk_logprobs(lg, tg, temperature, top_p, top_k))
-        if need_entropy:
-            with torch.no_grad():
-                x = lg.float() / temperature
-                logz = torch.logsumexp(x, dim=-1)
-                ents.append(logz - (torch.softmax(x, dim=-1) * x).sum(-1))
-    if not parts:
-        empty = logits.new_zeros(0, dtype=torch.float32) + logits.sum() * 0  # keep the graph for backward
-        return empty, (empty.detach() if need_entropy else None)
-    lp = torch.cat(parts)
-    return lp, (torch.cat(ents) if need_entropy else None)
-
-
-# logits = lm_head(last hidden state), nothing else (no soft-capping, scaling or extra heads): head_logprobs is exact
-PLAIN_HEAD_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3"})
-
-
-def _head_chunk(h: torch.Tensor, targets: torch.Tensor, head: torch.nn.Module, temperature: float, top_p: float,
-                top_k: int, need_entropy: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """[n, H] hidden rows -> float32 ([n] log-probs of targets, [n] entropies or empty) through `head`."""
-    logits = head(h)  # [n, V]
-    lp = _chunk_logprobs(logits, targets, temperature, top_p, top_k)
-    if not need_entropy:
-        return lp, lp.new_zeros(0)
-    with torch.no_grad():
-        x = logits.detach().float() / temperature
-        ent = torch.logsumexp(x, dim=-1) - (torch.softmax(x, dim=-1) * x).sum(-1)
-    return lp, ent
-
-
-def head_logprobs(hidden: torch.Tensor, head: torch.nn.Module, targets: torch.Tensor, temperature: float,
-                  need_entropy: bool = False, chunk_elems: int = 1 << 24, top_p: float = 1.0, top_k: int = -1
-                  ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """`token_logprobs(head(hidden), ...)` without ever holding [N, V] logits: the LM head and the log-softmax run
-    on chunks of rows whose [rows, V] float32 logits stay under `chunk_elems` elements, and under autograd each
-    chunk is recomputed in backward (its logits are not kept). hidden [N, H], targets [N] -> ([N], [N] | None).
-    Equal to the unchunked computation: every row is independent."""
-    from torch.utils.checkpoint import checkpoint
-
-    n = hidden.shape[0]
-    v = int(getattr(head, "out_features", 0) or head.weight.shape[0])
-    rows = max(1, chunk_elems // max(v, 1))
-    if top_p < 1.0 or 0 < top_k:
-        rows = max(1, rows // 4)  # truncation sorts each chunk: values + int64 indices + masks
-    grad = torch.is_grad_enabled() and (hidden.requires_grad or any(p.requires_grad for p in head.parameters()))
-    lps, ents = [], []
-    for s in range(0, n, rows):
-        h, tg = hidden[s:s + rows], targets[s:s + rows]
-        if grad:
-            lp, ent = checkpoint(_head_chunk, h, tg, head, temperature, top_p, top_k, need_entropy, use_reentrant=False)
-        else:
-            lp, ent = _head_chunk(h, tg, head, temperature, top_p, top_k, need_entropy)
-        lps.append(lp)
-        ents.append(ent)
-    if not lps:
-        empty = hidden.new_zeros(0, dtype=torch.float32) + hidden.sum() * 0  # keep the graph for backward
-        return empty, (empty.detach() if need_entropy else None)
-    return torch.cat(lps), (torch.cat(ents) if need_entropy else None)
+    # transformers wraps PreTrainedModel.to with functools.wraps(Module.to), which types `self` as the first argument
+    return model.to(device)  # type: ignore[arg-type]
 
 
 def resolve_device(device: str | torch.device) -> torch.device:
@@ -237,6 +130,17 @@ def seed_all(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
+
+
+def _sampling_options(temperature: float, top_p: float, top_k: int) -> tuple[float, float, int]:
+    """The rollouts' sampling options, checked: the trainer's log-probs must be of the distribution they came from."""
+    if temperature <= 0:
+        raise TrainerError(f"trainer temperature must be > 0 (the rollouts' sampling temperature), got {temperature}")
+    if not 0 < top_p <= 1:
+        raise TrainerError(f"trainer top_p must be in (0, 1] (the rollouts' top_p), got {top_p}")
+    if top_k < -1:
+        raise TrainerError(f"trainer top_k must be -1 or 0 (off) or a positive count, got {top_k}")
+    return float(temperature), float(top_p), int(top_k)
 
 
 class Trainer:
@@ -268,17 +172,9 @@ class Trainer:
         reference: keep a frozen copy of the initial policy for the KL penalty (with LoRA: the adapter-free base).
         total_steps: RL steps the LR schedule spans (default cfg.steps).
         sync: how this rank shares updates with the others (`train.parallel`); None = one process."""
-        self.cfg = cfg or TrainConfig()
+        self.cfg = cfg if cfg is not None else TrainConfig.model_validate({})
         self.sync = sync if sync is not None else Single()
-        if temperature <= 0:
-            raise TrainerError(f"trainer temperature must be > 0 (the rollouts' sampling temperature), got {temperature}")
-        self.temperature = float(temperature)
-        if not 0 < top_p <= 1:
-            raise TrainerError(f"trainer top_p must be in (0, 1] (the rollouts' top_p), got {top_p}")
-        if top_k < -1:
-            raise TrainerError(f"trainer top_k must be -1 or 0 (off) or a positive count, got {top_k}")
-        self.top_p = float(top_p)
-        self.top_k = int(top_k)
+        self.temperature, self.top_p, self.top_k = _sampling_options(temperature, top_p, top_k)
         self.device = resolve_device(device)
         from rollwise.models.convert import ModelResolveError, resolve_model
 
@@ -291,67 +187,53 @@ class Trainer:
         self.skip_zero_advantage = True  # exact: such sequences add 0 to loss and gradient without a KL term
         self.step = 0  # optimiser steps taken
         self.rl_step = 0  # train_step calls completed
-
-        model = load_causal_lm(self.model_path, self.device, attn_implementation)
-        # shared-prompt rows need the segment-aware attention (sdpa/eager models); others get unshared rows
-        self.share_prompt = enable_segment_attention(model)
-        self.plain_head = (getattr(model.config, "model_type", None) in PLAIN_HEAD_MODEL_TYPES
-                           and model.get_output_embeddings() is not None)
-        self.lora = self.cfg.lora.enabled
-        if self.sync.lockstep:
-            if self.lora:
-                raise TrainerError("train.parallel: fsdp2 does not shard LoRA adapters yet: use train.parallel: ddp")
-            # NOTE: under FSDP2 the root module's hooks gather the embedding / LM head; calling the decoder body
-            # and the head separately would bypass them, so the model's own forward computes the logits
-            self.plain_head = False
-        if self.lora:
-            model = self._wrap_lora(model)
-        if self.cfg.gradient_checkpointing:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-            if self.lora:
-                model.enable_input_require_grads()
-        self.model = model
-
-        self.ref_model: torch.nn.Module | None = None
-        if reference and not self.lora:
-            self.ref_model = copy.deepcopy(model).eval()
-            for p in self.ref_model.parameters():
-                p.requires_grad_(False)
-            if self.sync.lockstep:
-                self.ref_model = self.sync.wrap(self.ref_model)
+        self.weight_mode = weight_mode(self.cfg.lora)
+        self.lora = self.weight_mode.lora
         self.has_reference = reference
-        self.model = model = self.sync.wrap(model)  # FSDP2 shards here; DDP makes the replicas equal
-
+        self.model, self.ref_model = self._build_model(attn_implementation, reference)
         self.tokenizer = self._load_tokenizer(tokenizer_path or self.model_path)
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(
-            params, lr=self.cfg.lr, betas=tuple(self.cfg.betas), eps=self.cfg.adam_eps, weight_decay=self.cfg.weight_decay,
-        )
-        total_opt_steps = (total_steps if total_steps is not None else self.cfg.steps) * self.cfg.updates_per_step
-        sched_kw = dict(schedule=self.cfg.schedule, warmup_steps=self.cfg.warmup_steps, total_steps=total_opt_steps,
-                        min_lr_ratio=self.cfg.min_lr_ratio)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: lr_lambda(s, **sched_kw))
+        self.optimizer, self.scheduler = self._build_optimizer(total_steps)
 
     # ------------------------------------------------------------------------------------------- set-up
 
-    def _wrap_lora(self, model: torch.nn.Module) -> torch.nn.Module:
-        try:
-            import peft
-        except ImportError:
-            raise TrainerError("train.lora.enabled needs peft: pip install 'rollwise[lora]' (or pip install peft)") from None
-        lc = self.cfg.lora
-        names = {n.rsplit(".", 1)[-1] for n, _ in model.named_modules()}
-        missing = [t for t in lc.target_modules if t not in names]
-        if missing:
-            raise TrainerError(f"train.lora.target_modules: no module named {missing[0]!r} in this model")
-        pcfg = peft.LoraConfig(r=lc.r, lora_alpha=lc.alpha, lora_dropout=lc.dropout, target_modules=list(lc.target_modules),
-                               bias="none", task_type="CAUSAL_LM")
-        with torch.random.fork_rng(devices=[]):  # adapter init must not disturb the caller's RNG stream
-            torch.manual_seed(self.cfg.seed)
-            return peft.get_peft_model(model, pcfg)
+    def _build_model(self, attn_implementation: str | None, reference: bool
+                     ) -> tuple[torch.nn.Module, torch.nn.Module | None]:
+        """The policy as this rank trains it (LoRA-wrapped, checkpointed, sharded / replicated) and, for full
+        weights with `reference`, the frozen copy of the initial policy."""
+        hf = load_causal_lm(self.model_path, self.device, attn_implementation)
+        # shared-prompt rows need the segment-aware attention (sdpa/eager models); others get unshared rows
+        self.share_prompt = enable_segment_attention(hf)
+        self.plain_head = (getattr(hf.config, "model_type", None) in PLAIN_HEAD_MODEL_TYPES
+                           and hf.get_output_embeddings() is not None)
+        if self.sync.lockstep:
+            # NOTE: under FSDP2 the root module's hooks gather the embedding / LM head; calling the decoder body
+            # and the head separately would bypass them, so the model's own forward computes the logits
+            self.plain_head = False
+        model = self.weight_mode.prepare(hf, self.sync, self.cfg.seed)
+        if self.cfg.gradient_checkpointing:
+            self.weight_mode.gradient_checkpointing(model)
+        ref_model = self.weight_mode.frozen_reference(model, self.sync) if reference else None
+        return self.sync.wrap(model), ref_model  # FSDP2 shards here; DDP makes the replicas equal
+
+    def _build_optimizer(self, total_steps: int | None
+                         ) -> tuple[torch.optim.AdamW, torch.optim.lr_scheduler.LambdaLR]:
+        """AdamW over the trainable parameters and the LR schedule spanning `total_steps` RL steps' updates."""
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        beta1, beta2 = self.cfg.betas
+        optimizer = torch.optim.AdamW(
+            params, lr=self.cfg.lr, betas=(beta1, beta2), eps=self.cfg.adam_eps, weight_decay=self.cfg.weight_decay,
+        )
+        total_opt_steps = (total_steps if total_steps is not None else self.cfg.steps) * self.cfg.updates_per_step
+        schedule, warmup, min_ratio = self.cfg.schedule, self.cfg.warmup_steps, self.cfg.min_lr_ratio
+
+        def factor(s: int) -> float:
+            return lr_lambda(s, schedule=schedule, warmup_steps=warmup, total_steps=total_opt_steps,
+                             min_lr_ratio=min_ratio)
+
+        return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
     @staticmethod
-    def _load_tokenizer(path: str | Path) -> Any:
+    def _load_tokenizer(path: str | Path) -> Tokenizer | None:
         """The tokenizer next to the weights, or None (token-in/token-out training does not need one)."""
         p = Path(path)
         if not any((p / f).exists() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")):
@@ -359,7 +241,8 @@ class Trainer:
         try:
             from transformers import AutoTokenizer
 
-            return AutoTokenizer.from_pretrained(str(p))
+            tok: Tokenizer = AutoTokenizer.from_pretrained(str(p))
+            return tok
         except Exception:  # noqa: BLE001 - a tokenizer is optional here; checkpoints then copy its files instead
             return None
 
@@ -380,13 +263,10 @@ class Trainer:
 
     @contextlib.contextmanager
     def _reference(self) -> Iterator[torch.nn.Module]:
-        if self.ref_model is not None:
-            yield self.ref_model
-        elif self.lora and self.has_reference:
-            with self.model.disable_adapter():
-                yield self.model
-        else:
+        if not self.has_reference:
             raise TrainerError("the KL penalty needs a reference model: build the Trainer with reference=True")
+        with self.weight_mode.reference(self.model, self.ref_model) as model:
+            yield model
 
     # ------------------------------------------------------------------------------------------- forward
 
@@ -397,6 +277,7 @@ class Trainer:
         pred = mb.pred_positions.to(self.device)  # [N]
         targets = mb.target_ids.to(self.device)  # [N]
         kw: dict[str, Any] = {}
+        mask: torch.Tensor | None
         if mb.segments is not None:
             if not self.share_prompt:
                 raise TrainerError("a shared-prompt batch reached a model without segment attention: repack it with "
@@ -407,10 +288,11 @@ class Trainer:
         else:
             mask = self._attention_mask(model, mb)
         with self._autocast():
-            if self.plain_head:
-                body = model.get_decoder()
+            head = as_causal_lm(model).get_output_embeddings() if self.plain_head else None
+            if head is not None:
+                body = as_causal_lm(model).get_decoder()
                 hidden = body(input_ids=ids, position_ids=pos, attention_mask=mask, use_cache=False, **kw).last_hidden_state
-                return head_logprobs(hidden[0, pred], model.get_output_embeddings(), targets, self.temperature,
+                return head_logprobs(hidden[0, pred], head, targets, self.temperature,
                                      need_entropy, self.head_chunk_elems, self.top_p, self.top_k)
             out = model(input_ids=ids, position_ids=pos, attention_mask=mask, use_cache=False, logits_to_keep=pred, **kw)
         logits = out.logits[0]  # [N, V] in the forward's dtype: only the positions that predict targets
@@ -424,6 +306,14 @@ class Trainer:
         out = torch.zeros(len(mb.seq_ids), width, dtype=values.dtype, device=values.device)
         return out.index_put((rows, mb.target_tok.to(values.device)), values)
 
+    @overload
+    def compute_logprobs(self, batch: TrainBatch, *, reference: bool = ..., with_entropy: Literal[False] = ...
+                         ) -> torch.Tensor: ...
+
+    @overload
+    def compute_logprobs(self, batch: TrainBatch, *, reference: bool = ..., with_entropy: Literal[True]
+                         ) -> tuple[torch.Tensor, torch.Tensor]: ...
+
     @torch.no_grad()
     def compute_logprobs(self, batch: TrainBatch, *, reference: bool = False, with_entropy: bool = False
                          ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
@@ -432,6 +322,13 @@ class Trainer:
         -> [B, T] float32 on the trainer's device, 0 on padding (and `[B, T]` entropies when `with_entropy`).
         Same temperature and top-p/top-k truncation as the engine; runs on the packed micro-batches of `batch`.
         """
+        lp, ent = self._batch_logprobs(batch, reference=reference, with_entropy=with_entropy)
+        return (lp, ent) if with_entropy else lp
+
+    @torch.no_grad()
+    def _batch_logprobs(self, batch: TrainBatch, *, reference: bool, with_entropy: bool
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`compute_logprobs`: ([B, T] log-probs, [B, T] entropies, zeros unless `with_entropy`)."""
         ctx = self._reference() if reference else contextlib.nullcontext(self.model)
         batch = batch.with_layout(batch.share_prompt and self.share_prompt)
         b, t = batch.num_sequences, batch.max_completion_len
@@ -451,7 +348,7 @@ class Trainer:
                 self._run_dummies(model, extra, backward=False)
             finally:
                 model.train(was_training)
-        return (lp_out, ent_out) if with_entropy else lp_out
+        return lp_out, ent_out
 
     def _lockstep_extra(self, n_local: int) -> int:
         """Under FSDP2 every rank runs as many forwards (and backwards) as the busiest one: how many dummy ones
@@ -484,10 +381,7 @@ class Trainer:
                 ids = torch.tensor([p], dtype=torch.long, device=self.device)
                 with self._autocast():
                     logits = self.model(input_ids=ids).logits[0, -1:].float()
-                x = logits / self.temperature
-                if self.top_p < 1.0 or self.top_k > 0:
-                    x = x.masked_fill(~truncation_keep(x, self.top_p, self.top_k), float("-inf"))
-                rows.append(torch.log_softmax(x, dim=-1)[0].cpu())
+                rows.append(sampling_logprobs(logits, self.temperature, self.top_p, self.top_k)[0].cpu())
         finally:
             self.model.train(was_training)
         return torch.stack(rows)
@@ -502,40 +396,29 @@ class Trainer:
         return torch.Generator().manual_seed((int(self.cfg.seed) * 1_000_003 + 7919 * int(self.rl_step)) % 2**63)
 
     def _plan(self, batch: TrainBatch, minis: list[tuple[list[int], TrainBatch | None]], loss_cfg: LossConfig
-              ) -> tuple[list[tuple[list[int], TrainBatch | None, float, float]], int]:
-        """Per mini-batch: (batch indices this rank trains on, their sub-batch or None, the whole mini-batch's
-        sequence and token counts), and how many sequences were skipped for carrying no gradient. The same on
-        every rank up to the last step, which takes this rank's share (`train/rank_split.py`)."""
+              ) -> tuple[list[MiniBatchPlan], int]:
+        """Per mini-batch: the batch indices this rank trains on, their sub-batch, the whole mini-batch's counts;
+        and how many sequences were skipped for carrying no gradient. The same on every rank up to the last step,
+        which takes this rank's share (`train/rank_split.py`)."""
         plans = []
         dropped = 0
-        for idx, mini in minis:
-            mini = mini if mini is not None else batch.subset(idx)
+        for idx, given in minis:
+            mini = given if given is not None else batch.subset(idx)
             # the losses divide by whole-mini-batch counts, taken before any sequence is dropped or split off
             n_seq, n_tok = normalizers(mini.loss_mask)
             keep = list(range(mini.num_sequences))
             if loss_cfg.kl_coef == 0 and self.skip_zero_advantage:
-                # NOTE: without a KL term every loss here is a sum of advantage x (ratio term): a sequence whose
-                # advantages are all 0 (a GRPO group with equal rewards) or that has no loss token adds exactly 0
-                # to the loss and to the gradient, so it need not run through the model at all.
-                # (per-token advantages, [b, T]: a sequence counts by its loss tokens' advantages only)
-                adv_rows = (mini.advantages if mini.advantages.ndim == 1
-                            else (mini.advantages.abs() * (mini.loss_mask > 0)).amax(dim=1))
-                has_tok = [float(mini.loss_mask[j].sum()) > 0 for j in range(mini.num_sequences)]
-                keep = [j for j in range(mini.num_sequences) if float(adv_rows[j]) != 0.0 and has_tok[j]]
-                if not keep and any(has_tok):
-                    # keep the shortest one anyway: its gradient is exactly 0 too, and the step still reports
-                    # entropy and the trainer-vs-engine log-prob gap (a weight-sync check) for its tokens
-                    keep = [min((j for j in range(mini.num_sequences) if has_tok[j]),
-                                key=lambda j: int(mini.completion_lens[j]))]
+                keep = with_gradient(mini)
                 dropped += mini.num_sequences - len(keep)
             if self.sync.world_size > 1 and keep:
                 shares = split_for_ranks([mini.tokens[j] for j in keep], [mini.prompt_lens[j] for j in keep],
                                          self.sync.world_size)
                 keep = [keep[j] for j in shares[self.sync.rank]]
+            trained: TrainBatch | None = mini
             if len(keep) < mini.num_sequences:
                 idx = [idx[j] for j in keep]
-                mini = mini.subset(keep) if keep else None
-            plans.append((idx, mini, n_seq, n_tok))
+                trained = mini.subset(keep) if keep else None
+            plans.append(MiniBatchPlan(idx, trained, n_seq, n_tok))
         return plans, dropped
 
     def _logprobs_of(self, batch: TrainBatch, rows: list[int], *, reference: bool = False) -> torch.Tensor:
@@ -551,6 +434,27 @@ class Trainer:
             with ctx as model, torch.no_grad():
                 self._run_dummies(model, self._lockstep_extra(0), backward=False)
         return out
+
+    def _step_inputs(self, batch: TrainBatch, loss_cfg: LossConfig, generator: torch.Generator | None) -> StepInputs:
+        """The step's mini-batch plans and the fixed log-probs its losses compare against (reference, proximal)."""
+        n_updates = min(self.cfg.updates_per_step, batch.num_sequences)
+        minis: list[tuple[list[int], TrainBatch | None]]
+        if n_updates == 1:
+            minis = [(list(range(batch.num_sequences)), batch)]
+        else:
+            gen = generator if generator is not None else self.minibatch_generator()
+            order = torch.randperm(batch.num_sequences, generator=gen).tolist()
+            minis = [(sorted(order[k::n_updates]), None) for k in range(n_updates)]
+        plans, dropped = self._plan(batch, minis, loss_cfg)
+        # reference / proximal log-probs of the sequences this rank trains on, nothing else
+        need = sorted({i for p in plans for i in p.idx})
+        ref = self._logprobs_of(batch, need, reference=True) if self.has_reference else None  # [B, T]
+        prox = None
+        if loss_cfg.uses_proximal and n_updates > 1:
+            # The proximal policy is the one before this step's first update; with a single update the loss
+            # takes logprobs.detach(), which is the same thing without a second forward.
+            prox = self._logprobs_of(batch, need)  # [B, T]
+        return StepInputs(plans, dropped, len(minis), ref, prox)
 
     def train_step(self, batch: TrainBatch, loss_fn: LossFn, loss_cfg: LossConfig, *,
                    generator: torch.Generator | None = None) -> dict[str, float]:
@@ -568,126 +472,92 @@ class Trainer:
         """
         t0 = time.perf_counter()
         batch = batch.with_layout(batch.share_prompt and self.share_prompt)
-        use_ref = self.has_reference
-        if loss_cfg.kl_coef > 0 and not use_ref:
+        if loss_cfg.kl_coef > 0 and not self.has_reference:
             raise TrainerError("algo.kl_coef > 0 needs a reference model: build the Trainer with reference=True")
         collective_s0 = self.sync.clock.seconds
-        n_updates = min(self.cfg.updates_per_step, batch.num_sequences)
-        dev = self.device
-        if n_updates == 1:
-            minis = [(list(range(batch.num_sequences)), batch)]
-        else:
-            gen = generator if generator is not None else self.minibatch_generator()
-            order = torch.randperm(batch.num_sequences, generator=gen).tolist()
-            minis = [(sorted(order[k::n_updates]), None) for k in range(n_updates)]
-        plans, dropped = self._plan(batch, minis, loss_cfg)
-        # reference / proximal log-probs of the sequences this rank trains on, nothing else
-        need = sorted({i for idx, _, _, _ in plans for i in idx})
-        ref_full = self._logprobs_of(batch, need, reference=True) if use_ref else None  # [B, T]
-        prox_full = None
-        if loss_cfg.uses_proximal and n_updates > 1:
-            # The proximal policy is the one before this step's first update; with a single update the loss
-            # takes logprobs.detach(), which is the same thing without a second forward.
-            prox_full = self._logprobs_of(batch, need)  # [B, T]
+        inputs = self._step_inputs(batch, loss_cfg, generator)
         ref_s = time.perf_counter() - t0
         optim_s = 0.0
-
-        sums: dict[str, float] = {}
-        weight = 0.0
-        ratio_max = 0.0
-        loss_total = 0.0
-        diff_sum, diff_n, diff_max = 0.0, 0.0, 0.0
-        grad_norm = float("nan")
-        lr_used = float(self.optimizer.param_groups[0]["lr"])
-        skipped = 0
-        micro_count = 0
+        stats = StepStats(lr=float(self.optimizer.param_groups[0]["lr"]), train_tokens=float(batch.num_tokens),
+                          zero_adv_sequences=float(inputs.dropped), mini_batches=float(inputs.mini_batches))
         self.model.train()
-        fwd_tokens = 0
-        for k, (idx, mini, n_seq, n_tok) in enumerate(plans):
-            sel_full = torch.tensor(idx, dtype=torch.long)
+        for k, plan in enumerate(inputs.plans):
             self.optimizer.zero_grad(set_to_none=True)
-            t = mini.max_completion_len if mini is not None else 1
-            old = mini.old_logprobs.to(dev) if mini is not None else None  # [b, T]
-            mask = mini.loss_mask.to(dev) if mini is not None else None  # [b, T]
-            adv = mini.advantages.to(dev) if mini is not None else None  # [b], or [b, T] per token
-            ref = ref_full[sel_full.to(dev), :t] if ref_full is not None else None
-            prox = prox_full[sel_full.to(dev), :t] if prox_full is not None else None
-            micro = mini.micro_batches if mini is not None else []
-            extra = self._lockstep_extra(len(micro))
-            for mb in micro:
-                lp_tok, ent_tok = self._row_logprobs(self.model, mb, need_entropy=True)  # [N]
-                fwd_tokens += mb.num_tokens
-                lp = self._scatter(lp_tok, mb, t)  # [b_mb, T]
-                ent = self._scatter(ent_tok, mb, t) if ent_tok is not None else None
-                sel = torch.tensor(mb.seq_ids, dtype=torch.long, device=dev)
-                m = mask[sel]
-                loss, met = loss_fn(lp, old[sel], adv[sel], m, cfg=loss_cfg,
-                                    ref_logprobs=ref[sel] if ref is not None else None,
-                                    prox_logprobs=prox[sel] if prox is not None else None,
-                                    entropy=ent, num_sequences=n_seq, num_tokens=n_tok)
-                (loss * self.sync.loss_scale if self.sync.loss_scale != 1.0 else loss).backward()
-                micro_count += 1
-                w = float(m.sum().item())
-                loss_total += met.pop("loss")
-                ratio_max = max(ratio_max, met.pop("ratio_max", 0.0))
-                for key, v in met.items():
-                    sums[key] = sums.get(key, 0.0) + v * w
-                weight += w
-                if k == 0 or prox_full is not None:
-                    # trainer-vs-engine gap on the same tokens, at the pre-update parameters
-                    ref_lp = prox[sel] if prox is not None else lp.detach()
-                    d = (ref_lp - old[sel]).abs() * m
-                    diff_sum += float(d.sum().item())
-                    diff_n += w
-                    diff_max = max(diff_max, float(d.max().item()) if d.numel() else 0.0)
-            self._run_dummies(self.model, extra, backward=True)
-            t_opt = time.perf_counter()
-            lr_used = float(self.optimizer.param_groups[0]["lr"])
-            params = [p for p in self.model.parameters() if p.requires_grad]
-            # NOTE: nothing ran here -> exact zero gradients, as the full computation would give (AdamW's moments
-            # and step count still advance); with ranks, the sum over them
-            self.sync.reduce_grads(params)
-            clip = self.cfg.grad_clip if self.cfg.grad_clip is not None else float("inf")
-            grad_norm = self.sync.clip_grad_norm(params, clip)
-            if math.isfinite(grad_norm):
-                self.optimizer.step()
-            else:  # NOTE: a NaN/inf gradient would poison AdamW's moments for good; drop this update instead
-                skipped += 1
-            self.scheduler.step()
-            self.step += 1
-            optim_s += time.perf_counter() - t_opt
+            # the trainer-vs-engine gap is measured at the pre-update parameters
+            self._accumulate(plan, inputs, loss_fn, loss_cfg, stats, gap=k == 0 or inputs.prox is not None)
+            optim_s += self._update(stats)
         self.optimizer.zero_grad(set_to_none=True)
         self.rl_step += 1
         if self.sync.world_size > 1:  # every rank reports the whole step
-            parts = self.sync.gather((sums, weight, ratio_max, loss_total, diff_sum, diff_n, diff_max, fwd_tokens,
-                                      micro_count))
-            sums = {}
-            for p_sums, *_ in parts:
-                for key, v in p_sums.items():
-                    sums[key] = sums.get(key, 0.0) + v
-            weight, loss_total, diff_sum, diff_n = (sum(p[i] for p in parts) for i in (1, 3, 4, 5))
-            ratio_max, diff_max = max(p[2] for p in parts), max(p[6] for p in parts)
-            fwd_tokens, micro_count = sum(p[7] for p in parts), sum(p[8] for p in parts)
+            stats = stats.merge(self.sync.gather(stats))
+        timings = {"ref_s": ref_s, "optim_s": optim_s}
+        if self.sync.world_size > 1:
+            timings["collective_s"] = self.sync.clock.seconds - collective_s0
+        timings["train_s"] = time.perf_counter() - t0
+        return stats.metrics(**timings)
 
-        out: dict[str, float] = {key: v / max(weight, 1.0) for key, v in sums.items()}
-        out.update(
-            loss=loss_total / len(minis),
-            ratio_max=ratio_max,
-            grad_norm=grad_norm,
-            lr=lr_used,
-            logprob_diff_mean=diff_sum / max(diff_n, 1.0),
-            logprob_diff_max=diff_max,
-            train_tokens=float(batch.num_tokens),
-            forward_tokens=float(fwd_tokens),
-            zero_adv_sequences=float(dropped),
-            micro_batches=float(micro_count),
-            skipped_steps=float(skipped),
-            ref_s=ref_s,
-            optim_s=optim_s,
-            **({"collective_s": self.sync.clock.seconds - collective_s0} if self.sync.world_size > 1 else {}),
-            train_s=time.perf_counter() - t0,
+    def _accumulate(self, plan: MiniBatchPlan, inputs: StepInputs, loss_fn: LossFn, loss_cfg: LossConfig,
+                    stats: StepStats, *, gap: bool) -> None:
+        """Forward and backward over one mini-batch's packed micro-batches (gradients accumulate); under FSDP2
+        also the dummy ones that keep this rank in lockstep."""
+        mini = plan.batch
+        if mini is None:  # nothing of this mini-batch on this rank
+            self._run_dummies(self.model, self._lockstep_extra(0), backward=True)
+            return
+        sel_full = torch.tensor(plan.idx, dtype=torch.long, device=self.device)
+        t = mini.max_completion_len
+        fixed = MiniBatchTensors(
+            width=t,
+            old=mini.old_logprobs.to(self.device),  # [b, T]
+            mask=mini.loss_mask.to(self.device),  # [b, T]
+            adv=mini.advantages.to(self.device),  # [b], or [b, T] per token
+            ref=inputs.ref[sel_full, :t] if inputs.ref is not None else None,
+            prox=inputs.prox[sel_full, :t] if inputs.prox is not None else None,
         )
-        return out
+        extra = self._lockstep_extra(len(mini.micro_batches))
+        for mb in mini.micro_batches:
+            self._micro_step(mb, fixed, plan, loss_fn, loss_cfg, stats, gap=gap)
+        self._run_dummies(self.model, extra, backward=True)
+
+    def _micro_step(self, mb: PackedMicroBatch, fixed: MiniBatchTensors, plan: MiniBatchPlan, loss_fn: LossFn,
+                    loss_cfg: LossConfig, stats: StepStats, *, gap: bool) -> None:
+        """One packed micro-batch: forward, the loss over its sequences, backward, and its totals."""
+        t = fixed.width
+        lp_tok, ent_tok = self._row_logprobs(self.model, mb, need_entropy=True)  # [N]
+        lp = self._scatter(lp_tok, mb, t)  # [b_mb, T]
+        ent = self._scatter(ent_tok, mb, t) if ent_tok is not None else None
+        sel = torch.tensor(mb.seq_ids, dtype=torch.long, device=self.device)
+        m = fixed.mask[sel]
+        old = fixed.old[sel]
+        prox = fixed.prox[sel] if fixed.prox is not None else None
+        loss, met = loss_fn(lp, old, fixed.adv[sel], m, cfg=loss_cfg,
+                            ref_logprobs=fixed.ref[sel] if fixed.ref is not None else None,
+                            prox_logprobs=prox, entropy=ent, num_sequences=plan.num_sequences,
+                            num_tokens=plan.num_tokens)
+        (loss * self.sync.loss_scale if self.sync.loss_scale != 1.0 else loss).backward()
+        w = float(m.sum().item())
+        stats.add_micro(met, w, forward_tokens=mb.num_tokens)
+        if gap:  # trainer-vs-engine gap on the same tokens
+            d = ((prox if prox is not None else lp.detach()) - old).abs() * m
+            stats.add_gap(float(d.sum().item()), w, float(d.max().item()) if d.numel() else 0.0)
+
+    def _update(self, stats: StepStats) -> float:
+        """Reduce, clip and apply the accumulated gradient (one optimiser step); -> its wall seconds."""
+        t_opt = time.perf_counter()
+        stats.lr = float(self.optimizer.param_groups[0]["lr"])
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        # NOTE: nothing ran here -> exact zero gradients, as the full computation would give (AdamW's moments
+        # and step count still advance); with ranks, the sum over them
+        self.sync.reduce_grads(params)
+        clip = self.cfg.grad_clip if self.cfg.grad_clip is not None else float("inf")
+        stats.grad_norm = self.sync.clip_grad_norm(params, clip)
+        if math.isfinite(stats.grad_norm):
+            self.optimizer.step()
+        else:  # NOTE: a NaN/inf gradient would poison AdamW's moments for good; drop this update instead
+            stats.skipped_steps += 1
+        self.scheduler.step()
+        self.step += 1
+        return time.perf_counter() - t_opt
 
     # ------------------------------------------------------------------------------------------- weights
 
@@ -707,43 +577,23 @@ class Trainer:
         """Full HF-named weights for `engine.load_weights` (LoRA merged in, without touching the live weights).
 
         NOTE: without LoRA the tensors alias the live parameters (no copy); clone them if you keep them across an
-        optimiser step or send them to another process.
+        optimiser step or send them to another process. Under FSDP2 a gather every rank joins; rank 0 gets them.
         """
-        if not self.lora:
-            return self.full_weights()  # under FSDP2 a gather every rank joins; rank 0 gets the weights
-        from peft.tuners.lora import LoraLayer
-
-        prefix = "base_model.model."
-        sd: dict[str, torch.Tensor] = {}
-        for name, t in self.model.state_dict().items():
-            if "lora_" in name:
-                continue
-            sd[name.removeprefix(prefix).replace(".base_layer.", ".")] = t.detach()
-        adapter = "default"
-        for mname, mod in self.model.named_modules():
-            if isinstance(mod, LoraLayer) and adapter in getattr(mod, "lora_A", {}):
-                key = mname.removeprefix(prefix) + ".weight"
-                sd[key] = sd[key] + mod.get_delta_weight(adapter).to(sd[key].dtype)
-        return sd
+        return self.weight_mode.weights_for_sync(self.model, self.sync)
 
     def save_adapter(self, path: str | Path) -> None:
         """The LoRA adapter in PEFT format (adapter_model.safetensors + adapter_config.json) at `path`: what a vLLM
         with LoRA on loads (`engine.vllm.lora_adapters`), a few MB instead of the merged model."""
-        if not self.lora:
-            raise TrainerError("save_adapter needs train.lora.enabled (a full-weight trainer has no adapter)")
-        self.model.save_pretrained(str(path))
+        self.weight_mode.save_adapter(self.model, Path(path))
 
     def trainable_state_dict(self) -> dict[str, torch.Tensor]:
         """What a resume must restore besides the HF weights: the LoRA adapter tensors (empty without LoRA)."""
-        if not self.lora:
-            return {}
-        return {n: p.detach().clone() for n, p in self.model.named_parameters() if p.requires_grad}
+        return self.weight_mode.trainable_state(self.model)
 
     def load_full_weights(self, state_dict: dict[str, torch.Tensor], source: str = "") -> None:
         """Load HF-named full weights into the policy (not for LoRA). Tied weights may be absent; anything else
         missing or unexpected is an error naming the key."""
-        if self.lora:
-            raise TrainerError("load_full_weights: a LoRA trainer restores its adapter, not full weights")
+        self.weight_mode.check_full_load()
         live = self.model.state_dict()
         unexpected = [k for k in state_dict if k not in live]
         if unexpected:
@@ -752,7 +602,7 @@ class Trainer:
             if tuple(v.shape) != tuple(live[k].shape):
                 raise TrainerError(f"{source or 'weights'}: parameter {k!r} has shape {tuple(v.shape)}, model expects {tuple(live[k].shape)}")
         if self.sync.lockstep:  # sharded: each rank keeps its slice of the full tensors
-            tied = {"lm_head.weight"} if getattr(self.model.config, "tie_word_embeddings", False) else set()
+            tied = {"lm_head.weight"} if getattr(as_causal_lm(self.model).config, "tie_word_embeddings", False) else set()
             missing = [k for k in live if k not in state_dict and k not in tied]
             if missing:
                 raise TrainerError(f"{source or 'weights'}: missing parameter {missing[0]!r}")
