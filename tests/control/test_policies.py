@@ -387,3 +387,22 @@ def test_config_composes_policies_and_refuses_what_does_not_compose():
                      ([], "one allocation"), (["partial", "early_stop"], "partial rollouts drive")):
         with pytest.raises(ValueError, match=msg):
             ControlConfig(policy=bad)
+
+
+def test_a_custom_scorer_gets_each_completion_as_task_text_and_token_ids():
+    """`Scorer` items are `ScoreItem`s: (task, text, token ids), the ids a batch reward passes on as completion_ids."""
+    from rollwise.types import Score
+
+    seen = []
+
+    def scorer(items):
+        seen.extend(items)
+        return [Score(1.0) for _ in items]
+
+    tasks = [task(0, 1.0)]
+    res = controller(UniformPolicy(), scorer=scorer).run_step(FakeEngine(tasks), TaskStream(tasks), SP, step=1,
+                                                              batch_groups=1)
+    rolls = res.groups[0].rollouts
+    assert len(seen) == len(rolls) == SP.n
+    assert all(len(it) == 3 and it[0].id == tasks[0].id and isinstance(it[1], str) for it in seen)
+    assert sorted(list(it[2]) for it in seen) == sorted(list(r.completion_token_ids) for r in rolls)

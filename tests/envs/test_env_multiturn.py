@@ -221,3 +221,17 @@ def test_eos_ends_the_episode_even_after_a_call():
     tok = EosTok()
     (ep,) = run_episodes(ScriptedEngine(tok, lambda conv, j: "<calc>1+1</calc>$"), tok, ToolCalcEnv(), [TASK], SP, 4, 512)
     assert ep.finish_reason == "stop" and ep.turns == 1 and ep.token_ids[-1] == ord("$") and all(ep.loss_mask)
+
+
+def test_a_message_list_reply_without_a_chat_formatter_is_refused_in_one_line():
+    """The plain formatter encodes text; chat messages (tool turns) need `control.episodes.chat_reply_formatter`."""
+    from rollwise.envs.base import is_multi_turn
+
+    class MessagesEnv(ToolCalcEnv):
+        def step(self, state: EpisodeState, completion: str):
+            return [{"role": "tool", "content": "2"}]
+
+    assert is_multi_turn(MessagesEnv()) and not is_multi_turn(object())
+    tok = MergingTokenizer()
+    with pytest.raises(ValueError, match="format_reply"):
+        run_episodes(ScriptedEngine(tok, calc_then_answer), tok, MessagesEnv(), [TASK], SP, 4, 512)

@@ -8,12 +8,16 @@ step's scored groups with an `Accounting` whose counts add up. Policies are one 
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
+from rollwise import filter as room
 from rollwise.control.policies.adaptive import AdaptiveGroupPolicy
-from rollwise.control.context import ParamsFn, StepContext
+from rollwise.control.context import ParamsFn, ScoreItem, Scorer, StepContext
 from rollwise.control.controller import ControlStep, RolloutController
+from rollwise.control.drafts import DraftStore
 from rollwise.control.driver import Driver
+from rollwise.control.episodes import EpisodeRunner
 from rollwise.control.ledger import Accounting
 from rollwise.control.protocols import Policy, Selector
 from rollwise.control.policies.dynamic import DynamicSamplingPolicy
@@ -21,8 +25,13 @@ from rollwise.control.policies.early_stop import EarlyStop, EarlyStopPolicy
 from rollwise.control.policies.partial import PartialRolloutPolicy
 from rollwise.control.policies.posterior import PassRatePosterior
 from rollwise.control.policies.uniform import UniformPolicy
+from rollwise.envs.base import Environment
+from rollwise.types import Task, Tokenizer
 
-POLICIES: dict[str, Callable[[Any], Policy]] = {
+if TYPE_CHECKING:  # the section's type only: importing control does not import pydantic
+    from rollwise.config import ControlConfig
+
+POLICIES: dict[str, Callable[[ControlConfig], Policy]] = {
     "uniform": lambda c: UniformPolicy(),
     "dynamic": lambda c: DynamicSamplingPolicy(oversample=c.oversample, max_rounds=c.max_rounds),
     "adaptive": lambda c: AdaptiveGroupPolicy(pilot=c.pilot_samples, budget_factor=c.budget_factor,
@@ -33,7 +42,7 @@ POLICIES: dict[str, Callable[[Any], Policy]] = {
 }
 """control.policy name -> factory taking the `control` config section."""
 
-SELECTORS: dict[str, Callable[[Any, int], Selector | None]] = {
+SELECTORS: dict[str, Callable[[ControlConfig, int], Selector | None]] = {
     "all": lambda c, seed: None,
     "posterior": lambda c, seed: PassRatePosterior(prior=(c.prior_a, c.prior_b), decay=c.decay,
                                                    skip_above=c.skip_above, explore=c.explore, seed=seed),
@@ -41,11 +50,12 @@ SELECTORS: dict[str, Callable[[Any, int], Selector | None]] = {
 """control.select name -> factory taking the `control` config section and a seed."""
 
 
-def make_controller(control_cfg: Any, env: Any, tokenizer: Any, *, seed: int = 0, params_fn: ParamsFn | None = None,
-                    encode: Any = None, scorer: Any = None, episodes: Any = None, drafts: Any = None,
-                    rules: Any = None) -> RolloutController:
-    """Build the controller a `control` config section describes (duck-typed: no pydantic import here); `rules`:
-    the run's `filter.FilterRules`."""
+def make_controller(control_cfg: ControlConfig, env: Environment, tokenizer: Tokenizer, *, seed: int = 0,
+                    params_fn: ParamsFn | None = None, encode: Callable[[Task], list[int]] | None = None,
+                    scorer: Scorer | None = None, episodes: EpisodeRunner | None = None,
+                    drafts: DraftStore | None = None, rules: room.FilterRules | None = None) -> RolloutController:
+    """Build the controller a `control` config section describes (read by attribute, so anything shaped like a
+    `config.ControlConfig` does); `rules`: the run's `filter.FilterRules`."""
     names = (control_cfg.policy,) if isinstance(control_cfg.policy, str) else tuple(control_cfg.policy)
     for n in names:
         if n not in POLICIES:
@@ -64,5 +74,5 @@ def make_controller(control_cfg: Any, env: Any, tokenizer: Any, *, seed: int = 0
 
 __all__ = ["Accounting", "AdaptiveGroupPolicy", "ControlStep", "Driver", "DynamicSamplingPolicy", "EarlyStop",
            "EarlyStopPolicy",
-           "POLICIES", "PartialRolloutPolicy", "PassRatePosterior", "RolloutController", "SELECTORS", "StepContext",
-           "UniformPolicy", "make_controller"]
+           "POLICIES", "PartialRolloutPolicy", "PassRatePosterior", "RolloutController", "SELECTORS", "ScoreItem",
+           "Scorer", "StepContext", "UniformPolicy", "make_controller"]

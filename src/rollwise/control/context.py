@@ -8,18 +8,26 @@ import time
 import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
 from rollwise import filter as room
 from rollwise.control.driver import Driver, SampleRequest
+from rollwise.control.episodes import EpisodeRunner
 from rollwise.control.ledger import Accounting
-from rollwise.types import CompletionOutput, RolloutGroup, SamplingParams, Score, Task, make_rollout
+from rollwise.engine.speculative import DraftSpec
+from rollwise.types import CompletionOutput, RolloutGroup, SamplingParams, Score, Task, Tokenizer, make_rollout
 
 TaskSource = Callable[[int], list[Task]]
 """`take(k)` -> the next k training tasks (the loop's seeded, resumable data order)."""
 ParamsFn = Callable[[Task, int, SamplingParams], SamplingParams]
 """Per-sample sampling params override `(task, sample_index, base) -> params` (benches draw lengths with it); when
 set, every sample is its own request, so each can get its own params."""
+ScoreItem = tuple[Task, str, list[int]]
+"""One completion to score: its task, its text and its token ids (a batch scorer passes the ids on as TRL's
+`completion_ids`; `rewards.concurrent.score_many` takes these)."""
+Scorer = Callable[[list[ScoreItem]], list[Score]]
+"""`scorer(items) -> scores`, in input order: the controller's scoring (in-process `score_many`, or the Ray backend's
+scoring actors)."""
 
 
 def sample_params(base: SamplingParams, group_index: int, start: int, count: int) -> SamplingParams:
@@ -75,16 +83,16 @@ class StepContext:
     batch_groups: int
     """Target number of groups (rollout.prompts_per_step)."""
     encode: Callable[[Task], list[int]]
-    score_fn: Callable[[list[tuple[Task, str]]], list[Score]]
+    score_fn: Scorer
     params_fn: ParamsFn | None
     acc: Accounting
     prior: Callable[[str], tuple[float, float]]
     """Beta(a, b) belief about a prompt's pass rate (the posterior when enabled, else the config prior)."""
     rules: room.FilterRules = room.DEFAULT_RULES
     """The Filter room's rules (which groups are informative), the same the loop applies after the step."""
-    episodes: Any = None
-    """`control.episodes.EpisodeRunner` for a multi-turn environment: samples are whole episodes."""
-    drafts: Callable[[str], Any] | None = None
+    episodes: EpisodeRunner | None = None
+    """For a multi-turn environment: samples are whole episodes."""
+    drafts: Callable[[str], DraftSpec | None] | None = None
     """Speculative rollouts: `drafts(task_id)` -> the drafts for a new request of that prompt (control/drafts.py)."""
     stop: Stopping | None = None
     """A stopping rule every `generate` runs under (control/early_stop.py `EarlyStop`), whatever the allocation."""
@@ -136,16 +144,16 @@ class StepContext:
 
     def score(self, pairs: list[tuple[PendingGroup, int]]) -> None:
         """Score finished, non-aborted samples (concurrently) into their groups."""
-        todo = [(g, j) for g, j in pairs if g.outputs[j] is not None and g.outputs[j].finish_reason != "abort"]
+        todo = [(g, j, o) for g, j in pairs if (o := g.outputs[j]) is not None and o.finish_reason != "abort"]
         if not todo:
             return
         t0 = time.perf_counter()
-        scores = self.score_fn([(g.task, g.outputs[j].text, list(g.outputs[j].token_ids)) for g, j in todo])
+        scores = self.score_fn([(g.task, o.text, list(o.token_ids)) for g, _, o in todo])
         took = time.perf_counter() - t0
         self.acc.score_s += took
         if len(scores) != len(todo):
             raise RuntimeError(f"the scorer returned {len(scores)} scores for {len(todo)} completions")
-        for (g, j), s in zip(todo, scores):
+        for (g, j, _), s in zip(todo, scores):
             g.scores[j] = s
             g.score_s[j] = took
 
@@ -157,23 +165,25 @@ class StepContext:
             return
         reqs = [(g, r) for g, js in zip(groups, idx) for r in self.requests(g, js)]
         if self.episodes is not None:
-            self._run_episodes(reqs)
+            self._run_episodes(self.episodes, reqs)
             return
         for (g, r), outs in zip(reqs, self.driver.run([r for _, r in reqs])):
             self.place(g, r, outs)
         self.score([(g, j) for g, js in zip(groups, idx) for j in js])
 
-    def _run_episodes(self, reqs: list[tuple[PendingGroup, SampleRequest]]) -> None:
+    def _run_episodes(self, runner: EpisodeRunner, reqs: list[tuple[PendingGroup, SampleRequest]]) -> None:
         """Multi-turn: each requested sample is an episode; all of them go through the engine together, round by
         round, and come back scored by the environment."""
         t0 = time.perf_counter()
-        eps = self.episodes.run(self.driver.counting_engine(), [g.task for g, _ in reqs], [r.params for _, r in reqs])
+        eps = runner.run(self.driver.counting_engine(), [g.task for g, _ in reqs], [r.params for _, r in reqs])
         took = time.perf_counter() - t0
         k = 0
         for g, r in reqs:
             for i in range(r.count):
                 ep, j = eps[k], r.start + i
                 k += 1
+                # NOTE: an episode may end at "max_turns", which `types.FinishReason` (an engine's reasons) leaves out;
+                # `make_rollout` reads it as truncated. The ignore goes when that type names the episodes' reasons.
                 g.outputs[j] = CompletionOutput(j, list(ep.token_ids), list(ep.logprobs), ep.finish_reason,  # type: ignore[arg-type]
                                                 "".join(t for role, t in ep.texts if role != "prompt"),
                                                 list(ep.weight_versions))
@@ -184,7 +194,7 @@ class StepContext:
                 g.gen_s[j] = took
 
 
-def default_encoder(tokenizer: Any) -> Callable[[Task], list[int]]:
+def default_encoder(tokenizer: Tokenizer) -> Callable[[Task], list[int]]:
     """`encode(task)`: the task's prompt as `models.prompting.PromptFormat()` builds it (the chat template when the
     tokenizer has one; otherwise the text with the tokenizer's default special tokens). The loop passes its own
     encoder, built from `env.chat_template` / `env.system_prompt`."""

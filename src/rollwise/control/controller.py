@@ -18,15 +18,19 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from rollwise import filter as room
-from rollwise.control.context import ParamsFn, StepContext, Stopping, TaskSource, default_encoder
+from rollwise.control.context import (ParamsFn, ScoreItem, Scorer, StepContext, Stopping, TaskSource,
+                                      default_encoder)
+from rollwise.control.drafts import DraftStore
 from rollwise.control.driver import Driver
+from rollwise.control.episodes import EpisodeRunner
 from rollwise.control.ledger import Accounting
 from rollwise.control.protocols import Policy, Selector
+from rollwise.engine.protocol import Engine, StepEngine
+from rollwise.envs.base import Environment
 from rollwise.rewards.concurrent import score_many
-from rollwise.types import ROLLOUT_STATUSES, Rollout, RolloutGroup, SamplingParams, Score, Task
+from rollwise.types import ROLLOUT_STATUSES, Rollout, RolloutGroup, SamplingParams, Score, Task, Tokenizer
 
 
 @dataclass
@@ -40,13 +44,12 @@ class ControlStep:
 class RolloutController:
     """Runs one policy (and optionally a prompt selector) step after step; owns their cross-step state."""
 
-    def __init__(self, policy: Policy, env: Any, tokenizer: Any, *, selector: Selector | None = None,
+    def __init__(self, policy: Policy, env: Environment, tokenizer: Tokenizer, *, selector: Selector | None = None,
                  prior: tuple[float, float] = (0.5, 0.5), max_skip_factor: int = 4, score_workers: int = 8,
                  score_timeout_s: float | None = 30.0, params_fn: ParamsFn | None = None,
-                 encode: Callable[[Task], list[int]] | None = None,
-                 scorer: Callable[[list[tuple[Task, str]]], list[Score]] | None = None, episodes: Any = None,
-                 drafts: Any = None, rules: room.FilterRules | None = None, stop: Stopping | None = None,
-                 refill: bool = True) -> None:
+                 encode: Callable[[Task], list[int]] | None = None, scorer: Scorer | None = None,
+                 episodes: EpisodeRunner | None = None, drafts: DraftStore | None = None,
+                 rules: room.FilterRules | None = None, stop: Stopping | None = None, refill: bool = True) -> None:
         """rules: the Filter room's rules the run applies (which groups are informative; default
         `filter.DEFAULT_RULES`); encode: a task's prompt token ids (default: the tokenizer's plain encoding of
         `task.prompt`);
@@ -77,7 +80,7 @@ class RolloutController:
         self._driver: Driver | None = None
         self._version: int | None = None
 
-    def _score(self, items: list[tuple[Task, str]]) -> list[Score]:
+    def _score(self, items: list[ScoreItem]) -> list[Score]:
         if self.scorer is not None:
             return self.scorer(items)
         return score_many(self.env, items, max_workers=max(1, min(self.score_workers, len(items))),
@@ -115,7 +118,7 @@ class RolloutController:
 
         return take
 
-    def run_step(self, engine: Any, source: TaskSource, params: SamplingParams, *, step: int,
+    def run_step(self, engine: Engine | StepEngine, source: TaskSource, params: SamplingParams, *, step: int,
                  batch_groups: int) -> ControlStep:
         """Generate and score one step's groups. `params.n` is the group size; `batch_groups` the target."""
         if batch_groups < 1:

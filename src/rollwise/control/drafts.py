@@ -17,9 +17,13 @@ resumed run and fills again in one epoch), and drafts for multi-turn episodes.
 from __future__ import annotations
 
 from collections import OrderedDict, deque
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from rollwise.engine.speculative import DraftSpec
+from rollwise.types import RolloutGroup
+
+if TYPE_CHECKING:  # the section's type only: importing control does not import pydantic
+    from rollwise.config import SpeculativeConfig
 
 SOURCES = ("off", "past", "ngram", "both")
 
@@ -44,13 +48,13 @@ class DraftStore:
         self._accepted = self._tested = 0.0  # the run's draft tokens, decayed by HISTORY_DECAY per step
 
     @classmethod
-    def from_config(cls, spec_cfg: Any) -> "DraftStore | None":
-        """From a `rollout.speculative` section (duck-typed); None when the source is 'off'."""
+    def from_config(cls, spec_cfg: SpeculativeConfig) -> DraftStore | None:
+        """From a `rollout.speculative` section (read by attribute); None when the source is 'off'."""
         if spec_cfg.source == "off":
             return None
         return cls(spec_cfg.source, spec_cfg.k, spec_cfg.per_prompt)
 
-    def observe(self, groups: Sequence[Any]) -> None:
+    def observe(self, groups: Sequence[RolloutGroup]) -> None:
         """Remember the completions of a step's groups (`RolloutGroup`s, as the controller returns them), newest
         last; empty completions are skipped."""
         if self.source not in ("past", "both"):

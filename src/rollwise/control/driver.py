@@ -15,13 +15,40 @@ Two engine shapes are supported:
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Protocol, cast, runtime_checkable
 
 from rollwise.control.ledger import own_tokens
-from rollwise.engine.protocol import step_engine
-from rollwise.types import CompletionOutput, RequestOutput, SamplingParams
+from rollwise.engine.protocol import Engine, StepEngine, step_engine
+from rollwise.engine.speculative import DraftSpec
+from rollwise.envs.multiturn import BatchGenerator
+from rollwise.types import CompletionOutput, RequestOutput, SamplingParams, Tokenizer
+
+
+@runtime_checkable
+class _Batch(BatchGenerator, Protocol):
+    """A batch engine's `generate` (what `run` and multi-turn episodes call when there is no step-level core)."""
+
+
+class _Submits(Protocol):
+    """`add_request` as the in-process `EngineCore` takes it, and as the driver calls it: a resumed request's
+    `partial` may hold None for a sample that starts fresh, and `drafts` is a `DraftSpec`.
+    NOTE: `engine.protocol.StepEngine.add_request` types both narrower (`list[CompletionOutput]`, past
+    continuations as `list[list[int]]`) than the engines that take them; `Driver.submit` reads the step engine
+    through this protocol until that one says the same."""
+
+    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+                    partial: list[CompletionOutput | None] | None = None, drafts: DraftSpec | None = None) -> None: ...
+
+
+@runtime_checkable
+class _LeafReports(Protocol):
+    """What a tree engine offers beyond `StepEngine`: which samples of a request have ended, and their outputs."""
+
+    def finished_slots(self, request_id: str) -> list[int]: ...
+
+    def snapshot(self, request_id: str, slots: list[int]) -> RequestOutput | None: ...
 
 
 @dataclass
@@ -34,12 +61,12 @@ class SampleRequest:
     prompt_token_ids: list[int]
     params: SamplingParams
     """n == count; a seed of its own (see `sample_params`)."""
-    partial: list[CompletionOutput] | None = None
-    """Resume these aborted samples instead of starting fresh (partial rollouts)."""
+    partial: list[CompletionOutput | None] | None = None
+    """Resume these aborted samples instead of starting fresh (partial rollouts); None: that sample starts fresh."""
     submitted_at: float = 0.0
     """perf_counter() when the request went to the engine (for the rollouts' `timings`)."""
-    drafts: Any = None
-    """Speculative rollouts: an `engine.speculative.DraftSpec` for the engine (step-level engines only)."""
+    drafts: DraftSpec | None = None
+    """Speculative rollouts: the drafts for the engine to verify (step-level engines only)."""
 
     @property
     def request_id(self) -> str:
@@ -49,12 +76,13 @@ class SampleRequest:
 class Driver:
     """Runs requests on an engine and keeps the books: engine time, generated tokens, idle batch capacity."""
 
-    def __init__(self, engine: Any) -> None:
+    def __init__(self, engine: Engine | StepEngine) -> None:
         self.engine = engine
         self.core = step_engine(engine)
         # A batch engine that can also stream (RemoteEngine, MultiEngine of them) offers its step-level interface
         # through `stepwise()`; it is opened only when a policy submits (batch policies keep batched generate).
-        self._stepwise_factory = getattr(engine, "stepwise", None) if self.core is None else None
+        self._stepwise_factory: Callable[[], StepEngine] | None = (getattr(engine, "stepwise", None)
+                                                                   if self.core is None else None)
         if self.core is None and not callable(getattr(engine, "generate", None)):
             raise ValueError(f"{type(engine).__name__} is not an engine: it has neither add_request/step/abort nor generate")
         self.inflight: dict[str, tuple[SampleRequest, int]] = {}  # request id -> (request, tokens at submit)
@@ -106,32 +134,45 @@ class Driver:
                 return n
         return sum(r.count for r, _ in self.inflight.values())
 
+    def _stepper(self) -> StepEngine:
+        """The step-level engine requests are in flight on (`submit` opened it)."""
+        if self.core is None:
+            raise RuntimeError("submit needs a step-level engine (add_request/step/abort)")
+        return self.core
+
+    def _batch(self) -> BatchGenerator:
+        """The engine's batch `generate`: `__init__` refused an engine with neither interface, so an engine without
+        a step-level core of its own has one."""
+        if not isinstance(self.engine, _Batch):
+            raise RuntimeError(f"{type(self.engine).__name__} has no batch generate")
+        return self.engine
+
     def submit(self, req: SampleRequest) -> None:
         if self.core is None and callable(self._stepwise_factory):
             self.core = self._stepwise_factory()
-        if self.core is None:
-            raise RuntimeError("submit needs a step-level engine (add_request/step/abort)")
+        core = cast(_Submits, self._stepper())  # see `_Submits`
         req.submitted_at = time.perf_counter()
         if req.drafts is not None:
-            self.core.add_request(req.request_id, req.prompt_token_ids, req.params, partial=req.partial,
-                                  drafts=req.drafts)
+            core.add_request(req.request_id, req.prompt_token_ids, req.params, partial=req.partial,
+                             drafts=req.drafts)
         else:
-            self.core.add_request(req.request_id, req.prompt_token_ids, req.params, partial=req.partial)
-        self.inflight[req.request_id] = (req, sum(len(o.token_ids) for o in req.partial or []))
+            core.add_request(req.request_id, req.prompt_token_ids, req.params, partial=req.partial)
+        self.inflight[req.request_id] = (req, sum(len(o.token_ids) for o in req.partial or [] if o is not None))
         self._peak = max(self._peak, self._live_samples())
 
     def step(self) -> list[tuple[SampleRequest, list[CompletionOutput]]]:
         """One engine step; the requests that finished in it (all their samples)."""
         n_before = len(self.inflight)
         live = self._live_samples()
+        core = self._stepper()
         t0 = time.perf_counter()
-        outs = self.core.step()
+        outs = core.step()
         dt = time.perf_counter() - t0
         self.gen_s += dt
         if self._peak:
             self.idle_s += dt * (1.0 - min(live, self._peak) / self._peak)
         done = [self._close(o) for o in outs]
-        if not outs and n_before and not self.core.has_unfinished():
+        if not outs and n_before and not core.has_unfinished():
             raise RuntimeError(f"engine went idle with {n_before} requests in flight")
         return done
 
@@ -140,7 +181,7 @@ class Driver:
         was not in flight."""
         if request_id not in self.inflight:
             return None
-        out = self.core.abort(request_id)
+        out = self._stepper().abort(request_id)
         if out is None:
             raise RuntimeError(f"engine lost request {request_id!r}")
         return self._close(out)
@@ -153,7 +194,13 @@ class Driver:
         if request_id not in self.inflight or not callable(finished):
             return [], []
         new = [j for j in finished(request_id) if j in pending]
-        return (new, list(self.core.snapshot(request_id, new).outputs)) if new else ([], [])
+        if not new:
+            return [], []
+        core = self.core
+        snap = core.snapshot(request_id, new) if isinstance(core, _LeafReports) else None
+        if snap is None:
+            raise RuntimeError(f"engine reports ended samples of {request_id!r} but no snapshot of them")
+        return new, list(snap.outputs)
 
     def _close(self, out: RequestOutput) -> tuple[SampleRequest, list[CompletionOutput]]:
         req, before = self.inflight.pop(out.request_id)
@@ -162,21 +209,9 @@ class Driver:
             self._peak = 0  # the next wave of submissions sets its own capacity
         return req, list(out.outputs)
 
-    def counting_engine(self) -> Any:
+    def counting_engine(self) -> _Counting:
         """The engine's batch `generate`, with the time and tokens booked here (multi-turn episodes call it)."""
-        drv = self
-
-        class _Counting:
-            tokenizer = getattr(drv.engine, "tokenizer", None)
-
-            def generate(self, prompts: Any, params: Any) -> list[RequestOutput]:
-                t0 = time.perf_counter()
-                outs = drv.engine.generate(prompts, params)
-                drv.gen_s += time.perf_counter() - t0
-                drv.generated_tokens += sum(own_tokens(r.outputs) for r in outs)
-                return outs
-
-        return _Counting()
+        return _Counting(self)
 
     def run(self, reqs: Sequence[SampleRequest]) -> list[list[CompletionOutput]]:
         """Generate every request to completion; outputs in the order of `reqs`."""
@@ -186,7 +221,7 @@ class Driver:
             t0 = time.perf_counter()
             for r in reqs:
                 r.submitted_at = t0
-            outs = self.engine.generate([r.prompt_token_ids for r in reqs], [r.params for r in reqs])
+            outs = self._batch().generate([r.prompt_token_ids for r in reqs], [r.params for r in reqs])
             self.gen_s += time.perf_counter() - t0
             got = [list(o.outputs) for o in outs]
             self.generated_tokens += sum(own_tokens(os_) for os_ in got)
@@ -195,6 +230,23 @@ class Driver:
             self.submit(r)
         done: dict[str, list[CompletionOutput]] = {}
         while len(done) < len(reqs):
-            for req, outs in self.step():
-                done[req.request_id] = outs
+            for req, samples in self.step():
+                done[req.request_id] = samples
         return [done[r.request_id] for r in reqs]
+
+
+class _Counting:
+    """A driver's engine as multi-turn episodes see it: its batch `generate`, booked on the driver."""
+
+    def __init__(self, drv: Driver) -> None:
+        self.drv = drv
+        self.tokenizer: Tokenizer | None = getattr(drv.engine, "tokenizer", None)
+
+    def generate(self, prompts: Sequence[list[int]],
+                 sampling_params: SamplingParams | Sequence[SamplingParams]) -> list[RequestOutput]:
+        drv = self.drv
+        t0 = time.perf_counter()
+        outs = drv._batch().generate(prompts, sampling_params)
+        drv.gen_s += time.perf_counter() - t0
+        drv.generated_tokens += sum(own_tokens(r.outputs) for r in outs)
+        return outs

@@ -12,19 +12,17 @@ for multi-turn environments at the start of a run).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
 
-from rollwise.envs.multiturn import Episode, run_episodes
-from rollwise.types import SamplingParams, Task
+from rollwise.envs.base import MultiTurnEnvironment, is_multi_turn
+from rollwise.envs.multiturn import BatchGenerator, Episode, ReplyFormatter, run_episodes
+from rollwise.types import SamplingParams, Task, Tokenizer
 
-
-def is_multi_turn(env: Any) -> bool:
-    """Whether `env` runs episodes (it has the `reset` / `step` protocol of `envs.base.MultiTurnEnvironment`)."""
-    return callable(getattr(env, "reset", None)) and callable(getattr(env, "step", None))
+__all__ = ["EpisodeRunner", "chat_reply_formatter", "is_multi_turn"]
 
 
-def chat_reply_formatter(tokenizer: Any, uses_template: bool) -> Callable[[Any, list[int]], list[int]]:
+def chat_reply_formatter(tokenizer: Tokenizer, uses_template: bool) -> ReplyFormatter:
     """`format(reply, policy_turn_ids) -> ids` appending an environment reply as the next chat turn
     (`models.turns.ChatTurns.reply_ids`): a string as a user turn, a list of messages (e.g. `tool` results) as those
     turns. With a chat template the ids are the template's own text between the end of an assistant message and
@@ -43,11 +41,11 @@ def chat_reply_formatter(tokenizer: Any, uses_template: bool) -> Callable[[Any, 
 class EpisodeRunner:
     """Runs a multi-turn environment's episodes for the controller and for evaluation."""
 
-    env: Any
-    tokenizer: Any
+    env: MultiTurnEnvironment
+    tokenizer: Tokenizer
     encode: Callable[[Task], list[int]]
     """A task's prompt ids (the same prompt building as single-turn tasks)."""
-    format_reply: Callable[[str, list[int]], list[int]]
+    format_reply: ReplyFormatter
     max_turns: int = 4
     max_total_tokens: int = 1024
     turn_timeout_s: float | None = 30.0
@@ -56,7 +54,7 @@ class EpisodeRunner:
     stop: tuple[str, ...] = ()
     """Extra stop strings for policy turns (a tool call's closing tag when there is no chat template)."""
 
-    def run(self, engine: Any, tasks: Sequence[Task], params: Sequence[SamplingParams]) -> list[Episode]:
+    def run(self, engine: BatchGenerator, tasks: Sequence[Task], params: Sequence[SamplingParams]) -> list[Episode]:
         """`params[i].n` episodes of `tasks[i]`, task-major."""
         return run_episodes(engine, self.tokenizer, self.env, list(tasks), list(params), self.max_turns,
                             self.max_total_tokens, prompts=[self.encode(t) for t in tasks],

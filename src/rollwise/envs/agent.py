@@ -48,10 +48,14 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from rollwise.envs.base import EpisodeState, Task
+from rollwise.envs.base import Environment, EpisodeState, Task
 from rollwise.models.tool_calls import CallError, ToolCall, parse_tool_calls
 from rollwise.rewards.base import describe
+from rollwise.rewards.user import RewardSum, UserReward
 from rollwise.types import Score
+
+EpisodeReward = UserReward | RewardSum
+"""A user reward over whole episodes (`rewards.user`): `score_batch(..., extra={"environments": ...})`."""
 
 _JSON_TYPES: dict[str, tuple[type, ...]] = {"integer": (int,), "number": (int, float), "string": (str,),
                                             "boolean": (bool,), "array": (list,), "object": (dict,),
@@ -63,7 +67,7 @@ class EnvironmentClassError(ValueError):
 
 
 # ------------------------------------------------------------------------------------------------ tools
-def _public_methods(obj: Any, skip: Sequence[str] = ("reset",)) -> dict[str, Callable[..., Any]]:
+def _public_methods(obj: object, skip: Sequence[str] = ("reset",)) -> dict[str, Callable[..., Any]]:
     out = {}
     for name in sorted(dir(type(obj))):
         if name.startswith("_") or name in skip:
@@ -76,7 +80,7 @@ def _public_methods(obj: Any, skip: Sequence[str] = ("reset",)) -> dict[str, Cal
     return out
 
 
-def tool_schemas(obj: Any, where: str) -> tuple[list[dict[str, Any]], dict[str, Callable[..., Any]]]:
+def tool_schemas(obj: object, where: str) -> tuple[list[dict[str, Any]], dict[str, Callable[..., Any]]]:
     """(JSON schemas, name -> bound method) of an instance's tools: every public method but `reset`."""
     from transformers.utils import get_json_schema
 
@@ -167,7 +171,7 @@ def _completion(state: EpisodeState) -> Any:
     return "".join(text for _, text in state.transcript)
 
 
-def _score_with_reward(reward: Any, states: Sequence[EpisodeState]) -> list[Score]:
+def _score_with_reward(reward: EpisodeReward, states: Sequence[EpisodeState]) -> list[Score]:
     tasks = [s.task for s in states]
     comps = [_completion(s) for s in states]
     return list(reward.score_batch(tasks, comps, None, extra={"environments": [s.data.get("obj") for s in states]}))
@@ -178,13 +182,13 @@ def _score_with_reward(reward: Any, states: Sequence[EpisodeState]) -> list[Scor
 class ToolEnv:
     """A user's tool class as a rollwise multi-turn environment (see the module docstring)."""
 
-    data: Any
+    data: Environment
     """Where tasks come from (e.g. the `dataset` environment): `load(split, n, seed)`."""
     factory: Callable[[], Any]
     """The user's class (called with no arguments, once per episode)."""
     spec: str
     """How the config named it (for messages)."""
-    reward: Any = None
+    reward: EpisodeReward | None = None
     """A `rewards.user` scorer (`score_batch(..., extra={"environments": ...})`)."""
     tool_timeout_s: float = 10.0
     max_calls: int = 4
@@ -195,14 +199,19 @@ class ToolEnv:
     methods: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        if self.reward is None:
-            raise EnvironmentClassError(f"env.environment {self.spec!r} needs env.reward or env.rewards: a function "
-                                        "that scores episodes, e.g. fn(completions, environments, **kwargs)")
+        self._reward()
         probe = self._new()
         if not callable(getattr(probe, "reset", None)):
             raise EnvironmentClassError(f"{self.spec}: the class has no reset(**row) method")
         self.tools, methods = tool_schemas(probe, self.spec)
         self.methods = list(methods)
+
+    def _reward(self) -> EpisodeReward:
+        """The configured reward: a tool class's episodes have no score without one."""
+        if self.reward is None:
+            raise EnvironmentClassError(f"env.environment {self.spec!r} needs env.reward or env.rewards: a function "
+                                        "that scores episodes, e.g. fn(completions, environments, **kwargs)")
+        return self.reward
 
     @property
     def name(self) -> str:
@@ -282,7 +291,7 @@ class ToolEnv:
         return True, text
 
     def score_episodes(self, states: Sequence[EpisodeState]) -> list[Score]:
-        scores = _score_with_reward(self.reward, states)
+        scores = _score_with_reward(self._reward(), states)
         for s, sc in zip(states, scores):
             sc.info.update(tool_calls=s.data["tool_calls"], tool_errors=s.data["tool_errors"])
         return scores
@@ -294,10 +303,10 @@ class GymEnv:
     """A gym-style class (`reset()` -> observation, `step(action)` -> (observation, reward, done, info)) as a
     rollwise multi-turn environment (see the module docstring)."""
 
-    data: Any
+    data: Environment
     factory: Callable[[], Any]
     spec: str
-    reward: Any = None
+    reward: EpisodeReward | None = None
     """A `rewards.user` scorer with `environments=`; None = the sum of the step rewards."""
 
     def __post_init__(self) -> None:
@@ -366,7 +375,7 @@ class GymEnv:
 ENVIRONMENT_APIS: dict[str, type] = {"tools": ToolEnv, "gym": GymEnv}
 
 
-def make_class_env(data: Any, spec: str, api: str, reward: Any, *, tool_timeout_s: float = 10.0, max_calls: int = 4,
+def make_class_env(data: Environment, spec: str, api: str, reward: EpisodeReward | None, *, tool_timeout_s: float = 10.0, max_calls: int = 4,
                    turn_budget_s: float = 25.0) -> ToolEnv | GymEnv:
     """The environment `env.environment` / `env.environment_api` name, over the tasks of `data`."""
     from rollwise.rewards.user import load_object

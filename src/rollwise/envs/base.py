@@ -14,18 +14,22 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, TypeGuard, runtime_checkable
 
+from rollwise.models.turns import Reply
 from rollwise.types import Score, Task
 
-__all__ = ["Environment", "EpisodeState", "MultiTurnEnvironment", "Task", "split_of"]
+__all__ = ["Environment", "EpisodeState", "MultiTurnEnvironment", "Reply", "Task", "is_multi_turn", "split_of"]
 
 
 @runtime_checkable
 class Environment(Protocol):
     """A single-turn environment: load tasks, score one completion."""
 
-    name: str
+    @property
+    def name(self) -> str:
+        """Read-only here, so an environment may compute it (a wrapper names itself after what it wraps)."""
+        ...
 
     def load(self, split: str = "train", n: int | None = None, seed: int = 0) -> list[Task]: ...
 
@@ -49,16 +53,26 @@ class MultiTurnEnvironment(Environment, Protocol):
     """An environment whose episodes alternate policy turns and environment observations.
 
     `reset` opens an episode; `step` gets the policy's latest turn as text and returns the observation to
-    append (the runner tokenizes exactly that text, alone, and appends it), or None when the episode is
-    over; `score_episode` scores the finished episode from its state. `score(task, text)` stays available
-    for scoring a whole transcript given as one string (e.g. by `rollwise score`).
+    append (the runner tokenizes exactly that text, alone, and appends it; a list of chat messages, such as one
+    `tool` message per call, becomes those turns), or None when the episode is over.
+
+    Optional hooks the runner (`envs.multiturn`) looks up, so an environment defines only those it needs:
+    `score_episode(state) -> Score` scores a finished episode from its state (without it, `score(task, text)` scores
+    the policy's turns as one text); `score_episodes(states) -> list[Score]` scores all episodes of a call at once
+    (user rewards with `environments=`); `opening(state) -> str | None` text joining the first user turn;
+    `teardown(state)` per-episode cleanup; `stop`: stop strings that end a policy turn (a tool call's closing tag).
+    `score(task, text)` stays available for scoring a whole transcript given as one string (e.g. by
+    `rollwise score`).
     """
 
     def reset(self, task: Task) -> EpisodeState: ...
 
-    def step(self, state: EpisodeState, completion: str) -> str | None: ...
+    def step(self, state: EpisodeState, completion: str) -> Reply | None: ...
 
-    def score_episode(self, state: EpisodeState) -> Score: ...
+
+def is_multi_turn(env: object) -> TypeGuard[MultiTurnEnvironment]:
+    """Whether `env` runs episodes: it has `reset` and `step` (what the runner and the loop decide by)."""
+    return callable(getattr(env, "reset", None)) and callable(getattr(env, "step", None))
 
 
 def split_of(key: str, test_fraction: float) -> str:

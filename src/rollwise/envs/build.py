@@ -17,8 +17,9 @@ On a registered multi-turn environment (`reset` / `step`) a configured reward re
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
+from rollwise.envs.base import Environment, EpisodeState, MultiTurnEnvironment, Reply, is_multi_turn
 from rollwise.envs.registry import EnvSpecError, check_kwargs, factory_of, get_env, unknown_env_message
 from rollwise.rewards.user import RewardSum, UserReward, import_user_module, make_reward
 from rollwise.types import Score, Task
@@ -28,7 +29,7 @@ from rollwise.types import Score, Task
 class RewardedEnv:
     """An environment's tasks scored by a user reward (`rewards.user`)."""
 
-    env: Any
+    env: Environment
     reward: UserReward | RewardSum
 
     @property
@@ -52,7 +53,7 @@ class RewardedEpisodes:
     one call per batch of episodes, with `completions` (each episode's policy turns and replies as one text, or
     assistant / user messages for a message-list prompt) and `environments=` (the episodes' states)."""
 
-    env: Any
+    env: MultiTurnEnvironment
     reward: UserReward | RewardSum
 
     @property
@@ -66,21 +67,22 @@ class RewardedEpisodes:
     def load(self, split: str = "train", n: int | None = None, seed: int = 0) -> list[Task]:
         return self.env.load(split=split, n=n, seed=seed)
 
-    def reset(self, task: Task) -> Any:
+    def reset(self, task: Task) -> EpisodeState:
         return self.env.reset(task)
 
-    def step(self, state: Any, completion: str) -> Any:
+    def step(self, state: EpisodeState, completion: str) -> Reply | None:
         return self.env.step(state, completion)
 
-    def teardown(self, state: Any) -> None:
-        if callable(getattr(self.env, "teardown", None)):
-            self.env.teardown(state)
+    def teardown(self, state: EpisodeState) -> None:
+        hook = getattr(self.env, "teardown", None)  # optional (`envs.multiturn` calls it once per episode)
+        if callable(hook):
+            hook(state)
 
     def score(self, task: Task, completion: str) -> Score:
         return self.reward(task, completion)
 
-    def score_episodes(self, states: Sequence[Any]) -> list[Score]:
-        def completion(st: Any) -> Any:
+    def score_episodes(self, states: Sequence[EpisodeState]) -> list[Score]:
+        def completion(st: EpisodeState) -> Any:
             texts = st.data.get("episode_texts", [])
             if isinstance(st.task.prompt, list):
                 return [{"role": "assistant" if r == "policy" else "user", "content": t} for r, t in texts]
@@ -106,10 +108,11 @@ def check_env_section(name: str, kwargs: dict[str, Any] | None = None, module: s
     check_kwargs(factory, name, dict(kwargs or {}))
 
 
-def make_env(name: str, kwargs: dict[str, Any] | None = None, *, reward: Any = None, rewards: Sequence[Any] | None = None,
+def make_env(name: str, kwargs: dict[str, Any] | None = None, *, reward: str | Callable[..., Any] | None = None,
+             rewards: Sequence[Any] | None = None,
              module: str | None = None, reward_timeout_s: float | None = 30.0, reward_workers: int = 8,
              environment: str | None = None, environment_api: str = "tools", tool_timeout_s: float = 10.0,
-             max_tool_calls: int = 4, turn_budget_s: float = 25.0) -> Any:
+             max_tool_calls: int = 4, turn_budget_s: float = 25.0) -> Environment:
     """The environment the `env` config section describes (see the module docstring).
 
     name/kwargs: `env.name` / `env.kwargs`; reward/rewards: `env.reward` / `env.rewards`; module: `env.module`
@@ -141,6 +144,6 @@ def make_env(name: str, kwargs: dict[str, Any] | None = None, *, reward: Any = N
             raise ValueError("env.name=dataset has no reward of its own: set env.reward (\"file.py:fn\" or "
                              "\"module:fn\") or env.rewards")
         return env
-    if callable(getattr(env, "reset", None)) and callable(getattr(env, "step", None)):
+    if is_multi_turn(env):
         return RewardedEpisodes(env, scorer)  # multi-turn: the user's reward scores whole episodes
     return RewardedEnv(env, scorer)

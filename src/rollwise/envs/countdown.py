@@ -71,7 +71,8 @@ class CountdownEnv:
             raise ValueError(f"countdown has splits 'train' and 'test', got {split!r}")
         want = 1000 if n is None else n
         rng = random.Random(f"countdown/{seed}/{split}")
-        tasks, seen = [], set()
+        tasks: list[Task] = []
+        seen: set[str] = set()
         for _ in range(100 * want + 100):
             if len(tasks) >= want:
                 break

@@ -280,9 +280,9 @@ class DatasetEnv:
         rows = _read_rows(src, dict_split or role, plain_ok)
         return [self._task(src, rowno, rec, role) for rowno, rec in rows]
 
-    def _held_out(self, tasks: list[Task]) -> set[int]:
-        """Indices of the held-out rows: the lowest prompt hashes, whole prompt groups at a time."""
-        ts = self.test_size
+    def _held_out(self, tasks: list[Task], ts: float | int) -> set[int]:
+        """Indices of the held-out rows (`ts`: the `test_size` set): the lowest prompt hashes, whole prompt groups
+        at a time."""
         want = int(round(ts * len(tasks))) if isinstance(ts, float) else int(ts)
         if not 0 < want < len(tasks):
             raise DatasetError(f"dataset test_size={ts!r} leaves {len(tasks) - want} training and {want} held-out rows "
@@ -302,7 +302,7 @@ class DatasetEnv:
             out = self._read(self.path, "train") if split == "train" else self._read(self.test_path, "test")
         elif self.test_size is not None:
             everything = self._read(self.path, "train")
-            held = self._held_out(everything)
+            held = self._held_out(everything, self.test_size)
             out = [t for i, t in enumerate(everything) if (i in held) == (split == "test")]
         elif _kind(Path(self.path)) == "hf" and split == "test":
             try:

@@ -130,7 +130,7 @@ def load_reward_fn(spec: str) -> Callable[[Task, str], Any]:
 class WithReward:
     """An environment's tasks scored by another reward function (e.g. one named in the config)."""
 
-    env: Any
+    env: Environment
     reward: Callable[[Task, str], Any]
 
     @property
@@ -146,7 +146,7 @@ class WithReward:
         return as_score(self.reward(task, completion), where=self.name)
 
 
-def with_reward(env: Any, reward: Callable[[Task, str], Any] | str) -> WithReward:
+def with_reward(env: Environment, reward: Callable[[Task, str], Any] | str) -> WithReward:
     """`env` with its score replaced by `reward` (a callable or a "module:attr" spec). A TRL-style batch function
     is wrapped so it is called per sample here; `envs.build.make_env` batches it instead."""
     from rollwise.rewards.user import load_reward, reward_kind

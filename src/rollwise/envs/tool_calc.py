@@ -67,7 +67,8 @@ class ToolCalcEnv:
             raise ValueError(f"tool_calc has splits 'train' and 'test', got {split!r}")
         want = 500 if n is None else n
         rng = random.Random(f"tool_calc/{seed}/{split}")
-        tasks, seen = [], set()
+        tasks: list[Task] = []
+        seen: set[str] = set()
         for _ in range(100 * want + 100):
             if len(tasks) >= want:
                 break
