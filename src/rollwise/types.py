@@ -10,6 +10,7 @@ Deliberately left out: anything tensor-shaped (that is `train.batch.TrainBatch`)
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any, Literal, Protocol, runtime_checkable
 
 FinishReason = Literal["stop", "length", "abort"]
@@ -263,6 +264,14 @@ class RolloutGroup:
     @property
     def rewards(self) -> list[float]:
         return [r.reward if r.reward is not None else 0.0 for r in self.rollouts]
+
+
+ScoreItem = tuple[Task, str, list[int]]
+"""One completion to score: its task, its text and its token ids (a batch scorer passes the ids on as TRL's
+`completion_ids`; `rewards.concurrent.score_many` takes these)."""
+Scorer = Callable[[list[ScoreItem]], list[Score]]
+"""`scorer(items) -> scores`, in input order: the controller's scoring (in-process `score_many`, or the Ray backend's
+scoring actors)."""
 
 
 @runtime_checkable

@@ -12,12 +12,12 @@ import os
 import time
 from typing import Any, Sequence
 
-from rollwise.envs.base import Task
-from rollwise.types import Score
+from rollwise.envs.base import Environment
+from rollwise.types import Score, ScoreItem
 
 
 class ScoringWorker:
-    def __init__(self, env: Any, max_workers: int, timeout_s: float | None) -> None:
+    def __init__(self, env: Environment, max_workers: int, timeout_s: float | None) -> None:
         self.env = env
         self.max_workers = max_workers
         self.timeout_s = timeout_s
@@ -25,7 +25,7 @@ class ScoringWorker:
     def pid(self) -> int:
         return os.getpid()
 
-    def score(self, items: list[tuple[Task, str]]) -> list[Score]:
+    def score(self, items: list[ScoreItem]) -> list[Score]:
         from rollwise.rewards.concurrent import score_many
 
         return score_many(self.env, items, max_workers=self.max_workers, timeout_s=self.timeout_s)
@@ -34,7 +34,7 @@ class ScoringWorker:
 class RayScorer:
     """`scorer(items) -> scores` (input order) over `n` ScoringWorker actors."""
 
-    def __init__(self, env: Any, n: int = 2, *, max_workers: int = 8, score_timeout_s: float | None = 30.0,
+    def __init__(self, env: Environment, n: int = 2, *, max_workers: int = 8, score_timeout_s: float | None = 30.0,
                  timeout_s: float = 600.0, num_cpus_per_worker: float = 0.5) -> None:
         import ray
 
@@ -44,14 +44,16 @@ class RayScorer:
         self.timeout_s = timeout_s
         self.restarts = 0
         remote = ray.remote(max_restarts=-1, max_task_retries=0)(ScoringWorker)
-        self.actors = [remote.options(num_cpus=num_cpus_per_worker).remote(env, max_workers, score_timeout_s)
+        # NOTE: actor handles are typed Any: their methods are called through `.remote`, which Ray's annotations
+        # do not describe for a class wrapped at run time.
+        self.actors: list[Any] = [remote.options(num_cpus=num_cpus_per_worker).remote(env, max_workers, score_timeout_s)
                        for _ in range(n)]
         try:
             self.pids = ray.get([a.pid.remote() for a in self.actors], timeout=timeout_s)
         except ray.exceptions.GetTimeoutError:
             raise RuntimeError(f"Ray scoring actors did not start within {timeout_s:.0f}s") from None
 
-    def __call__(self, items: Sequence[tuple[Task, str]]) -> list[Score]:
+    def __call__(self, items: Sequence[ScoreItem]) -> list[Score]:
         n = len(self.actors)
         size = -(-len(items) // n) if items else 0
         chunks = [(i, list(items[i * size : (i + 1) * size])) for i in range(n)]

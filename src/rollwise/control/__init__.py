@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from rollwise import filter as room
 from rollwise.control.policies.adaptive import AdaptiveGroupPolicy
-from rollwise.control.context import ParamsFn, ScoreItem, Scorer, StepContext
+from rollwise.control.context import ParamsFn, StepContext
 from rollwise.control.controller import ControlStep, RolloutController
 from rollwise.control.drafts import DraftStore
 from rollwise.control.driver import Driver
@@ -26,7 +26,7 @@ from rollwise.control.policies.partial import PartialRolloutPolicy
 from rollwise.control.policies.posterior import PassRatePosterior
 from rollwise.control.policies.uniform import UniformPolicy
 from rollwise.envs.base import Environment
-from rollwise.types import Task, Tokenizer
+from rollwise.types import ScoreItem, Scorer, Task, Tokenizer
 
 if TYPE_CHECKING:  # the section's type only: importing control does not import pydantic
     from rollwise.config import ControlConfig
@@ -50,7 +50,7 @@ SELECTORS: dict[str, Callable[[ControlConfig, int], Selector | None]] = {
 """control.select name -> factory taking the `control` config section and a seed."""
 
 
-def make_controller(control_cfg: ControlConfig, env: Environment, tokenizer: Tokenizer, *, seed: int = 0,
+def make_controller(control_cfg: ControlConfig, env: Environment, tokenizer: Tokenizer | None, *, seed: int = 0,
                     params_fn: ParamsFn | None = None, encode: Callable[[Task], list[int]] | None = None,
                     scorer: Scorer | None = None, episodes: EpisodeRunner | None = None,
                     drafts: DraftStore | None = None, rules: room.FilterRules | None = None) -> RolloutController:

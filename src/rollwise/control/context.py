@@ -15,19 +15,14 @@ from rollwise.control.driver import Driver, SampleRequest
 from rollwise.control.episodes import EpisodeRunner
 from rollwise.control.ledger import Accounting
 from rollwise.engine.speculative import DraftSpec
-from rollwise.types import CompletionOutput, RolloutGroup, SamplingParams, Score, Task, Tokenizer, make_rollout
+from rollwise.types import (CompletionOutput, RolloutGroup, SamplingParams, Score, Scorer, Task, Tokenizer,
+                            make_rollout)
 
 TaskSource = Callable[[int], list[Task]]
 """`take(k)` -> the next k training tasks (the loop's seeded, resumable data order)."""
 ParamsFn = Callable[[Task, int, SamplingParams], SamplingParams]
 """Per-sample sampling params override `(task, sample_index, base) -> params` (benches draw lengths with it); when
 set, every sample is its own request, so each can get its own params."""
-ScoreItem = tuple[Task, str, list[int]]
-"""One completion to score: its task, its text and its token ids (a batch scorer passes the ids on as TRL's
-`completion_ids`; `rewards.concurrent.score_many` takes these)."""
-Scorer = Callable[[list[ScoreItem]], list[Score]]
-"""`scorer(items) -> scores`, in input order: the controller's scoring (in-process `score_many`, or the Ray backend's
-scoring actors)."""
 
 
 def sample_params(base: SamplingParams, group_index: int, start: int, count: int) -> SamplingParams:

@@ -20,8 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from rollwise import filter as room
-from rollwise.control.context import (ParamsFn, ScoreItem, Scorer, StepContext, Stopping, TaskSource,
-                                      default_encoder)
+from rollwise.control.context import ParamsFn, StepContext, Stopping, TaskSource, default_encoder
 from rollwise.control.drafts import DraftStore
 from rollwise.control.driver import Driver
 from rollwise.control.episodes import EpisodeRunner
@@ -30,7 +29,8 @@ from rollwise.control.protocols import Policy, Selector
 from rollwise.engine.protocol import Engine, StepEngine
 from rollwise.envs.base import Environment
 from rollwise.rewards.concurrent import score_many
-from rollwise.types import ROLLOUT_STATUSES, Rollout, RolloutGroup, SamplingParams, Score, Task, Tokenizer
+from rollwise.types import (ROLLOUT_STATUSES, Rollout, RolloutGroup, SamplingParams, Score, ScoreItem, Scorer, Task,
+                            Tokenizer)
 
 
 @dataclass
@@ -44,7 +44,7 @@ class ControlStep:
 class RolloutController:
     """Runs one policy (and optionally a prompt selector) step after step; owns their cross-step state."""
 
-    def __init__(self, policy: Policy, env: Environment, tokenizer: Tokenizer, *, selector: Selector | None = None,
+    def __init__(self, policy: Policy, env: Environment, tokenizer: Tokenizer | None, *, selector: Selector | None = None,
                  prior: tuple[float, float] = (0.5, 0.5), max_skip_factor: int = 4, score_workers: int = 8,
                  score_timeout_s: float | None = 30.0, params_fn: ParamsFn | None = None,
                  encode: Callable[[Task], list[int]] | None = None, scorer: Scorer | None = None,
@@ -64,7 +64,9 @@ class RolloutController:
         self.policy = policy
         self.env = env
         self.tokenizer = tokenizer
-        self.encode = encode if encode is not None else default_encoder(tokenizer)
+        if encode is None and tokenizer is None:
+            raise ValueError("the rollout controller needs an `encode` for the prompts, or a tokenizer to build one")
+        self.encode = encode if encode is not None else default_encoder(tokenizer)  # type: ignore[arg-type]
         self.scorer = scorer
         self.episodes = episodes
         self.selector = selector

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from rollwise.config import EngineConfig, EnvConfig, ModelConfig, RunConfig, WarmupConfig, dump_config
 from rollwise.run.resume import ResumeSpec
-from rollwise.types import Score, Task, Tokenizer
+from rollwise.types import Scorer, Task, Tokenizer
 
 if TYPE_CHECKING:  # pragma: no cover
     from rollwise.clients.vllm.launch import VLLMServers
@@ -30,7 +30,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from rollwise.control.controller import RolloutController
     from rollwise.control.episodes import EpisodeRunner
     from rollwise.engine.protocol import Engine
-    from rollwise.envs.base import Environment
+    from rollwise.envs.base import Environment, MultiTurnEnvironment
     from rollwise.models.prompting import PromptFormat
     from rollwise.run.sync_check import SyncCheck
     from rollwise.train.checkpoint import Checkpoint
@@ -271,7 +271,7 @@ def prepare_model(src: ModelSource, env: Environment, train_tasks: list[Task], r
     return dest, info
 
 
-def make_episode_runner(env_cfg: EnvConfig, max_model_len: int | None, env: Environment,
+def make_episode_runner(env_cfg: EnvConfig, max_model_len: int | None, env: MultiTurnEnvironment,
                         tokenizer: Tokenizer | None, encode: Callable[[Task], list[int]]) -> EpisodeRunner:
     """Episodes of a multi-turn environment: replies as chat turns when the prompts use the chat template."""
     from rollwise.control.episodes import EpisodeRunner, chat_reply_formatter
@@ -279,21 +279,19 @@ def make_episode_runner(env_cfg: EnvConfig, max_model_len: int | None, env: Envi
     from rollwise.models.turns import ChatTurns
 
     E = env_cfg
-    turns = ChatTurns(tokenizer, prompt_format(E, env)) if tokenizer is not None else None
-    templated = turns is not None and turns.templated
+    if tokenizer is None:
+        raise ValueError(f"env {E.name!r} is multi-turn: its episodes need the model's tokenizer (the model directory "
+                         "has none; set model.tokenizer)")
+    turns = ChatTurns(tokenizer, prompt_format(E, env))
+    templated = turns.templated
     budget = E.max_episode_tokens or max_model_len or 1024
     # Tool classes: a turn ends at the template's end-of-turn token and the tool turns follow it; without a
     # template, at a call's closing tag.
     tool_class = E.environment is not None
     return EpisodeRunner(env, tokenizer, encode, chat_reply_formatter(tokenizer, templated), max_turns=E.max_turns,
                          max_total_tokens=budget, turn_timeout_s=E.turn_timeout_s,
-                         turn_end_ids=frozenset(turns.turn_end_ids) if turns is not None and templated and tool_class
-                         else frozenset(),
+                         turn_end_ids=frozenset(turns.turn_end_ids) if templated and tool_class else frozenset(),
                          stop=(CALL_CLOSE,) if tool_class and not templated else ())
-
-
-Scorer = Callable[[list[tuple[Task, str, list[int]]]], list[Score]]
-"""`scorer(items) -> scores` in input order, items (task, completion text, completion ids): Ray scoring actors."""
 
 
 @dataclass
@@ -401,7 +399,7 @@ def _build_run(cfg: RunConfig, log: Log) -> RunParts:
 def _prepare(cfg: RunConfig, log: Log) -> _Prepared:
     """Everything before the engine and trainer: RUN_DIR made safe, seeds, data, the resume point, config.yaml, the
     initial model and tokenizer, the episode runner, and the SFT stage when `sft.path` is set."""
-    from rollwise.control.episodes import is_multi_turn
+    from rollwise.envs.base import is_multi_turn
 
     run_dir = _seeded_run_dir(cfg)
     device = resolve_device(cfg.model.device)
@@ -423,7 +421,7 @@ def _prepare(cfg: RunConfig, log: Log) -> _Prepared:
     encode = prompt_encoder(cfg.env, tokenizer, env)
     prep = _Prepared(run_dir, device, env, train_tasks, eval_tasks, ckpt, init_dir, warm_info, tokenizer, encode,
                      ResumeSpec.of(cfg, run_dir, yaml_sha))
-    if multi_turn:
+    if is_multi_turn(env):
         prep.episodes = make_episode_runner(cfg.env, cfg.engine.max_model_len, env, tokenizer, encode)
     if cfg.sft.path:  # supervised fine-tuning on demonstrations first: RL starts from its model
         _sft_first(cfg, prep, log)
