@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from rollwise.cluster.trainer_handle import TrainerLost, TrainerSpec, TrainerWorker, free_tcp_port
-from rollwise.types import Rollout
+from rollwise.types import Rollout, Tokenizer
 
 POLL_S = 0.2
 
@@ -165,7 +165,7 @@ class LocalRanks:
         self._all("save_adapter", path, what="save its LoRA adapter")
 
     def save(self, run_dir: str | Path, step: int, data_position: dict[str, Any], keep: int | None,
-             tokenizer: Any = None) -> Path:
+             tokenizer: Tokenizer | None = None) -> Path:
         return Path(self._all("save", str(run_dir), step, data_position, keep, what="save a checkpoint"))
 
     def restore(self, ckpt_path: str | Path) -> dict[str, Any]:

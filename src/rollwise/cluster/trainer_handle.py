@@ -17,9 +17,17 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, Sequence
 
-from rollwise.types import Rollout
+from rollwise.types import Rollout, Tokenizer
+
+if TYPE_CHECKING:  # pragma: no cover
+    import numpy as np
+
+    from rollwise.config import TrainConfig
+    from rollwise.train.losses import LossConfig
+    from rollwise.train.parallel import Single
+    from rollwise.train.trainer import Trainer
 
 
 class TrainerLost(RuntimeError):
@@ -33,11 +41,11 @@ class TrainerSpec:
 
     model_path: str
     """The initial policy: an HF checkpoint dir (the run's resolved model)."""
-    train: Any
+    train: TrainConfig
     """The `train` config section (`config.TrainConfig`)."""
     loss_name: str
     """`algo.loss`: the key in `train.losses.LOSSES`."""
-    loss_cfg: Any
+    loss_cfg: LossConfig
     """`train.losses.LossConfig` built from `algo`."""
     device: str = "cpu"
     temperature: float = 1.0
@@ -60,7 +68,7 @@ class TrainerSpec:
     def micro_batch_tokens(self) -> int:
         return int(self.train.micro_batch_tokens)
 
-    def build(self, sync: Any = None, device: str | None = None) -> LocalTrainer:
+    def build(self, sync: Single | None = None, device: str | None = None) -> LocalTrainer:
         """The `LocalTrainer` this spec describes, in this process (`sync`: this rank's `train.parallel` object)."""
         from rollwise.train.trainer import Trainer
 
@@ -81,12 +89,12 @@ class TrainerHandle(Protocol):
 
     def weights(self) -> Any: ...
 
-    def probe_logprobs(self, prompts: list[list[int]]) -> Any:
+    def probe_logprobs(self, prompts: list[list[int]]) -> np.ndarray:
         """[P, V] next-token log-probs as the engine samples them (the weight-sync check's reference)."""
         ...
 
     def save(self, run_dir: str | Path, step: int, data_position: dict[str, Any], keep: int | None,
-             tokenizer: Any = None) -> Path: ...
+             tokenizer: Tokenizer | None = None) -> Path: ...
 
     def restore(self, ckpt_path: str | Path) -> dict[str, Any]: ...
 
@@ -105,7 +113,7 @@ class TrainerHandle(Protocol):
 class LocalTrainer:
     """A `train.trainer.Trainer` in this process."""
 
-    def __init__(self, trainer: Any, micro_batch_tokens: int, loss_name: str, loss_cfg: Any) -> None:
+    def __init__(self, trainer: Trainer, micro_batch_tokens: int, loss_name: str, loss_cfg: LossConfig) -> None:
         self.trainer = trainer
         self.micro_batch_tokens = micro_batch_tokens
         self.loss_name = loss_name
@@ -129,14 +137,14 @@ class LocalTrainer:
         """The live HF-named state dict (LoRA merged); copy it before handing it to another thread."""
         return self.trainer.state_dict_for_sync()
 
-    def probe_logprobs(self, prompts: list[list[int]]) -> Any:
+    def probe_logprobs(self, prompts: list[list[int]]) -> np.ndarray:
         return self.trainer.probe_logprobs(prompts).numpy()
 
     def save_adapter(self, path: str) -> None:
         self.trainer.save_adapter(path)
 
     def save(self, run_dir: str | Path, step: int, data_position: dict[str, Any], keep: int | None,
-             tokenizer: Any = None) -> Path:
+             tokenizer: Tokenizer | None = None) -> Path:
         from rollwise.train.checkpoint import save_checkpoint
 
         return save_checkpoint(self.trainer, run_dir, step, data_position=data_position,
@@ -238,7 +246,7 @@ class TrainerWorker:
         """`weights()` as numpy arrays: what Ray's object store carries to the engine actors without a copy."""
         return {k: v.numpy() for k, v in self.weights().items()}
 
-    def probe_logprobs(self, prompts: list[list[int]]) -> Any:
+    def probe_logprobs(self, prompts: list[list[int]]) -> np.ndarray:
         return self._trainer().probe_logprobs(prompts)
 
     def save_adapter(self, path: str) -> None:
@@ -301,7 +309,27 @@ class RayTrainer:
                               f"({str(e).strip().splitlines()[0][:200]})") from None
 
     def _all(self, method: str, *args: Any, what: str) -> Any:
-        return self._get([getattr(a, method).remote(*args) for a in self.actors], what)[0]
+        refs = [getattr(a, method).remote(*args) for a in self.actors]
+        try:
+            return self._get(refs, what)[0]
+        except self._ray.exceptions.RayTaskError as e:
+            # NOTE: when a rank dies inside a collective, a survivor's call may fail first (gloo: "connection reset
+            # by peer"), before Ray reports the dead actor: that is the death of a rank too, not a bug of the step.
+            dead = self._dead_ranks()
+            if not dead:
+                raise
+            raise TrainerLost(f"Ray trainer rank(s) {dead} died while the ranks were to {what} (a survivor: "
+                              f"{str(e).strip().splitlines()[-1][:200]})") from None
+
+    def _dead_ranks(self) -> list[int]:
+        """Ranks whose actor does not answer (Ray says it died, or it stays silent for 30 s)."""
+        dead = []
+        for r, a in enumerate(self.actors):
+            try:
+                self._ray.get(a.pid.remote(), timeout=min(30.0, self.timeout_s))
+            except (self._ray.exceptions.RayActorError, self._ray.exceptions.GetTimeoutError):
+                dead.append(r)
+        return dead
 
     def train_step(self, rollouts: Sequence[Rollout]) -> dict[str, float]:
         m = self._all("train_step", list(rollouts), what="finish a train step")
@@ -319,7 +347,7 @@ class RayTrainer:
         self._get(self.actors[0].save_adapter.remote(path), "save its LoRA adapter")
 
     def save(self, run_dir: str | Path, step: int, data_position: dict[str, Any], keep: int | None,
-             tokenizer: Any = None) -> Path:
+             tokenizer: Tokenizer | None = None) -> Path:
         return Path(self._all("save", str(run_dir), step, data_position, keep, what="save a checkpoint"))
 
     def restore(self, ckpt_path: str | Path) -> dict[str, Any]:
