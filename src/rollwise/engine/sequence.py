@@ -10,10 +10,14 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
-from typing import Any
 from enum import Enum, auto
+from typing import TYPE_CHECKING
 
-from rollwise.types import SamplingParams
+from rollwise.types import FinishReason, SamplingParams
+
+if TYPE_CHECKING:  # pragma: no cover - both modules import this one
+    from rollwise.engine.speculative import SpecState
+    from rollwise.engine.tree import TreeState
 
 
 class SeqStatus(Enum):
@@ -40,13 +44,13 @@ class Sequence:
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache at the last allocation
     output_logprobs: list[float] = field(default_factory=list)
     output_weight_versions: list[int] = field(default_factory=list)
-    finish_reason: str | None = None
+    finish_reason: FinishReason | None = None
     stop_text_cut: int | None = None  # char offset where a stop string begins in the decoded output
     # Leader of a group whose siblings are not yet forked; they are forked right after its prefill.
     pending_forks: list["Sequence"] = field(default_factory=list)
     num_preemptions: int = 0
-    spec: Any = None  # engine.speculative.SpecState when the request speculates
-    tree: Any = None  # (engine.tree.TreeState, slot) when the request grows as a tree
+    spec: SpecState | None = None  # when the request speculates
+    tree: tuple[TreeState, int] | None = None  # (its tree, its slot) when the request grows as a tree
 
     def __len__(self) -> int:
         return len(self.token_ids)

@@ -59,7 +59,7 @@ def state_source(api: TrainerAPI, holder: "VLLMNcclSync") -> Any:
     """A `WeightSource` over the tensors of the current sync (`holder.tensors`), in sorted-name order; tied
     duplicates (the LM head sharing the embedding) are sent once, as vLLM's loader skips the tied name."""
 
-    class _StateSource(api.source_base):  # type: ignore[misc, name-defined]
+    class _StateSource(api.source_base):  # type: ignore[name-defined]
         def _names(self) -> list[str]:
             seen: set[int] = set()
             out = []
