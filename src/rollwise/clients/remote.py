@@ -6,11 +6,11 @@ token out: prompts go as token ids, and the exact sampled token ids come back th
 `token_id:N`), never by re-tokenizing text. Each prompt is one HTTP request, sent concurrently from a thread
 pool, so the server's continuous batch sees them all at once.
 
-Nothing the server says is trusted (`engine.remote_check`): ids, log-probs, lengths and versions are validated,
+Nothing the server says is trusted (`clients.remote_check`): ids, log-probs, lengths and versions are validated,
 the text that is scored is decoded here from the ids, and every request has a total deadline
-(`engine.http_client`). Weights reach the server through the strategy for its kind (`engine.weight_sync`),
+(`clients.http_client`). Weights reach the server through the strategy for its kind (`clients.weight_sync`),
 chosen when the engine is built. `stepwise()` gives the step-level interface over streaming requests
-(`engine.remote_stream`), which the early_stop and partial policies drive.
+(`clients.remote_stream`), which the early_stop and partial policies drive.
 
 Against vLLM, start it with `--logprobs-mode processed_logprobs`: its default reports log-probs before
 temperature, not the sampling distribution's (`run.sync_check` refuses a server whose log-probs differ).
@@ -64,7 +64,7 @@ class RemoteEngine:
         model: the served model name; default: the first entry of GET /v1/models.
         api_key: sent as `Authorization: Bearer KEY` on every request (the admin key of rollwise serve).
         timeout_s: the longest one generation or weight-load request may take, in total (not per read).
-        backend: "rollwise", "vllm" or "sglang": which weight-sync strategy (`engine.weight_sync`) to use.
+        backend: "rollwise", "vllm" or "sglang": which weight-sync strategy (`clients.weight_sync`) to use.
         tokenizer: decodes the text of every sample from its token ids (the server's text is not used), and
             tokenizes string prompts when the server does not return their ids.
         weights_dir: vllm/sglang: where weight syncs write their safetensors (a directory the server can read;

@@ -24,15 +24,34 @@ import dataclasses
 import threading
 import zlib
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol, Sequence
 
-from rollwise.clients.http_client import Stream
-from rollwise.clients.remote_check import RemoteEngineError, check_length, check_vocab, chunk_tokens, versions_of
+from rollwise.clients.http_client import HttpClient, Stream
+from rollwise.clients.remote_check import (ChoiceLimits, RemoteEngineError, check_length, check_vocab, chunk_tokens,
+                                           versions_of)
 from rollwise.types import CompletionOutput, FinishReason, RequestOutput, SamplingParams
 
-if TYPE_CHECKING:  # pragma: no cover - remote.py imports this module when a policy asks for `stepwise()`
-    from rollwise.clients.remote import RemoteEngine
+if TYPE_CHECKING:  # pragma: no cover
     from rollwise.engine.protocol import StepEngine
+
+
+class StreamingServer(Protocol):
+    """What the step engine asks of the `RemoteEngine` it streams from (named here, not imported: remote.py
+    imports this module)."""
+
+    http: HttpClient
+    base_url: str
+    timeout_s: float
+
+    @property
+    def weight_version(self) -> int: ...
+
+    def completion_request(self, prompt: str | list[int], sp: SamplingParams,
+                           stream: bool = False) -> dict[str, Any]: ...
+
+    def limits(self, sp: SamplingParams, version_floor: int) -> ChoiceLimits: ...
+
+    def decode(self, ids: list[int], stop: Sequence[str] | None = None) -> str: ...
 
 
 @dataclass
@@ -68,7 +87,7 @@ def resume_seed(seed: int | None, sample: int, have: int) -> int | None:
 class RemoteStepEngine:
     """add_request / step / abort / has_unfinished over a `RemoteEngine`'s streaming completions."""
 
-    def __init__(self, remote: RemoteEngine, poll_s: float = 0.5, cond: threading.Condition | None = None) -> None:
+    def __init__(self, remote: StreamingServer, poll_s: float = 0.5, cond: threading.Condition | None = None) -> None:
         """cond: a condition shared with other step engines (`MultiStepEngine` waits on it for any of them)."""
         self.remote = remote
         self.poll_s = poll_s
@@ -252,7 +271,7 @@ class MultiStepEngine:
     """The step-level interface over several remote engines: each request goes to the one with the fewest
     samples in flight; `step` returns what finished on any of them."""
 
-    def __init__(self, engines: list[RemoteEngine], poll_s: float = 0.5) -> None:
+    def __init__(self, engines: Sequence[StreamingServer], poll_s: float = 0.5) -> None:
         self._cond = threading.Condition()
         self.cores = [RemoteStepEngine(e, poll_s, cond=self._cond) for e in engines]
         self.poll_s = poll_s

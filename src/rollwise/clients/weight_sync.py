@@ -26,35 +26,16 @@ import shutil
 import tempfile
 import time
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Literal, Mapping, Protocol
 
 from rollwise.clients.http_client import HttpClient
 from rollwise.clients.remote_check import RemoteEngineError
+from rollwise.clients.sync_report import ServerSync, SyncReport
 
-
-@dataclass
-class SyncReport:
-    """What one weight sync did (kept on the engine as `last_sync`, logged per step)."""
-
-    version: int
-    seconds: float
-    route: str
-    detail: dict[str, Any] = field(default_factory=dict)
-
-
-class ServerSync(Protocol):
-    """Sends HF-named weights (torch tensors or numpy arrays, on any device: each strategy moves them where it
-    needs them) or a checkpoint directory to one server as `version`."""
-
-    route: str
-
-    def push(self, http: HttpClient, tensors: Mapping[str, Any], version: int, deadline_s: float) -> SyncReport: ...
-
-    def push_dir(self, http: HttpClient, path: str, version: int, deadline_s: float) -> SyncReport: ...
-
-    def close(self) -> None: ...
+__all__ = ["SERVER_KINDS", "AdapterSource", "RollwiseServeSync", "SGLangSync", "ServerSync", "SyncChoice", "SyncReport",
+           "VLLMLoraSync", "VLLMSync", "make_server_sync"]
 
 
 class AdapterSource(Protocol):

@@ -286,7 +286,6 @@ class EngineCore:
     def _tree_end(self, seq: Sequence) -> None:
         """A tree sample ended: its children not yet born become copies of it (their law is still the policy's: the
         module NOTE in engine/tree.py), and so do theirs."""
-        assert seq.tree is not None  # only a tree's samples end here, and their copies are the tree's too
         tree, slot = seq.tree
         for k in tree.orphans(slot):
             c = tree.slots[k]

@@ -12,7 +12,7 @@ weights by hand) counts up by one.
 `StepEngine` is the optional finer interface of the in-process engine (`EngineCore`, reached as `LLM.engine`):
 submit requests, step, abort mid-generation with partial outputs. Policies that stop samples early or carry
 them across updates (control.policy early_stop / partial) need it; remote engines offer it over streaming requests
-(`RemoteEngine.stepwise()`, `engine.remote_stream`), Ray engine actors do not (the config refuses those there).
+(`RemoteEngine.stepwise()`, `clients.remote_stream`), Ray engine actors do not (the config refuses those there).
 
 Deliberately left out: streaming (the loop wants whole groups) and engine-side scoring.
 """

@@ -11,13 +11,9 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, field
 from enum import Enum, auto
-from typing import TYPE_CHECKING
+from typing import Any
 
 from rollwise.types import FinishReason, SamplingParams
-
-if TYPE_CHECKING:  # pragma: no cover - both modules import this one
-    from rollwise.engine.speculative import SpecState
-    from rollwise.engine.tree import TreeState
 
 
 class SeqStatus(Enum):
@@ -49,8 +45,10 @@ class Sequence:
     # Leader of a group whose siblings are not yet forked; they are forked right after its prefill.
     pending_forks: list["Sequence"] = field(default_factory=list)
     num_preemptions: int = 0
-    spec: SpecState | None = None  # when the request speculates
-    tree: tuple[TreeState, int] | None = None  # (its tree, its slot) when the request grows as a tree
+    # Untyped here because engine/speculative.py and engine/tree.py build on this module (naming their types would
+    # be an import cycle); they set these fields and read them back.
+    spec: Any = None  # engine.speculative.SpecState when the request speculates
+    tree: Any = None  # (engine.tree.TreeState, slot) when the request grows as a tree
 
     def __len__(self) -> int:
         return len(self.token_ids)

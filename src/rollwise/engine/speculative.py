@@ -210,7 +210,6 @@ class RequestDrafter:
         assert idx is not None
         for s in self.members:
             st = s.spec
-            assert st is not None  # every member was attached
             toks = s.token_ids
             while st.indexed < len(toks):
                 st.indexed += 1
@@ -220,8 +219,7 @@ class RequestDrafter:
         """Up to k draft tokens for `seq`'s next positions (possibly none)."""
         if k <= 0:
             return []
-        st = seq.spec
-        assert st is not None  # `seq` was attached to this drafter
+        st: SpecState = seq.spec
         toks = seq.token_ids
         if st.cursor is not None:
             src, pos = st.cursor
@@ -242,8 +240,7 @@ class RequestDrafter:
 
     def observe(self, seq: Sequence, emitted: Seq[int]) -> None:
         """Advance the sample's cursor past the tokens it just emitted, or drop it where they diverge."""
-        st = seq.spec
-        assert st is not None  # `seq` was attached to this drafter
+        st: SpecState = seq.spec
         if st.cursor is None or not emitted:
             return
         src, pos = st.cursor
