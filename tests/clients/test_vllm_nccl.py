@@ -113,3 +113,27 @@ def test_nccl_refuses_cpu_tensors_and_a_cpu_trainer():
     with pytest.raises(ConfigError, match="weight_transfer 'nccl' sends CUDA tensors: it needs model.device cuda"):
         load_config(None, ["engine.backend=remote", "engine.remote_server=vllm", "engine.remote_urls=[http://h:1]",
                            "engine.vllm.weight_transfer=nccl", "model.device=cpu"])
+
+
+def test_a_runs_nccl_settings_give_each_server_its_own_rendezvous_port(tmp_path):
+    """`run.setup.make_engine` hands the config's values to the one sync chooser: server i meets the trainer on
+    engine.vllm.nccl_port + i, in a world of the trainer plus the server's workers."""
+    from rollwise.clients.remote import MultiEngine
+    from rollwise.run import setup
+
+    servers = [FakeServer().start(), FakeServer().start()]
+    try:
+        urls = ",".join(s.url for s in servers)
+        cfg = load_config(None, ["engine.backend=remote", "engine.remote_server=vllm", f"engine.remote_urls=[{urls}]",
+                                 "engine.vllm.weight_transfer=nccl", "engine.vllm.nccl_address=10.0.0.5",
+                                 "engine.vllm.nccl_port=29700", "engine.vllm.server_world_size=2", "model.device=cuda"])
+        eng = setup.make_engine(cfg, tmp_path, "cuda", None, seed=0)
+        assert isinstance(eng, MultiEngine)
+        syncs = [e._sync for e in eng.engines]
+        assert all(isinstance(s, VLLMNcclSync) for s in syncs)
+        assert [(s.master_address, s.master_port, s.world_size) for s in syncs] == [("10.0.0.5", 29700, 3),
+                                                                                   ("10.0.0.5", 29701, 3)]
+        eng.close()
+    finally:
+        for s in servers:
+            s.stop()

@@ -166,3 +166,30 @@ def test_lora_runs_send_the_adapter_in_place_and_requests_name_it(tmp_path):
         assert [b for p, b in srv.calls if p == "/v1/completions"][-1]["model"] == "rollwise-lora"
     finally:
         srv.stop()
+
+
+def test_one_chooser_picks_every_servers_strategy_from_the_config_values(tmp_path):
+    """`make_server_sync` is where a run's config turns into each server's weight sync: disk per server kind, LoRA
+    adapters for vLLM, and the NCCL transfer (one rendezvous port per server) for vLLM only."""
+    from rollwise.clients.vllm.nccl import VLLMNcclSync
+    from rollwise.clients.weight_sync import (RollwiseServeSync, SGLangSync, SyncChoice, VLLMLoraSync, VLLMSync,
+                                              make_server_sync)
+
+    def pick(choice: SyncChoice, server: int = 0):
+        sync = make_server_sync(choice, server)
+        sync.close()
+        return sync
+
+    assert isinstance(pick(SyncChoice("rollwise")), RollwiseServeSync)
+    assert isinstance(pick(SyncChoice("sglang", tmp_path)), SGLangSync)
+    assert isinstance(pick(SyncChoice("vllm", tmp_path)), VLLMSync)
+    assert isinstance(pick(SyncChoice("vllm", tmp_path, lora_adapters=True)), VLLMLoraSync)
+    nccl = SyncChoice("vllm", transfer="nccl", nccl_address="10.0.0.5", nccl_port=29600, server_world_size=2)
+    second = pick(nccl, server=1)
+    assert isinstance(second, VLLMNcclSync)
+    assert (second.master_address, second.master_port, second.world_size) == ("10.0.0.5", 29601, 3)
+    # engine.vllm.* applies to a vLLM server only: another kind keeps its own route
+    assert isinstance(pick(SyncChoice("rollwise", transfer="nccl")), RollwiseServeSync)
+    assert isinstance(pick(SyncChoice("sglang", tmp_path, lora_adapters=True)), SGLangSync)
+    with pytest.raises(ValueError, match="unknown remote server kind"):
+        SyncChoice("triton")

@@ -3,7 +3,7 @@
 An OpenAI-compatible server (vLLM, SGLang, `rollwise serve`) as `RemoteEngine`, several of them as `MultiEngine`;
 the checks every server answer passes (`remote_check.py`), the HTTP client with a total deadline
 (`http_client.py`), the step interface over streaming requests (`remote_stream.py`), how trained weights reach
-each server kind (`weight_sync.py`, one chooser), and vLLM itself: launching its servers (`vllm/launch.py`, on Ray
+each server kind (`weight_sync.py`, one chooser; `sync_report.py`, what every strategy reports), and vLLM itself: launching its servers (`vllm/launch.py`, on Ray
 with `vllm/ray_placement.py`), its NCCL weight transfer (`vllm/nccl.py`) and the worker extension rollwise loads
 into it (`vllm/plugin/`). rollwise's own engine (`rollwise.engine`) imports nothing from here.
 """

@@ -6,11 +6,11 @@ token out: prompts go as token ids, and the exact sampled token ids come back th
 `token_id:N`), never by re-tokenizing text. Each prompt is one HTTP request, sent concurrently from a thread
 pool, so the server's continuous batch sees them all at once.
 
-Nothing the server says is trusted (`engine.remote_check`): ids, log-probs, lengths and versions are validated,
+Nothing the server says is trusted (`clients.remote_check`): ids, log-probs, lengths and versions are validated,
 the text that is scored is decoded here from the ids, and every request has a total deadline
-(`engine.http_client`). Weights reach the server through the strategy for its kind (`engine.weight_sync`),
+(`clients.http_client`). Weights reach the server through the strategy for its kind (`clients.weight_sync`),
 chosen when the engine is built. `stepwise()` gives the step-level interface over streaming requests
-(`engine.remote_stream`), which the early_stop and partial policies drive.
+(`clients.remote_stream`), which the early_stop and partial policies drive.
 
 Against vLLM, start it with `--logprobs-mode processed_logprobs`: its default reports log-probs before
 temperature, not the sampling distribution's (`run.sync_check` refuses a server whose log-probs differ).
@@ -24,17 +24,26 @@ import itertools
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable, Iterable, Mapping, Sequence as Seq
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Protocol, Sequence as Seq, cast
 
 from rollwise.clients.http_client import HttpClient
-from rollwise.engine.protocol import Engine  # noqa: F401 - re-exported: the protocol both classes implement
+from rollwise.engine.protocol import Engine, params_list, prompt_list
 from rollwise.clients.remote_check import ChoiceLimits, RemoteEngineError, ordered_choices, parse_choice
-from rollwise.clients.weight_sync import ServerSync, SyncReport, make_server_sync
-from rollwise.types import CompletionOutput, RequestOutput, SamplingParams
+from rollwise.clients.weight_sync import (SERVER_KINDS, AdapterSource, ServerSync, SyncChoice, SyncReport,
+                                          make_server_sync)
+from rollwise.types import CompletionOutput, RequestOutput, SamplingParams, Tokenizer
 
-__all__ = ["Engine", "MultiEngine", "RemoteEngine", "RemoteEngineError"]
+if TYPE_CHECKING:  # pragma: no cover
+    from rollwise.clients.remote_stream import MultiStepEngine, RemoteStepEngine
 
-SERVER_KINDS = ("rollwise", "vllm", "sglang")
+__all__ = ["Engine", "MultiEngine", "RemoteEngine", "RemoteEngineError", "SERVER_KINDS"]
+
+
+class VocabTokenizer(Tokenizer, Protocol):
+    """A `Tokenizer` whose length is its vocabulary (a transformers tokenizer's, added tokens included): the bound
+    on the token ids a server may send when `vocab_size` is not given."""
+
+    def __len__(self) -> int: ...
 
 
 class RemoteEngine:
@@ -44,23 +53,26 @@ class RemoteEngine:
     >>> outs = eng.generate([[5, 6, 7]], SamplingParams(n=4, max_tokens=32, seed=0))
     """
 
+    tokenizer: VocabTokenizer | None
+
     def __init__(self, base_url: str, model: str | None = None, api_key: str | None = None, timeout_s: float = 600.0,
-                 backend: str = "rollwise", max_concurrency: int = 64, tokenizer: Any = None,
-                 weights_dir: str | os.PathLike | None = None, connect_timeout_s: float = 10.0,
+                 backend: str = "rollwise", max_concurrency: int = 64, tokenizer: VocabTokenizer | None = None,
+                 weights_dir: str | os.PathLike[str] | None = None, connect_timeout_s: float = 10.0,
                  vocab_size: int | None = None, sync: ServerSync | None = None, lora_adapters: bool = False) -> None:
         """
         base_url: the server root, e.g. http://127.0.0.1:8000 (a trailing /v1 is accepted).
         model: the served model name; default: the first entry of GET /v1/models.
         api_key: sent as `Authorization: Bearer KEY` on every request (the admin key of rollwise serve).
         timeout_s: the longest one generation or weight-load request may take, in total (not per read).
-        backend: "rollwise", "vllm" or "sglang": which weight-sync strategy (`engine.weight_sync`) to use.
+        backend: "rollwise", "vllm" or "sglang": which weight-sync strategy (`clients.weight_sync`) to use.
         tokenizer: decodes the text of every sample from its token ids (the server's text is not used), and
             tokenizes string prompts when the server does not return their ids.
         weights_dir: vllm/sglang: where weight syncs write their safetensors (a directory the server can read;
             default a temporary directory on this machine).
         vocab_size: token ids must be below this (default: the tokenizer's length).
-        sync: how weights reach the server (default: `make_server_sync(backend, weights_dir)`; the NCCL path for
-            vLLM on GPUs is `engine.vllm_nccl.VLLMNcclSync`).
+        sync: how weights reach the server, as `clients.weight_sync.make_server_sync` chose it for this server
+            (a run builds it from its config, NCCL transfer included); default: the disk strategy of `backend`
+            (`SyncChoice(backend, weights_dir, lora_adapters=...)`).
         lora_adapters: vLLM with LoRA on: syncs send the trainer's LoRA adapter (`bind_trainer` gives it), not
             merged weights.
         """
@@ -80,7 +92,8 @@ class RemoteEngine:
         self._ids = itertools.count()
         self._version = 0
         self._version_lock = threading.Lock()
-        self._sync = sync if sync is not None else make_server_sync(backend, weights_dir, lora_adapters=lora_adapters)
+        self._sync = sync if sync is not None else make_server_sync(SyncChoice(backend, weights_dir,
+                                                                               lora_adapters=lora_adapters))
         self.last_sync: SyncReport | None = None
         self.model = model or self._default_model()
 
@@ -169,23 +182,20 @@ class RemoteEngine:
             outs.append(out)
             if prompt_ids is None and isinstance(ch.get("prompt_token_ids"), list):
                 prompt_ids = [int(t) for t in ch["prompt_token_ids"]]
-        if prompt_ids is None:
-            prompt_ids = list(self.tokenizer.encode(prompt, add_special_tokens=False)) if self.tokenizer else []
+        if prompt_ids is None:  # a string prompt whose ids the server did not return
+            tok = self.tokenizer
+            prompt_ids = list(tok.encode(prompt, add_special_tokens=False)) if tok and isinstance(prompt, str) else []
         return RequestOutput(rid, prompt_ids, outs, prompt=prompt if isinstance(prompt, str) else None)
 
     def generate(self, prompts: Seq[str] | Seq[list[int]] | str,
                  sampling_params: SamplingParams | Seq[SamplingParams] | None = None) -> list[RequestOutput]:
         """One RequestOutput per prompt, in order; prompts are sent concurrently. Raises RemoteEngineError."""
-        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
-            prompts = [prompts]  # type: ignore[list-item]
-        params = sampling_params or SamplingParams()
-        plist = list(params) if isinstance(params, (list, tuple)) else [params] * len(prompts)
-        if len(plist) != len(prompts):
-            raise ValueError(f"{len(plist)} sampling params for {len(prompts)} prompts")
-        for p in prompts:
+        batch = prompt_list(prompts)
+        plist = params_list(sampling_params, len(batch))
+        for p in batch:
             if not isinstance(p, str) and not (isinstance(p, list) and p and all(isinstance(t, int) for t in p)):
                 raise ValueError("each prompt must be a string or a non-empty list of token ids")
-        futs = [self._pool.submit(self._one, f"remote-{next(self._ids)}", p, sp) for p, sp in zip(prompts, plist)]
+        futs = [self._pool.submit(self._one, f"remote-{next(self._ids)}", p, sp) for p, sp in zip(batch, plist)]
         try:
             return [f.result() for f in futs]  # each request is bounded by its own total deadline
         except BaseException:
@@ -193,13 +203,13 @@ class RemoteEngine:
                 f.cancel()
             raise
 
-    def stepwise(self) -> Any:
+    def stepwise(self) -> RemoteStepEngine:
         """The step-level engine over streaming requests (add_request / step / abort), for early_stop and partial."""
         from rollwise.clients.remote_stream import RemoteStepEngine
 
         return RemoteStepEngine(self)
 
-    def load_weights_from_dir(self, path: str | os.PathLike, version: int | None = None) -> int:
+    def load_weights_from_dir(self, path: str | os.PathLike[str], version: int | None = None) -> int:
         """Ask the server to load the checkpoint directory `path` (a path on the server's filesystem) as
         `version` (None: current + 1); returns the new version."""
         version = self._next_version(version)
@@ -227,7 +237,7 @@ class RemoteEngine:
         self.last_sync = rep
         return rep.version
 
-    def bind_trainer(self, trainer: Any) -> None:
+    def bind_trainer(self, trainer: AdapterSource) -> None:
         """Give the sync strategy the trainer it takes weights from directly (LoRA adapters); a no-op otherwise."""
         bind = getattr(self._sync, "bind_trainer", None)
         if callable(bind):
@@ -240,7 +250,7 @@ class RemoteEngine:
     def __enter__(self) -> "RemoteEngine":
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 
@@ -252,7 +262,7 @@ class MultiEngine:
     sends the same weights to every engine, so their weight versions advance together.
     """
 
-    def __init__(self, engines: Seq[Any], weights: Seq[float] | None = None) -> None:
+    def __init__(self, engines: Seq[Engine], weights: Seq[float] | None = None) -> None:
         if not engines:
             raise ValueError("MultiEngine needs at least one engine")
         for e in engines:
@@ -266,7 +276,7 @@ class MultiEngine:
         self._pool = ThreadPoolExecutor(max_workers=len(engines), thread_name_prefix="rollwise-multi")
 
     @property
-    def tokenizer(self) -> Any:
+    def tokenizer(self) -> Tokenizer | None:
         return next((t for t in (getattr(e, "tokenizer", None) for e in self.engines) if t is not None), None)
 
     @property
@@ -290,17 +300,13 @@ class MultiEngine:
 
     def generate(self, prompts: Seq[str] | Seq[list[int]] | str,
                  sampling_params: SamplingParams | Seq[SamplingParams] | None = None) -> list[RequestOutput]:
-        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
-            prompts = [prompts]  # type: ignore[list-item]
-        prompts = list(prompts)
-        params = sampling_params or SamplingParams()
-        plist = list(params) if isinstance(params, (list, tuple)) else [params] * len(prompts)
-        if len(plist) != len(prompts):
-            raise ValueError(f"{len(plist)} sampling params for {len(prompts)} prompts")
+        batch = prompt_list(prompts)
+        plist = params_list(sampling_params, len(batch))
         jobs = []
-        for eng, (a, b) in zip(self.engines, self.split(len(prompts))):
+        for eng, (a, b) in zip(self.engines, self.split(len(batch))):
             if b > a:
-                jobs.append(self._pool.submit(eng.generate, prompts[a:b], plist[a:b]))
+                share = cast("Seq[str] | Seq[list[int]]", batch[a:b])  # a slice of the caller's own prompts
+                jobs.append(self._pool.submit(eng.generate, share, plist[a:b]))
         outs: list[RequestOutput] = []
         for j in jobs:
             outs.extend(j.result())
@@ -327,21 +333,29 @@ class MultiEngine:
         """Generation is split into synchronous per-engine calls: no request is in flight between calls."""
         return None
 
-    def bind_trainer(self, trainer: Any) -> None:
+    def bind_trainer(self, trainer: AdapterSource) -> None:
         for e in self.engines:
-            if callable(getattr(e, "bind_trainer", None)):
-                e.bind_trainer(trainer)
+            bind = getattr(e, "bind_trainer", None)  # only engines whose weight sync reads the trainer have it
+            if callable(bind):
+                bind(trainer)
 
-    def stepwise(self) -> Any:
+    def stepwise(self) -> MultiStepEngine:
         """The step-level engine over every engine's streaming requests (remote engines only)."""
         from rollwise.clients.remote_stream import MultiStepEngine
 
-        if not all(callable(getattr(e, "stepwise", None)) for e in self.engines):
+        remotes = [e for e in self.engines if isinstance(e, RemoteEngine)]
+        if len(remotes) != len(self.engines):
             raise ValueError("early_stop and partial over several engines need every one to be a remote engine")
-        return MultiStepEngine(self.engines)
+        return MultiStepEngine(remotes)
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
         for e in self.engines:
-            if callable(getattr(e, "close", None)):
-                e.close()
+            close = getattr(e, "close", None)  # not part of the engine protocol: an in-process LLM has none
+            if callable(close):
+                close()
+
+
+if TYPE_CHECKING:  # pragma: no cover - read by mypy only: both classes must keep implementing the engine protocol
+    def _implements_engine(remote: RemoteEngine, multi: MultiEngine) -> list[Engine]:
+        return [remote, multi]

@@ -24,10 +24,34 @@ import dataclasses
 import threading
 import zlib
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol, Sequence
 
-from rollwise.clients.remote_check import RemoteEngineError, check_length, check_vocab, chunk_tokens, versions_of
-from rollwise.types import CompletionOutput, RequestOutput, SamplingParams
+from rollwise.clients.http_client import HttpClient, Stream
+from rollwise.clients.remote_check import (ChoiceLimits, RemoteEngineError, check_length, check_vocab, chunk_tokens,
+                                           versions_of)
+from rollwise.types import CompletionOutput, FinishReason, RequestOutput, SamplingParams
+
+if TYPE_CHECKING:  # pragma: no cover
+    from rollwise.engine.protocol import StepEngine
+
+
+class StreamingServer(Protocol):
+    """What the step engine asks of the `RemoteEngine` it streams from (named here, not imported: remote.py
+    imports this module)."""
+
+    http: HttpClient
+    base_url: str
+    timeout_s: float
+
+    @property
+    def weight_version(self) -> int: ...
+
+    def completion_request(self, prompt: str | list[int], sp: SamplingParams,
+                           stream: bool = False) -> dict[str, Any]: ...
+
+    def limits(self, sp: SamplingParams, version_floor: int) -> ChoiceLimits: ...
+
+    def decode(self, ids: list[int], stop: Sequence[str] | None = None) -> str: ...
 
 
 @dataclass
@@ -37,7 +61,7 @@ class _Sample:
     ids: list[int] = field(default_factory=list)
     lps: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
-    finish: str | None = None
+    finish: FinishReason | None = None
 
 
 @dataclass
@@ -46,7 +70,7 @@ class _Req:
     prompt: list[int]
     params: SamplingParams
     samples: list[_Sample]
-    streams: list[Any] = field(default_factory=list)
+    streams: list[Stream] = field(default_factory=list)
     threads: list[threading.Thread] = field(default_factory=list)
     running: int = 0
     error: BaseException | None = None
@@ -63,7 +87,7 @@ def resume_seed(seed: int | None, sample: int, have: int) -> int | None:
 class RemoteStepEngine:
     """add_request / step / abort / has_unfinished over a `RemoteEngine`'s streaming completions."""
 
-    def __init__(self, remote: Any, poll_s: float = 0.5, cond: threading.Condition | None = None) -> None:
+    def __init__(self, remote: StreamingServer, poll_s: float = 0.5, cond: threading.Condition | None = None) -> None:
         """cond: a condition shared with other step engines (`MultiStepEngine` waits on it for any of them)."""
         self.remote = remote
         self.poll_s = poll_s
@@ -86,7 +110,7 @@ class RemoteStepEngine:
             return bool(self._reqs)
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                    partial: list[CompletionOutput] | None = None, drafts: Any = None) -> None:
+                    partial: list[CompletionOutput] | None = None, drafts: object = None) -> None:
         if drafts is not None:
             raise ValueError("speculative drafts need the in-process engine (a remote server cannot verify them)")
         with self._cond:
@@ -171,7 +195,7 @@ class RemoteStepEngine:
             req.running += 1
         t.start()
 
-    def _read(self, req: _Req, sample_ids: list[int], stream: Any, sp: SamplingParams, floor: int) -> None:
+    def _read(self, req: _Req, sample_ids: list[int], stream: Stream, sp: SamplingParams, floor: int) -> None:
         limits = self.remote.limits(sp, floor)
         got = {j: 0 for j in sample_ids}
         try:
@@ -247,7 +271,7 @@ class MultiStepEngine:
     """The step-level interface over several remote engines: each request goes to the one with the fewest
     samples in flight; `step` returns what finished on any of them."""
 
-    def __init__(self, engines: list[Any], poll_s: float = 0.5) -> None:
+    def __init__(self, engines: Sequence[StreamingServer], poll_s: float = 0.5) -> None:
         self._cond = threading.Condition()
         self.cores = [RemoteStepEngine(e, poll_s, cond=self._cond) for e in engines]
         self.poll_s = poll_s
@@ -265,7 +289,7 @@ class MultiStepEngine:
         return any(c.has_unfinished() for c in self.cores)
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                    partial: list[CompletionOutput] | None = None, drafts: Any = None) -> None:
+                    partial: list[CompletionOutput] | None = None, drafts: object = None) -> None:
         core = min(self.cores, key=lambda c: c.num_unfinished_seqs)
         core.add_request(request_id, prompt_token_ids, params, partial=partial, drafts=drafts)
         self._where[request_id] = core
@@ -286,3 +310,8 @@ class MultiStepEngine:
     def close(self) -> None:
         for c in self.cores:
             c.close()
+
+
+if TYPE_CHECKING:  # pragma: no cover - read by mypy only: both must keep implementing the step-level protocol
+    def _implements_step_engine(one: RemoteStepEngine, several: MultiStepEngine) -> list[StepEngine]:
+        return [one, several]

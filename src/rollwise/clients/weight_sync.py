@@ -9,7 +9,8 @@
                /reset_prefix_cache -> /update_weight_version -> /resume
 
 Why a directory for vLLM and SGLang: both load from a path on their own filesystem (one machine, or a shared
-filesystem between trainer and servers). The NCCL path for GPUs (`engine.vllm_nccl`) is separate.
+filesystem between trainer and servers). The NCCL path for vLLM on GPUs (`clients/vllm/nccl.py`) sends no files; it
+is chosen here too (`SyncChoice.transfer`), so a run's config decides every server's strategy in one place.
 
 NOTE: none of these proves the weights landed: a reload can answer 200 and change nothing (the field's most
 reported weight-sync bug). `run.sync_check` compares the server's log-probs with the trainer's after every sync.
@@ -25,35 +26,23 @@ import shutil
 import tempfile
 import time
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Protocol
+from typing import Any, Callable, Literal, Mapping, Protocol
 
 from rollwise.clients.http_client import HttpClient
 from rollwise.clients.remote_check import RemoteEngineError
+from rollwise.clients.sync_report import ServerSync, SyncReport
+
+__all__ = ["SERVER_KINDS", "AdapterSource", "RollwiseServeSync", "SGLangSync", "ServerSync", "SyncChoice", "SyncReport",
+           "VLLMLoraSync", "VLLMSync", "make_server_sync"]
 
 
-@dataclass
-class SyncReport:
-    """What one weight sync did (kept on the engine as `last_sync`, logged per step)."""
+class AdapterSource(Protocol):
+    """What a LoRA adapter sync takes its adapter from: a trainer (any of the run's trainer handles) that writes its
+    adapter, PEFT format, into a directory."""
 
-    version: int
-    seconds: float
-    route: str
-    detail: dict[str, Any] = field(default_factory=dict)
-
-
-class ServerSync(Protocol):
-    """Sends HF-named weights (torch tensors or numpy arrays, on any device: each strategy moves them where it
-    needs them) or a checkpoint directory to one server as `version`."""
-
-    route: str
-
-    def push(self, http: HttpClient, tensors: Mapping[str, Any], version: int, deadline_s: float) -> SyncReport: ...
-
-    def push_dir(self, http: HttpClient, path: str, version: int, deadline_s: float) -> SyncReport: ...
-
-    def close(self) -> None: ...
+    def save_adapter(self, path: str) -> None: ...
 
 
 def cpu_tensors(state: Mapping[str, Any]) -> dict[str, Any]:
@@ -109,7 +98,7 @@ class _DirSync:
 
     route = ""
 
-    def __init__(self, weights_dir: str | os.PathLike | None) -> None:
+    def __init__(self, weights_dir: str | os.PathLike[str] | None) -> None:
         base = Path(weights_dir) if weights_dir is not None else None
         if base is not None:
             base.mkdir(parents=True, exist_ok=True)
@@ -168,7 +157,7 @@ class VLLMSync(_DirSync):
     route = "/collective_rpc"
     EXTENSION_METHOD = "rollwise_load_weights"
 
-    def __init__(self, weights_dir: str | os.PathLike | None) -> None:
+    def __init__(self, weights_dir: str | os.PathLike[str] | None) -> None:
         super().__init__(weights_dir)
         self.extension: bool | None = None  # None: not probed yet
 
@@ -225,12 +214,12 @@ class VLLMLoraSync(_DirSync):
     route = "/v1/load_lora_adapter"
     NAME = "rollwise-lora"
 
-    def __init__(self, weights_dir: str | os.PathLike | None) -> None:
+    def __init__(self, weights_dir: str | os.PathLike[str] | None) -> None:
         super().__init__(weights_dir)
-        self.write_adapter: Any = None
+        self.write_adapter: Callable[[str], None] | None = None
         self._loaded = False
 
-    def bind_trainer(self, trainer: Any) -> None:
+    def bind_trainer(self, trainer: AdapterSource) -> None:
         self.write_adapter = trainer.save_adapter
 
     def _write(self, d: Path, tensors: Mapping[str, Any]) -> None:
@@ -255,13 +244,51 @@ class VLLMLoraSync(_DirSync):
         return SyncReport(version, time.perf_counter() - t0, self.route, {"model": self.NAME, "adapter": path})
 
 
-def make_server_sync(backend: str, weights_dir: str | os.PathLike | None = None, *,
-                     lora_adapters: bool = False) -> ServerSync:
-    """The strategy for `backend` ('rollwise', 'vllm', 'sglang'); `lora_adapters`: vLLM gets LoRA adapters."""
-    if backend == "rollwise":
+SERVER_KINDS = ("rollwise", "vllm", "sglang")
+"""The server kinds `RemoteEngine` speaks to (`engine.remote_server`)."""
+
+
+@dataclass(frozen=True)
+class SyncChoice:
+    """Everything that decides how weights reach a run's servers, as the run config gives it (`engine.remote_server`,
+    `engine.remote_weights_dir`, `engine.vllm.lora_adapters`, `engine.vllm.weight_transfer` and its NCCL
+    rendezvous). `make_server_sync` turns it into one strategy per server, once, when the engine is built.
+
+    The vLLM options apply to a vLLM server only (as `engine.vllm.*` does); other kinds ignore them."""
+
+    backend: str = "rollwise"
+    weights_dir: str | os.PathLike[str] | None = None
+    """vllm/sglang over disk: where syncs write their safetensors (None: a temporary directory here)."""
+    lora_adapters: bool = False
+    """vLLM: send the trainer's LoRA adapter instead of merged weights."""
+    transfer: Literal["disk", "nccl"] = "disk"
+    """vLLM: 'nccl' broadcasts the trainer's CUDA tensors (`clients/vllm/nccl.py`) instead of writing files."""
+    nccl_address: str = "127.0.0.1"
+    nccl_port: int = 29600
+    """The rendezvous port of server 0; server i uses nccl_port + i."""
+    server_world_size: int = 1
+
+    def __post_init__(self) -> None:
+        if self.backend not in SERVER_KINDS:
+            raise ValueError(f"unknown remote server kind {self.backend!r} (rollwise, vllm or sglang)")
+        if self.transfer not in ("disk", "nccl"):
+            raise ValueError(f"weight transfer must be 'disk' or 'nccl', got {self.transfer!r}")
+
+    @property
+    def nccl(self) -> bool:
+        """Whether the servers get the NCCL transfer (vLLM only)."""
+        return self.backend == "vllm" and self.transfer == "nccl"
+
+
+def make_server_sync(choice: SyncChoice, server: int = 0) -> ServerSync:
+    """The one chooser of how weights reach a server: the strategy `choice` names, for server number `server` of the
+    run (under the NCCL transfer each server has its own rendezvous port)."""
+    if choice.nccl:
+        from rollwise.clients.vllm.nccl import VLLMNcclSync
+
+        return VLLMNcclSync(choice.nccl_address, choice.nccl_port + server, choice.server_world_size)
+    if choice.backend == "rollwise":
         return RollwiseServeSync()
-    if backend == "sglang":
-        return SGLangSync(weights_dir)
-    if backend == "vllm":
-        return VLLMLoraSync(weights_dir) if lora_adapters else VLLMSync(weights_dir)
-    raise ValueError(f"unknown remote server kind {backend!r} (rollwise, vllm or sglang)")
+    if choice.backend == "sglang":
+        return SGLangSync(choice.weights_dir)
+    return VLLMLoraSync(choice.weights_dir) if choice.lora_adapters else VLLMSync(choice.weights_dir)

@@ -12,7 +12,7 @@ import random
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Iterable, Mapping
 
 import torch
 
@@ -26,9 +26,17 @@ from rollwise.engine.tree import TreeState, entropy
 from rollwise.models.decoder import DecoderLM
 from rollwise.models.convert import resolve_model
 from rollwise.models.loader import WeightMapper, load_model
-from rollwise.types import CompletionOutput, RequestOutput, SamplingParams
+from rollwise.types import CompletionOutput, FinishReason, RequestOutput, SamplingParams, Tokenizer
 
 _MASK63 = (1 << 63) - 1
+
+
+def default_engine_config() -> EngineConfig:
+    """The engine section's defaults (the run config's and `LLM`'s).
+
+    Built through `model_validate`, not `EngineConfig()`: mypy, without pydantic's plugin, reads a field declared
+    `Field(default, ge=...)` as required, and the two are the same object."""
+    return EngineConfig.model_validate({})
 
 
 def sample_seed(seed: int, index: int) -> int:
@@ -63,11 +71,13 @@ class EngineStats:
 
 
 class EngineCore:
-    def __init__(self, model: DecoderLM, hf_config: Any, tokenizer: Any = None, config: EngineConfig | None = None,
-                 device: str | torch.device = "cpu", seed: int = 0, linear_kind: str | None = None) -> None:
-        """seed: seeds the per-sample seeds of requests submitted without one. linear_kind: the CPU linear-weight
-        format (`model_runner.engine_precision`; None = F.linear on the parameters)."""
-        self.config = config or EngineConfig()
+    def __init__(self, model: DecoderLM, hf_config: object, tokenizer: Tokenizer | None = None,
+                 config: EngineConfig | None = None, device: str | torch.device = "cpu", seed: int = 0,
+                 linear_kind: str | None = None) -> None:
+        """hf_config: the checkpoint's config (read for its limits and EOS ids). seed: seeds the per-sample seeds of
+        requests submitted without one. linear_kind: the CPU linear-weight format (`model_runner.engine_precision`;
+        None = F.linear on the parameters)."""
+        self.config = config or default_engine_config()
         self.model = model
         self.hf_config = hf_config
         self.tokenizer = tokenizer
@@ -104,8 +114,9 @@ class EngineCore:
     # ------------------------------------------------------------------ construction
     @classmethod
     def from_pretrained(cls, model_dir: str | Path, device: str = "cpu", dtype: str = "float32",
-                        config: EngineConfig | None = None, tokenizer: Any = None, seed: int = 0) -> "EngineCore":
-        config = config or EngineConfig()
+                        config: EngineConfig | None = None, tokenizer: Tokenizer | None = None,
+                        seed: int = 0) -> "EngineCore":
+        config = config or default_engine_config()
         dev = torch.device(device)
         if dev.type == "cuda" and not torch.cuda.is_available():
             raise ValueError("device 'cuda' requested but CUDA is not available")
@@ -345,7 +356,7 @@ class EngineCore:
                     self.block_manager.trim(seq)
         return emitted
 
-    def _check_stop_strings(self, seq: Sequence) -> str | None:
+    def _check_stop_strings(self, seq: Sequence) -> FinishReason | None:
         if self.tokenizer is None:
             return None
         text = self.tokenizer.decode(seq.output_token_ids, skip_special_tokens=True)
@@ -443,7 +454,7 @@ def _inherit(child: Sequence, parent: Sequence) -> None:
     child.output_weight_versions = list(parent.output_weight_versions)
 
 
-def _eos_ids(hf_config: Any, tokenizer: Any) -> set[int]:
+def _eos_ids(hf_config: object, tokenizer: Tokenizer | None) -> set[int]:
     ids: set[int] = set()
     for src in (getattr(hf_config, "eos_token_id", None), getattr(tokenizer, "eos_token_id", None)):
         if isinstance(src, int):
@@ -465,7 +476,7 @@ def _eos_ids(hf_config: Any, tokenizer: Any) -> set[int]:
     return ids
 
 
-def load_tokenizer(model_dir: str | Path) -> Any:
+def load_tokenizer(model_dir: str | Path) -> Tokenizer | None:
     """The checkpoint's tokenizer, or None when the directory has no tokenizer files (token-id prompts only)."""
     d = Path(model_dir)
     if not any((d / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")):

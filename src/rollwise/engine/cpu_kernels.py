@@ -26,7 +26,12 @@ engine uses the torch paths, with the same results to float32 rounding.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from types import ModuleType
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
 
 from rollwise.engine.inline_ext import InlineExtension
 
@@ -318,26 +323,26 @@ _EXT = InlineExtension("rollwise_cpu_kernels_v4", _SOURCE,
                        "CPU decode kernels", "the torch paths")
 
 
-def _load() -> Any | None:
+def _load() -> ModuleType | None:
     """The compiled module, or None when unavailable (`_EXT.failed` says why)."""
     return _EXT.get()
 
 
-def paged_decode_kernel() -> Any | None:
+def paged_decode_kernel() -> Callable[..., torch.Tensor] | None:
     """paged_decode_attention(q [B, H, D], k_cache, v_cache [KVH, NB, BS, D], block_tables [B, MB],
     context_lens [B], scale) -> [B, H, D]; None when the kernels are unavailable."""
     m = _load()
     return None if m is None else m.paged_decode_attention
 
 
-def sample_kernel() -> Any | None:
+def sample_kernel() -> Callable[..., list[torch.Tensor]] | None:
     """sample_rows(logits [B, V] float32, temperature [B] float32, u [B] float64) -> [tokens [B], logprobs [B]]
     (processed log-probs, no top-k/top-p); None when the kernels are unavailable."""
     m = _load()
     return None if m is None else m.sample_rows
 
 
-def layer_ops() -> Any | None:
+def layer_ops() -> ModuleType | None:
     """The fused per-layer ops for the float32 CPU decode path (`models.decoder.DecoderLM` uses them when its
     `AttnMetadata.fused` is set): add_rmsnorm_(x, r, w, eps), silu_mul(gu), rope_store(qkv, cos, sin, cache, slots,
     H, KVH); None when the kernels are unavailable."""

@@ -27,7 +27,7 @@ fall back to weights dequantized to float32, same numbers as the packed path up 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from types import ModuleType
 
 from rollwise.engine.inline_ext import InlineExtension
 
@@ -223,7 +223,7 @@ _EXT = InlineExtension("rollwise_cpu_linear_v2", _SOURCE, ["packed_linear", "has
                        "torch's F.linear", check=lambda m: None if m.has_avx512() else "this CPU or compiler has no AVX-512 BF16")
 
 
-def _load() -> Any | None:
+def _load() -> ModuleType | None:
     """The compiled module, or None when unavailable (`_EXT.failed` says why)."""
     return _EXT.get()
 
@@ -419,7 +419,8 @@ class DequantWeight:
 # MKL's sgemm, 2x at 8 rows); bfloat16 and int8 use the packed kernels up to BF16_PACKED_MAX_ROWS /
 # INT8_PACKED_MAX_ROWS rows and oneDNN's bf16 matmul on prepacked weights (on this machine AMX, 3-5x the AVX512-BF16
 # kernel at 64 rows) above.
-def make_fast(weight: torch.Tensor, bias: torch.Tensor | None, kind: str) -> Any:
+def make_fast(weight: torch.Tensor, bias: torch.Tensor | None,
+              kind: str) -> PackedWeight | Bf16Dual | Bf16Weight | DequantWeight | None:
     """The `Linear.fast` callable for one weight in `kind` (float32 | bfloat16 | int8); None = plain F.linear."""
     if kind == "bfloat16":
         wide = Bf16Weight(prepack_bf16(weight), None if bias is None else bias.detach().float().clone())

@@ -11,21 +11,22 @@ from __future__ import annotations
 import os
 import threading
 import warnings
-from typing import Any, Callable
+from types import ModuleType
+from typing import Callable
 
 
 class InlineExtension:
     def __init__(self, name: str, source: str, functions: list[str], what: str, fallback: str,
-                 check: Callable[[Any], str | None] | None = None) -> None:
+                 check: Callable[[ModuleType], str | None] | None = None) -> None:
         """what / fallback: the warning's words ('CPU decode kernels', 'the torch paths'); check(module): a reason
         the built module cannot be used here, or None."""
         self.name, self.source, self.functions = name, source, functions
         self.what, self.fallback, self.check = what, fallback, check
-        self.module: Any = None
+        self.module: ModuleType | None = None  # its functions are typed by nothing but their docstrings
         self.failed: str | None = None
         self._lock = threading.Lock()
 
-    def get(self) -> Any | None:
+    def get(self) -> ModuleType | None:
         """The compiled module, or None when unavailable (the reason is in `failed`, warned about once)."""
         if os.environ.get("ROLLWISE_CPU_KERNELS", "1") == "0":
             return None

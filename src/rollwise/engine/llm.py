@@ -17,14 +17,15 @@ import contextlib
 import itertools
 import threading
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Mapping, Sequence as Seq
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping, Sequence as Seq
 
 import torch
 
 from rollwise.engine.core import EngineConfig, EngineCore
+from rollwise.engine.protocol import Engine, params_list, prompt_list
 from rollwise.engine.speculative import DraftSpec
 from rollwise.models.convert import resolve_model
-from rollwise.types import CompletionOutput, RequestOutput, SamplingParams
+from rollwise.types import CompletionOutput, RequestOutput, SamplingParams, Tokenizer
 
 
 class LLM:
@@ -36,8 +37,8 @@ class LLM:
     >>> outs = llm.generate(["1+1="], SamplingParams(n=8, temperature=1.0, max_tokens=16, seed=0))
     """
 
-    def __init__(self, model: str | Path, device: str = "cpu", dtype: str = "float32", tokenizer: Any = None,
-                 **engine_kwargs: Any) -> None:
+    def __init__(self, model: str | Path, device: str = "cpu", dtype: str = "float32",
+                 tokenizer: Tokenizer | None = None, **engine_kwargs: Any) -> None:
         """engine_kwargs: the sizing fields of `rollwise.config.EngineConfig` (same names and defaults as the run
         config's `engine` section), plus `seed` for requests submitted without one."""
         from pydantic import ValidationError
@@ -62,7 +63,7 @@ class LLM:
         self._done: dict[str, RequestOutput] = {}
 
     @property
-    def tokenizer(self) -> Any:
+    def tokenizer(self) -> Tokenizer | None:
         return self.engine.tokenizer
 
     @property
@@ -87,19 +88,15 @@ class LLM:
         as token-id lists (an empty list: n-gram drafts only), a `DraftSpec`, or None (off). Up to `draft_k` draft
         tokens are verified per sample per step; `ngram_drafts` adds drafts from the prompt and the other samples.
         The output distribution is unchanged (and with the same seed, so is the output)."""
-        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
-            prompts = [prompts]  # type: ignore[list-item]
-        params = sampling_params or SamplingParams()
-        plist = list(params) if isinstance(params, (list, tuple)) else [params] * len(prompts)
-        if len(plist) != len(prompts):
-            raise ValueError(f"{len(plist)} sampling params for {len(prompts)} prompts")
+        batch = prompt_list(prompts)
+        plist = params_list(sampling_params, len(batch))
         specs = None
         if drafts is not None:
-            if len(drafts) != len(prompts):
-                raise ValueError(f"{len(drafts)} draft lists for {len(prompts)} prompts")
+            if len(drafts) != len(batch):
+                raise ValueError(f"{len(drafts)} draft lists for {len(batch)} prompts")
             specs = [DraftSpec.make(d, draft_k, ngram_drafts) for d in drafts]
         with self._turn():
-            rids = self._add_all(prompts, plist, partial, specs)
+            rids = self._add_all(batch, plist, partial, specs)
         try:
             results = self._drive([rid for rid, _ in rids])
         finally:
@@ -116,7 +113,9 @@ class LLM:
             outs.append(o)
         return outs
 
-    def _add_all(self, prompts, plist, partial, specs=None) -> list[tuple[str, str | None]]:
+    def _add_all(self, prompts: list[str | list[int]], plist: list[SamplingParams],
+                 partial: Seq[list[CompletionOutput] | None] | None,
+                 specs: list[DraftSpec | None] | None = None) -> list[tuple[str, str | None]]:
         """Queue every prompt (all or none: on a bad prompt the ones already queued are aborted). Under `_cv`."""
         rids: list[tuple[str, str | None]] = []
         try:
@@ -187,3 +186,8 @@ class LLM:
             if out is not None and request_id in self._wanted:
                 self._done[request_id] = out
             return out
+
+
+if TYPE_CHECKING:  # pragma: no cover - read by mypy only: `LLM` must keep implementing the engine protocol
+    def _implements_engine(llm: LLM) -> Engine:
+        return llm

@@ -14,7 +14,7 @@ import torch
 from rollwise.engine.sampler import LogprobsMode, SamplingBatch, sample
 from rollwise.engine.scheduler import SchedulerOutput
 from rollwise.engine.sequence import Sequence
-from rollwise.models.decoder import AttnMetadata, DecoderLM
+from rollwise.models.decoder import Attention, AttnMetadata, DecoderLM
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
           "fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -90,7 +90,9 @@ class ModelRunner:
         self.refresh_weights()
         for layer in model.layers:
             cache = torch.zeros(2, spec.num_kv_heads, num_blocks, block_size, spec.head_dim, dtype=dtype, device=device)
-            layer.self_attn.kv_cache = cache
+            attn = layer.self_attn
+            assert isinstance(attn, Attention)  # torch types a ModuleList's items as plain Modules
+            attn.kv_cache = cache
             self.kv_caches.append(cache)
 
     def refresh_weights(self) -> None:

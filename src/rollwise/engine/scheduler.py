@@ -33,10 +33,15 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from rollwise.engine.block_manager import BlockManager
 from rollwise.engine.sequence import Sequence, SeqStatus
 from rollwise.engine.speculative import draft_length
+from rollwise.types import FinishReason
+
+if TYPE_CHECKING:  # pragma: no cover - the scheduler only counts a tree's unborn samples
+    from rollwise.engine.tree import TreeState
 
 
 @dataclass
@@ -90,7 +95,7 @@ class Scheduler:
         self.prefilling: Sequence | None = None
         self._chunk_last = False  # the last step computed a chunk: let the running batch decode next
         # Tree requests admitted (engine/tree.py): their samples not yet born hold sequence slots.
-        self._trees: list = []
+        self._trees: list[TreeState] = []
 
     # ------------------------------------------------------------------ queue
     def add(self, seq: Sequence) -> None:
@@ -147,8 +152,8 @@ class Scheduler:
             resumed = bool(queue)
             seq = queue.pop() if resumed else self.waiting[0]
             tree = seq.tree[0] if seq.tree is not None else None
-            new_tree = tree is not None and tree not in self._trees
-            group = 1 + len(seq.pending_forks) + (tree.num_unborn if new_tree else 0)
+            new_tree = tree if tree is not None and tree not in self._trees else None  # its first sample admitted
+            group = 1 + len(seq.pending_forks) + (new_tree.num_unborn if new_tree is not None else 0)
             if not resumed:
                 if num_running + group > cfg.max_num_seqs:
                     break
@@ -188,8 +193,8 @@ class Scheduler:
                 sample_rows.append(row)
             seq.pending_forks = []
             num_running += group
-            if new_tree:
-                self._trees.append(tree)
+            if new_tree is not None:
+                self._trees.append(new_tree)
         if not seqs:
             if self.waiting and not self.running and self.prefilling is None:
                 seq = self.waiting[0]
@@ -279,7 +284,7 @@ class Scheduler:
         if computed % bs == 0 and computed > 0:
             self.bm.register_full_blocks(seq, computed)
 
-    def check_stop(self, seq: Sequence) -> str | None:
+    def check_stop(self, seq: Sequence) -> FinishReason | None:
         """Finish reason after the newest token, or None to keep going (stop strings are the engine's job)."""
         p = seq.params
         tok = seq.last_token
@@ -291,7 +296,7 @@ class Scheduler:
             return "length"
         return None
 
-    def finish(self, seq: Sequence, reason: str) -> None:
+    def finish(self, seq: Sequence, reason: FinishReason) -> None:
         """End a sequence wherever it is (running, waiting, between prefill chunks, or a not-yet-forked sibling)."""
         if seq.status is SeqStatus.FINISHED:
             return

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
-from typing import Any
 from enum import Enum, auto
+from typing import Any
 
-from rollwise.types import SamplingParams
+from rollwise.types import FinishReason, SamplingParams
 
 
 class SeqStatus(Enum):
@@ -40,11 +40,13 @@ class Sequence:
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache at the last allocation
     output_logprobs: list[float] = field(default_factory=list)
     output_weight_versions: list[int] = field(default_factory=list)
-    finish_reason: str | None = None
+    finish_reason: FinishReason | None = None
     stop_text_cut: int | None = None  # char offset where a stop string begins in the decoded output
     # Leader of a group whose siblings are not yet forked; they are forked right after its prefill.
     pending_forks: list["Sequence"] = field(default_factory=list)
     num_preemptions: int = 0
+    # Untyped here because engine/speculative.py and engine/tree.py build on this module (naming their types would
+    # be an import cycle); they set these fields and read them back.
     spec: Any = None  # engine.speculative.SpecState when the request speculates
     tree: Any = None  # (engine.tree.TreeState, slot) when the request grows as a tree
 

@@ -40,7 +40,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Sequence as Seq
+from typing import Sequence as Seq
+
+from rollwise.engine.sequence import Sequence
 
 MAX_NGRAM = 4
 """Longest suffix matched when re-attaching to a draft source."""
@@ -98,7 +100,7 @@ class SpecState:
     """Per-sample speculation state (lives on `Sequence.spec`)."""
 
     drafter: "RequestDrafter"
-    cursor: tuple[Any, int] | None = None
+    cursor: tuple[list[int], int] | None = None
     """(source token list, index of the next expected token) while the sample follows a source."""
     accepted: int = 0
     """Draft tokens accepted so far."""
@@ -187,7 +189,7 @@ class RequestDrafter:
             for end in range(len(prompt), len(src)):
                 self.past_index.add(src, end)
         self.local_index: _Index | None = None
-        self.members: list[Any] = []  # the request's sequences (siblings feed the n-gram source)
+        self.members: list[Sequence] = []  # the request's sequences (siblings feed the n-gram source)
         self.accepted = 0  # draft tokens accepted / tested over all the request's samples
         self.tested = 0
         if spec.ngram:
@@ -195,7 +197,7 @@ class RequestDrafter:
             for end in range(1, len(prompt)):
                 self.local_index.add(prompt, end)
 
-    def attach(self, seq: Any, sample_index: int) -> SpecState:
+    def attach(self, seq: Sequence, sample_index: int) -> SpecState:
         st = SpecState(self)
         if self.past and seq.num_output_tokens == 0:
             st.cursor = (self.past[sample_index % len(self.past)], self.num_prompt)
@@ -213,7 +215,7 @@ class RequestDrafter:
                 st.indexed += 1
                 idx.add(toks, st.indexed)
 
-    def propose(self, seq: Any, k: int) -> list[int]:
+    def propose(self, seq: Sequence, k: int) -> list[int]:
         """Up to k draft tokens for `seq`'s next positions (possibly none)."""
         if k <= 0:
             return []
@@ -236,7 +238,7 @@ class RequestDrafter:
                 return hit[0][hit[1] : hit[1] + k]
         return []
 
-    def observe(self, seq: Any, emitted: Seq[int]) -> None:
+    def observe(self, seq: Sequence, emitted: Seq[int]) -> None:
         """Advance the sample's cursor past the tokens it just emitted, or drop it where they diverge."""
         st: SpecState = seq.spec
         if st.cursor is None or not emitted:

@@ -85,15 +85,6 @@ def engine_kwargs(engine_cfg: EngineConfig, seed: int) -> dict[str, Any]:
     return {**{k: getattr(engine_cfg, k) for k in sizing}, "seed": seed}
 
 
-def _nccl_sync(E: Any, i: int) -> Any:
-    """vLLM's NCCL weight transfer for server i when `engine.vllm.weight_transfer` is 'nccl', else None (disk)."""
-    if E.remote_server != "vllm" or E.vllm.weight_transfer != "nccl":
-        return None
-    from rollwise.clients.vllm.nccl import VLLMNcclSync
-
-    return VLLMNcclSync(E.vllm.nccl_address, E.vllm.nccl_port + i, E.vllm.server_world_size)
-
-
 def _vocab_size(model_dir: Path) -> int | None:
     """The model's vocabulary size from its config.json (remote token ids must be below it)."""
     try:
@@ -145,14 +136,17 @@ def make_engine(cfg: RunConfig, model_dir: Path, device: str, tokenizer: Tokeniz
         return LLM(model_dir, device=device, dtype=cfg.model.dtype, tokenizer=tokenizer, **engine_kwargs(E, seed))
     if E.backend == "remote":
         from rollwise.clients.remote import MultiEngine, RemoteEngine
+        from rollwise.clients.weight_sync import SyncChoice, make_server_sync
 
         key = os.environ.get(E.remote_api_key_env) or None
         urls = launched.urls if launched is not None else list(E.remote_urls)
         vocab = _vocab_size(model_dir)
+        V = E.vllm
+        choice = SyncChoice(E.remote_server, E.remote_weights_dir, lora_adapters=V.lora_adapters,
+                            transfer=V.weight_transfer, nccl_address=V.nccl_address, nccl_port=V.nccl_port,
+                            server_world_size=V.server_world_size)
         engines = [RemoteEngine(url, api_key=key, timeout_s=E.remote_timeout_s, backend=E.remote_server,
-                                tokenizer=tokenizer, weights_dir=E.remote_weights_dir, vocab_size=vocab,
-                                sync=_nccl_sync(E, i),
-                                lora_adapters=E.remote_server == "vllm" and E.vllm.lora_adapters)
+                                tokenizer=tokenizer, vocab_size=vocab, sync=make_server_sync(choice, server=i))
                    for i, url in enumerate(urls)]
         return engines[0] if len(engines) == 1 else MultiEngine(engines)
     from rollwise.cluster.ray_engines import RayEngines

@@ -28,6 +28,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
 PLUGIN_DIR = Path(__file__).resolve().parent / "plugin"
 """Holds `rollwise_vllm_ext.py` (imported by vLLM's interpreter, which has no rollwise installed)."""
@@ -95,10 +96,10 @@ def _die_with_parent() -> None:
 @dataclass
 class VLLMServer:
     spec: VLLMLaunchSpec
-    proc: subprocess.Popen | None = None
+    proc: subprocess.Popen[bytes] | None = None
     started_at: float = 0.0
     ready_s: float | None = None
-    _log: object | None = field(default=None, repr=False)
+    _log: IO[bytes] | None = field(default=None, repr=False)
 
     def start(self) -> "VLLMServer":
         py = self.spec.python
@@ -175,7 +176,7 @@ class VLLMServer:
             except subprocess.TimeoutExpired:
                 pass
         if self._log is not None:
-            self._log.close()  # type: ignore[attr-defined]
+            self._log.close()
             self._log = None
 
 

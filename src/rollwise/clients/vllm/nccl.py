@@ -14,7 +14,7 @@ declares). No file is written and nothing leaves the GPUs.
 NOTE: this needs vLLM importable in the trainer's own interpreter and CUDA on both sides. It was NOT run live:
 this project's machines have either vLLM (CPU only, where NCCL does not exist) or a GPU (without vLLM). It is
 unit-tested against a faked exchange (tests/clients/test_vllm_nccl.py) that checks the order of calls, the init
-info, and that every tensor is offered in metadata order. The disk path (`engine.weight_sync.VLLMSync`) is the
+info, and that every tensor is offered in metadata order. The disk path (`clients.weight_sync.VLLMSync`) is the
 one tested against a real vLLM.
 
 Deliberately left out: multi-rank trainers (the FSDP/Megatron sources vLLM also accepts) and CUDA IPC.
@@ -28,7 +28,7 @@ from typing import Any, Iterator, Mapping
 
 from rollwise.clients.http_client import HttpClient
 from rollwise.clients.remote_check import RemoteEngineError
-from rollwise.clients.weight_sync import SyncReport
+from rollwise.clients.sync_report import SyncReport
 
 
 @dataclass(frozen=True)
@@ -59,7 +59,7 @@ def state_source(api: TrainerAPI, holder: "VLLMNcclSync") -> Any:
     """A `WeightSource` over the tensors of the current sync (`holder.tensors`), in sorted-name order; tied
     duplicates (the LM head sharing the embedding) are sent once, as vLLM's loader skips the tied name."""
 
-    class _StateSource(api.source_base):  # type: ignore[misc, name-defined]
+    class _StateSource(api.source_base):  # type: ignore[name-defined]
         def _names(self) -> list[str]:
             seen: set[int] = set()
             out = []

@@ -67,7 +67,9 @@ class RayVLLMServers:
                                   f"{cpus_per_server * len(specs):g} CPU(s); the Ray cluster has {have.get('GPU', 0):g} "
                                   f"GPU(s) and {have.get('CPU', 0):g} CPU(s)")
         remote = ray.remote(max_restarts=0)(VLLMServerHost)
-        self.actors = [remote.options(num_gpus=gpus_per_server, num_cpus=cpus_per_server).remote(s) for s in specs]
+        # Ray types `.remote` only on `@ray.method`-decorated methods; this host class is plain (Ray is imported
+        # only for this placement), so its handles are untyped here.
+        self.actors: list[Any] = [remote.options(num_gpus=gpus_per_server, num_cpus=cpus_per_server).remote(s) for s in specs]
         self.urls: list[str] = []
 
     def _get(self, refs: Any, what: str) -> Any:
