@@ -24,7 +24,7 @@ import itertools
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Protocol, Sequence as Seq, cast
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence as Seq, cast
 
 from rollwise.clients.http_client import HttpClient
 from rollwise.engine.protocol import Engine, params_list, prompt_list
@@ -39,13 +39,6 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["Engine", "MultiEngine", "RemoteEngine", "RemoteEngineError", "SERVER_KINDS"]
 
 
-class VocabTokenizer(Tokenizer, Protocol):
-    """A `Tokenizer` whose length is its vocabulary (a transformers tokenizer's, added tokens included): the bound
-    on the token ids a server may send when `vocab_size` is not given."""
-
-    def __len__(self) -> int: ...
-
-
 class RemoteEngine:
     """The `LLM` calls (`generate`, `load_weights`, `weight_version`, `tokenizer`) against an HTTP server.
 
@@ -53,10 +46,10 @@ class RemoteEngine:
     >>> outs = eng.generate([[5, 6, 7]], SamplingParams(n=4, max_tokens=32, seed=0))
     """
 
-    tokenizer: VocabTokenizer | None
+    tokenizer: Tokenizer | None
 
     def __init__(self, base_url: str, model: str | None = None, api_key: str | None = None, timeout_s: float = 600.0,
-                 backend: str = "rollwise", max_concurrency: int = 64, tokenizer: VocabTokenizer | None = None,
+                 backend: str = "rollwise", max_concurrency: int = 64, tokenizer: Tokenizer | None = None,
                  weights_dir: str | os.PathLike[str] | None = None, connect_timeout_s: float = 10.0,
                  vocab_size: int | None = None, sync: ServerSync | None = None, lora_adapters: bool = False) -> None:
         """
