@@ -147,14 +147,14 @@ def test_the_grep_sees_a_planted_status_rule(tmp_path):
 
 def test_the_room_is_what_everyone_imports():
     """control, train and the loop reach the rules through the room, not copies of them."""
-    from rollwise.control import base
+    from rollwise.control import context
     from rollwise.train import overlong
 
-    assert base.mark is room.mark
+    assert context.mark is room.mark
     replayed_truncation = _ro(0, 0.0, "kept", "length")  # a replayed copy of a truncated sample is 'kept'
     assert overlong.is_overlong(replayed_truncation) and room.is_overlong(replayed_truncation)
     loop = (SRC / "run" / "loop.py").read_text()
-    assert "select(groups, rules)" in loop and "def assign_advantages" not in loop and "def _mark" not in loop
+    assert "select(groups, self.rules)" in loop and "def assign_advantages" not in loop and "def _mark" not in loop
 
 
 def test_generation_time_decisions_see_errored_samples_as_the_loop_will():
