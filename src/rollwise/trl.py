@@ -238,7 +238,9 @@ FIXED_SETTINGS: dict[str, tuple[Any, str]] = {
     "algo.skip_zero_variance": (False, "TRL keeps zero-variance groups in the batch (advantage 0, counted in the "
                                        "dapo normaliser)"),
     "algo.errored_reward": (None, "TRL leaves a completion every reward function returned None for out of the "
-                                  "group baseline, with advantage 0"),
+                                  "group baseline, with advantage 0; rollwise's closest rule also leaves it out of "
+                                  "the loss (so, unlike TRL's, out of the dapo token count), and a None from one of "
+                                  "several functions errors the sum (TRL counts it as 0)"),
 }
 """Rollwise keys the translation always sets, with no TRL field: (value, why TRL means it)."""
 
@@ -253,6 +255,8 @@ SAME_NAME_OTHER_MEANING: dict[str, str] = {
     "run.eval_every": "held-out accuracy (sampled and greedy) every N RL steps, and always before and after; TRL's "
                       "eval_steps computes the loss and rewards on eval_dataset",
     "train.gradient_checkpointing": "the same; TRL's default is True (rollwise's False): the translation keeps True",
+    "train.warmup_steps": "the same count of optimizer steps, one step earlier: rollwise's LR at warm-up step t "
+                          "(from 0) is (t + 1) / W of the peak, transformers' is t / W (its first step has LR 0)",
     "algo.advantage: dr_grpo": "TRL's scale_rewards 'none' (no std scaling); TRL's loss_type 'dr_grpo' is the loss "
                                "normaliser, algo.loss dr_grpo",
     "engine.remote_timeout_s": "the longest one request may take; TRL's vllm_server_timeout is how long to wait "
@@ -856,7 +860,8 @@ def to_rollwise(model: Any, reward_funcs: Any, args: Any, train_dataset: Any, ev
     out["model.path"] = str(model)
     out["env.name"] = "dataset"
     out["env.kwargs"] = {"path": train, "test_path": test, "prompt_key": "prompt", "answer_key": None}
-    out["env.eval_size"] = len(test)
+    # an eval_dataset is evaluated whole (as TRL); without one, up to rollwise's default 200 training prompts
+    out["env.eval_size"] = len(test) if eval_dataset is not None else min(len(train), EVAL_ON_TRAIN_PROMPTS)
     conv = _conversational(train)
     if eval_dataset is not None and _conversational(test) != conv:
         raise TRLArgumentError("GRPOTrainer: train_dataset and eval_dataset mix standard (text) and conversational "
@@ -871,6 +876,10 @@ def to_rollwise(model: Any, reward_funcs: Any, args: Any, train_dataset: Any, ev
                                    f"episode and calls reset(**row)); got a {type(environment_factory).__name__}")
         out["env.environment"] = environment_factory
     return out
+
+
+EVAL_ON_TRAIN_PROMPTS = 200
+"""Without an eval_dataset, rollwise's before/after evaluation takes at most this many training prompts."""
 
 
 def nested(dotted: Mapping[str, Any]) -> dict[str, Any]:
@@ -1104,8 +1113,9 @@ TRAINER_ARGUMENTS: dict[str, str] = {
                     "async functions; a reward model (a hub id or a model object) is refused",
     "train_dataset": "`env.kwargs.path` (a datasets.Dataset or a list of dicts with a `prompt` column, standard or "
                      "conversational); an IterableDataset or DatasetDict is refused",
-    "eval_dataset": "`env.kwargs.test_path`, `env.eval_size`; without it rollwise evaluates on train_dataset's "
-                    "prompts (it always evaluates before and after training)",
+    "eval_dataset": "`env.kwargs.test_path`, `env.eval_size` (all of it); without it rollwise evaluates on up to "
+                    "200 of train_dataset's prompts (it always evaluates before and after training)",
+    "GRPOConfig(warmup_ratio=...)": "older transformers' fractional warm-up, taken as warmup_steps below 1",
     "processing_class": "None, or the model's own tokenizer; any other is refused",
     "reward_processing_classes": "refused (reward models)",
     "callbacks": "refused (read metrics.jsonl or trainer.state.log_history)",
