@@ -408,6 +408,12 @@ def test_train_without_the_python_api_says_so(monkeypatch):
         _trainer().train()
 
 
+def test_logging_steps_become_rl_steps_per_log_history_entry():
+    assert rt.logging_window(GRPOConfig(logging_steps=10, max_steps=40), 40) == 10
+    assert rt.logging_window(GRPOConfig(logging_steps=10, steps_per_generation=4, max_steps=40), 10) == 3
+    assert rt.logging_window(GRPOConfig(logging_steps=0.25), 20) == 5
+
+
 def test_log_history_windows_over_rl_steps():
     recs = [{"step": s, "loss": float(s), "kl": 0.1} for s in range(1, 6)]
     hist = log_history(recs, window=2, updates_per_step=3, prompts_per_step=4, num_prompts=8)

@@ -716,13 +716,13 @@ def translate_args(a: Any, *, num_train_prompts: int | None = None) -> dict[str,
     return out
 
 
-def logging_window(a: Any) -> int:
-    """TRL's logging_steps (optimizer steps; below 1: a fraction of them) as RL steps per log_history entry."""
+def logging_window(a: Any, rl_steps: int) -> int:
+    """TRL's logging_steps (optimizer steps; below 1: a fraction of the run's) as RL steps per log_history entry,
+    rounded up to whole RL steps (it shapes only `GRPOTrainer.state.log_history`)."""
     b = batch_shape(a)
     value = float(a.logging_steps)
     if 0 < value < 1:
-        total = translate_args(a).get("train.steps", 1) if a.max_steps and a.max_steps > 0 else 1
-        value = math.ceil(value * total * b.updates_per_step)
+        value = math.ceil(value * rl_steps * b.updates_per_step)
     return max(1, math.ceil(value / b.updates_per_step))
 
 
@@ -965,7 +965,7 @@ class GRPOTrainer:
         self.model = model
         self.overrides = to_rollwise(model, reward_funcs, args, train_dataset, eval_dataset, peft_config=peft_config,
                                      environment_factory=environment_factory)
-        self._window = logging_window(args)
+        self._window = logging_window(args, int(self.overrides["train.steps"]))
         self._updates = batch_shape(args).updates_per_step
         self._num_prompts = len(train_dataset)
         self.state = TRLState(max_steps=int(self.overrides["train.steps"]) * self._updates)
