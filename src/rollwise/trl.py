@@ -259,6 +259,9 @@ SAME_NAME_OTHER_MEANING: dict[str, str] = {
                           "(from 0) is (t + 1) / W of the peak, transformers' is t / W (its first step has LR 0)",
     "algo.advantage: dr_grpo": "TRL's scale_rewards 'none' (no std scaling); TRL's loss_type 'dr_grpo' is the loss "
                                "normaliser, algo.loss dr_grpo",
+    "rollout.top_p / rollout.top_k": "the same sampling; rollwise's trainer also applies the truncation to its "
+                                     "log-probs (the distribution sampled from), TRL's computes them over the whole "
+                                     "vocabulary, so with top_p < 1 or top_k > 0 the importance ratios differ",
     "engine.remote_timeout_s": "the longest one request may take; TRL's vllm_server_timeout is how long to wait "
                                "for the server to come up (not mapped)",
 }
@@ -1083,8 +1086,11 @@ def mapping_table() -> str:
         if isinstance(e, Mapped):
             for k in e.keys:
                 reverse.setdefault(k, []).append(name)
+    for key, args in TRAINER_KEYS.items():
+        reverse.setdefault(key, []).extend(f"GRPOTrainer {n}" for n in args)
     for key in sorted(reverse):
         lines.append(f"| `{key}` | {', '.join(f'`{n}`' for n in reverse[key])} |")
+    lines += ["", f"rollwise's own, with no TRL counterpart (left at rollwise's defaults): {ROLLWISE_ONLY}."]
     lines += ["", "Set by the translation with no TRL field:", "", "| rollwise | value | why |", "|---|---|---|"]
     for key, (value, why) in FIXED_SETTINGS.items():
         lines.append(f"| `{key}` | `{value}` | {_cell(why)} |")
@@ -1105,6 +1111,18 @@ def mapping_table() -> str:
         lines.append(f"| `{name}` | {_cell(what)} |")
     return "\n".join(lines) + "\n"
 
+
+TRAINER_KEYS: dict[str, tuple[str, ...]] = {
+    "model.path": ("model",), "env.kwargs.path": ("train_dataset",), "env.kwargs.test_path": ("eval_dataset",),
+    "env.eval_size": ("eval_dataset",), "env.rewards": ("reward_funcs",), "env.chat_template": ("train_dataset",),
+    "train.lora": ("peft_config",), "env.environment": ("environment_factory",),
+    "run.resume": ("train(resume_from_checkpoint)",),
+}
+"""rollwise keys set from GRPOTrainer's own arguments (the reverse table lists them with the config's)."""
+
+ROLLWISE_ONLY = ("the rollout controller (`control.*`: prompt selection, dynamic sampling, early stops, partial "
+                 "and asynchronous rollouts), `replay.*`, `rollout.speculative` and `rollout.tree`, `algo.decoupled`, "
+                 "`engine.*` sizing and `engine.sync_check`, `sft.*`, `train.world_size` / `train.parallel`")
 
 TRAINER_ARGUMENTS: dict[str, str] = {
     "model": "`model.path`: a path or name rollwise loads (an HF directory, `smollm2-135m`, a .gguf); a model "
