@@ -436,3 +436,50 @@ def test_the_table_has_both_directions_and_the_dapo_note():
     assert "Same name, other meaning" in table and "algo.loss: dapo" in table
     for name, e in TRL_FIELDS.items():
         assert f"`{name}`" in table, name
+
+
+# ------------------------------------------------------------------ the translation through the loop
+
+
+REWARD_FILE = '''
+def exact(completions, answer, **kwargs):
+    return [1.0 if c.strip().startswith(str(a)) else 0.0 for c, a in zip(completions, answer)]
+'''
+
+
+@pytest.mark.slow
+def test_a_translated_config_runs_in_the_rl_loop(tmp_path, tiny_model):
+    """The keys a GRPOConfig becomes run as they are, with the in-memory objects written out as files (what
+    rollwise.train takes in memory), and metrics.jsonl carries TRL's names, which log_history reads."""
+    import yaml
+
+    from rollwise.config import load_config
+    from rollwise.run.loop import train
+    from rollwise.train.metrics import read_metrics
+
+    rows = [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a in range(10, 30) for b in (3, 7)]
+    args = GRPOConfig(output_dir=str(tmp_path / "run"), per_device_train_batch_size=16, num_generations=4,
+                      max_completion_length=6, learning_rate=3e-4, max_steps=2, logging_steps=1, use_cpu=True,
+                      report_to="none")
+    t = GRPOTrainer(model=str(tiny_model), reward_funcs=sum_correct, args=args, train_dataset=rows,
+                    eval_dataset=rows[:8])
+    dotted = dict(t.overrides)
+    for name, data in (("path", rows), ("test_path", rows[:8])):
+        f = tmp_path / f"{name}.jsonl"
+        f.write_text("".join(json.dumps(r) + "\n" for r in data))
+        dotted["env.kwargs"] = {**dotted["env.kwargs"], name: str(f)}
+    (tmp_path / "reward.py").write_text(REWARD_FILE)
+    dotted["env.rewards"] = [{"fn": f"{tmp_path / 'reward.py'}:exact", "weight": 1.0, "name": "exact"}]
+    dotted["run.cpu_threads"] = 1
+    (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(nested(dotted)))
+    cfg = load_config(tmp_path / "cfg.yaml")
+    assert cfg.algo.loss == "dapo" and cfg.algo.overlong_penalty is False and cfg.train.gradient_checkpointing
+    train(cfg, log=lambda s: None)
+    recs = read_metrics(tmp_path / "run")
+    assert [r["step"] for r in recs] == [1, 2]
+    for r in recs:
+        for k in ("reward", "reward_std", "completions/mean_length", "rewards/exact/mean", "learning_rate", "loss"):
+            assert k in r, (k, sorted(r))
+        assert r["reward"] == r["reward_mean"] and r["rewards/exact/mean"] == r["reward_mean"]
+    hist = log_history(recs, window=1, updates_per_step=1, prompts_per_step=4, num_prompts=len(rows))
+    assert [h["step"] for h in hist] == [1, 2, 2] and "train_loss" in hist[-1]

@@ -59,3 +59,8 @@ def test_missing_values_are_left_out():
     assert out == {"learning_rate": 1e-5}
     one = trl_metrics({}, [_ro(0, None, {}, status="errored")])
     assert "reward_std" not in one and "reward" not in one and one["completions/min_length"] == 3
+
+
+def test_reward_names_are_safe_metric_names():
+    out = trl_metrics({}, [_ro(0, 1.0, {"<lambda>": 1.0, "a:b/c": 0.5})])
+    assert out["rewards/_lambda_/mean"] == 1.0 and out["rewards/a_b_c/mean"] == 0.5

@@ -268,6 +268,12 @@ def _std(xs: Sequence[float]) -> float | None:
     return math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1))
 
 
+def _metric_name(name: str) -> str:
+    """A reward's name as every logger takes it in a metric name (MLflow refuses '<', ':', ...): other characters
+    than letters, digits, '_', '-', '.' and ' ' become '_' ('<lambda>' -> '_lambda_')."""
+    return "".join(c if c.isalnum() or c in "_-. " else "_" for c in str(name)) or "_"
+
+
 def trl_metrics(rec: Mapping[str, Any], rollouts: Sequence[Any], shaping: Sequence[str] = ()) -> dict[str, Any]:
     """TRL's names for a step's metrics, so a dashboard built for TRL's GRPOTrainer reads a rollwise run: the
     `TRL_METRIC_ALIASES` of `rec` (a step record) plus `TRL_COMPUTED_METRICS` from `rollouts` (Rollout objects).
@@ -287,8 +293,9 @@ def trl_metrics(rec: Mapping[str, Any], rollouts: Sequence[Any], shaping: Sequen
             if name not in shaping and isinstance(v, (int, float)) and math.isfinite(v):
                 parts.setdefault(name, []).append(float(v))
     for name, vals in parts.items():
-        out[f"rewards/{name}/mean"] = sum(vals) / len(vals)
+        tag = _metric_name(name)
+        out[f"rewards/{tag}/mean"] = sum(vals) / len(vals)
         s = _std(vals)
         if s is not None:
-            out[f"rewards/{name}/std"] = s
+            out[f"rewards/{tag}/std"] = s
     return out
