@@ -172,6 +172,12 @@ def test_inert_fields_take_any_value():
     GRPOConfig(log_completions=True, disable_tqdm=True, dataloader_num_workers=4, eval_on_start=True)
 
 
+def test_output_dir_may_be_positional_as_in_trl():
+    assert GRPOConfig("runs/p").output_dir == "runs/p"
+    with pytest.raises(TRLArgumentError, match="by name"):
+        GRPOConfig("runs/p", 8)
+
+
 def test_an_unknown_argument_is_refused_with_the_closest_name():
     with pytest.raises(TRLArgumentError, match="did you mean 'learning_rate'"):
         GRPOConfig(learnig_rate=1e-5)

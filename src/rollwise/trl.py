@@ -353,8 +353,13 @@ _DATACLASS_INIT = GRPOConfig.__init__
 _OWN_FIELDS = frozenset(f.name for f in dataclasses.fields(GRPOConfig)) - {"other"}
 
 
-def _config_init(self: GRPOConfig, **kwargs: Any) -> None:
-    """The dataclass __init__, plus any other TRL field by name (kept in `other`); an unknown name is refused."""
+def _config_init(self: GRPOConfig, *args: Any, **kwargs: Any) -> None:
+    """The dataclass __init__, plus any other TRL field by name (kept in `other`); an unknown name is refused.
+    Only output_dir may be positional (as TRL's first argument)."""
+    if len(args) > 1:
+        raise TRLArgumentError("GRPOConfig: pass the arguments by name (only output_dir may be positional)")
+    if args:
+        kwargs["output_dir"] = args[0]
     other: dict[str, Any] = dict(kwargs.pop("other", None) or {})
     for name in list(kwargs):
         if name in _OWN_FIELDS:
@@ -930,6 +935,9 @@ def _rollwise_train() -> Callable[..., Any]:
     import rollwise
 
     fn = getattr(rollwise, "train", None)
+    if isinstance(fn, types.ModuleType) and "train" in getattr(rollwise, "__all__", ()):
+        raise TRLNotWiredError("rollwise.train names the rollwise.train package here, not the Python API function "
+                               "(importing a rollwise.train submodule rebinds the name): cannot call it")
     if fn is None or isinstance(fn, types.ModuleType) or not callable(fn):
         raise TRLNotWiredError("GRPOTrainer.train() calls rollwise.train(config), the Python API, which this "
                                "rollwise does not have yet; to_rollwise(...) gives the config it would run")
