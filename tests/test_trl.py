@@ -183,17 +183,17 @@ def test_an_unknown_argument_is_refused_with_the_closest_name():
         GRPOConfig(learnig_rate=1e-5)
 
 
-def test_step_counts_must_fall_on_rl_steps():
-    with pytest.raises(TRLArgumentError, match="max_steps"):
-        translate_args(GRPOConfig(steps_per_generation=4, max_steps=10))
-    with pytest.raises(TRLArgumentError, match="save_steps"):
-        translate_args(GRPOConfig(steps_per_generation=4, max_steps=40, save_steps=10))
-    with pytest.raises(TRLArgumentError, match="steps_per_generation"):
-        translate_args(GRPOConfig(gradient_accumulation_steps=4, steps_per_generation=6, max_steps=6))
-    with pytest.raises(TRLArgumentError, match="generation_batch_size"):
-        translate_args(GRPOConfig(generation_batch_size=64, steps_per_generation=4, max_steps=4))
-    with pytest.raises(TRLArgumentError, match="num_generations"):
-        translate_args(GRPOConfig(per_device_train_batch_size=6, num_generations=4, max_steps=4))
+@pytest.mark.parametrize("kwargs,name", [
+    ({"steps_per_generation": 4, "max_steps": 10}, "max_steps"),
+    ({"steps_per_generation": 4, "max_steps": 40, "save_steps": 10}, "save_steps"),
+    ({"steps_per_generation": 4, "max_steps": 40, "eval_strategy": "steps", "eval_steps": 6}, "eval_steps"),
+    ({"gradient_accumulation_steps": 4, "steps_per_generation": 6, "max_steps": 6}, "steps_per_generation"),
+    ({"generation_batch_size": 64, "steps_per_generation": 4, "max_steps": 4}, "generation_batch_size"),
+    ({"per_device_train_batch_size": 6, "num_generations": 4, "max_steps": 4}, "num_generations"),
+])
+def test_step_counts_and_batches_must_fall_on_rl_steps_and_groups(kwargs, name):
+    with pytest.raises(TRLArgumentError, match=name):
+        GRPOConfig(**kwargs)
 
 
 def _trainer(**kw):

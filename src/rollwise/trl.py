@@ -340,6 +340,9 @@ class GRPOConfig:
 
     def __post_init__(self) -> None:
         check_args(self)
+        batch_shape(self)
+        if self.max_steps is not None and self.max_steps > 0:
+            translate_args(self)  # the step counts (with num_train_epochs they need the dataset: GRPOTrainer)
 
     def __getattr__(self, name: str) -> Any:
         # Only reached for names that are not dataclass fields: the other TRL fields, at their TRL default.
