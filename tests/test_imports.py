@@ -4,12 +4,13 @@ Every `import rollwise...` counts, at module level or inside a function (a lazy 
 Layers, bottom to top; a package may import only packages of lower layers (or itself):
 
     types, config_yaml  <  config, filter  <  models  <  engine, train, sandbox  <  rewards, clients  <  envs
-                        <  store  <  report, control, cluster  <  run, serve  <  cli
+                        <  store  <  report, control, cluster  <  run, serve  <  cli, trl
 
 `engine` is rollwise's own engine; `clients` are the other engines behind the same protocol (remote servers,
 vLLM), so the engine can never reach into them. `cluster` (trainer ranks, Ray actors) sits beside `control`.
 
-The root package `rollwise` is the public facade (it re-exports `LLM` and the types); only `cli` may use it.
+The root package `rollwise` is the public facade (it re-exports `LLM` and the types); only `cli` and `trl` (TRL's
+GRPOTrainer, which calls `rollwise.train`) may use it.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ LAYERS: dict[str, int] = {
     "store": 6,
     "report": 7, "control": 7, "cluster": 7,
     "run": 8, "serve": 8,
-    "cli": 9,
+    "cli": 9, "trl": 9,
 }
 
 
@@ -82,8 +83,8 @@ def test_no_upward_or_sideways_imports():
             if pa == pb or pa == "<root>":
                 continue
             if pb == "<root>":
-                if pa != "cli":
-                    bad.append(f"{a} -> {b} (only cli may use the facade)")
+                if pa not in ("cli", "trl"):
+                    bad.append(f"{a} -> {b} (only cli and trl may use the facade)")
             elif LAYERS[pb] >= LAYERS[pa]:
                 bad.append(f"{a} -> {b} ({pa} is layer {LAYERS[pa]}, {pb} is layer {LAYERS[pb]})")
     assert not bad, "imports that go up or sideways:\n" + "\n".join(sorted(bad))

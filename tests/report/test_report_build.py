@@ -189,3 +189,22 @@ def test_accuracy_curve_sums_step_costs_without_evaluations_and_the_page_draws_i
     assert accuracy_curve(load_metrics(tmp_path / "metrics.jsonl"), summary).cpu_s[1:] == [None, None]
     plots, _ = build_plots(load_metrics(tmp_path / "metrics.jsonl"), RolloutData([], [], {}, 0, 0, []), summary)
     assert "accuracy_time" in [p.key for p in plots]
+
+
+def test_trl_named_copies_of_plotted_metrics_get_no_plot_of_their_own(run_dir):
+    """metrics.jsonl repeats some keys under TRL's names (train.metrics.TRL_METRIC_ALIASES): the report plots each
+    value once, and still plots TRL-only values such as reward_std."""
+    from rollwise.train.metrics import TRL_METRIC_ALIASES
+
+    path = run_dir / "metrics.jsonl"
+    lines = path.read_text().splitlines()
+    out = []
+    for line in lines[:-1]:
+        rec = json.loads(line)
+        rec.update({trl: rec[ours] for trl, ours in TRL_METRIC_ALIASES.items() if ours in rec})
+        rec["reward_std"] = 0.3
+        out.append(json.dumps(rec))
+    path.write_text("\n".join([*out, lines[-1]]))
+    plots = set(re.findall(r'data-plot="([^"]+)"', write_report(run_dir).read_text()))
+    assert not {f"extra-{k}" for k in TRL_METRIC_ALIASES} & plots
+    assert {"extra-lr", "extra-reward_std"} <= plots

@@ -32,6 +32,7 @@ from rollwise.report.data import (
 )
 from rollwise.report.page import CSS, JS
 from rollwise.types import ROLLOUT_STATUSES
+from rollwise.train.metrics import TRL_METRIC_ALIASES
 
 
 @dataclass
@@ -162,7 +163,7 @@ def build_plots(metrics: Metrics, rollouts: RolloutData,
     known = {"step", "wall_s", *TIME_PARTS, "reward_mean", "accuracy", "zero_var_frac", "resp_len_mean", "resp_len_max",
              "truncation_rate", "gen_tokens_per_s", "staleness_mean", "logprob_mismatch_mean", "kl", "entropy", "grad_norm"}  # fmt: skip
     missing = sorted(k for k in known - {"step"} if not metrics.has(k)) if metrics.rows else []
-    elsewhere = {"eval_accuracy", "eval_accuracy_greedy"}  # the accuracy-against-time plot
+    elsewhere = {"eval_accuracy", "eval_accuracy_greedy", *TRL_METRIC_ALIASES}  # accuracy plot; TRL's names of plotted keys
     extra = sorted({k for r in metrics.rows for k, v in r.items() if k not in known and k not in elsewhere and isinstance(v, (int, float)) and not isinstance(v, bool)})
     for k in extra:
         lines(f"extra-{k}", k, "Also in metrics.jsonl.", [(k, k)], steps, "step", k)

@@ -292,7 +292,8 @@ def step_metrics(rollouts: Sequence[Rollout], num_groups: int, zero_var: int, bo
     time_eval_s), so summing step_s over a run gives its training wall-clock. reward_mean is over rollouts that
     have a reward (errored and aborted ones have none); accuracy (pass rate:
     reward >= env.pass_threshold) is over finished rollouts (not aborted), errored ones counting as incorrect;
-    score_errors counts errored rollouts."""
+    score_errors counts errored rollouts. TRL GRPOTrainer's names for the same values are added beside rollwise's
+    (`train.metrics.trl_metrics`: `reward`, `completions/mean_length`, `rewards/<name>/mean`, ...)."""
     import numpy as np
 
     counts = {s: sum(r.status == s for r in rollouts) for s in ROLLOUT_STATUSES}
@@ -324,7 +325,12 @@ def step_metrics(rollouts: Sequence[Rollout], num_groups: int, zero_var: int, bo
         rec["time_producer_wait_s"] = producer_wait_s
     rec.update(books.metrics())  # control_* books; staleness_mean / staleness_max of the trained tokens
     rec.update(episode_metrics(rollouts))
-    return {k: v for k, v in rec.items() if v is not None}
+    rec = {k: v for k, v in rec.items() if v is not None}
+    from rollwise.train.advantages import SHAPING_PARTS
+    from rollwise.train.metrics import trl_metrics
+
+    rec.update({k: v for k, v in trl_metrics(rec, rollouts, SHAPING_PARTS).items() if k not in rec})  # TRL's names too
+    return rec
 
 
 EPISODE_KEYS = ("turns", "tool_calls", "tool_errors")

@@ -239,3 +239,63 @@ def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
         except json.JSONDecodeError:
             continue
     return out
+
+
+TRL_METRIC_ALIASES: dict[str, str] = {
+    "reward": "reward_mean",
+    "frac_reward_zero_std": "zero_var_frac",
+    "completions/mean_length": "resp_len_mean",
+    "completions/max_length": "resp_len_max",
+    "completions/clipped_ratio": "truncation_rate",
+    "clip_ratio/region_mean": "clip_frac",
+    "learning_rate": "lr",
+}
+"""TRL's GRPOTrainer metric name -> the rollwise key of each step's record it repeats (same value). `kl`,
+`entropy`, `grad_norm` and `loss` already have TRL's names; `reward_std`, `completions/min_length` and
+`rewards/<name>/mean` / `rewards/<name>/std` are computed by `trl_metrics`."""
+
+TRL_COMPUTED_METRICS: tuple[str, ...] = (
+    "reward_std", "completions/min_length", "rewards/<name>/mean", "rewards/<name>/std",
+)
+"""TRL metric names `trl_metrics` computes from the rollouts (no rollwise key holds them)."""
+
+
+def _std(xs: Sequence[float]) -> float | None:
+    """Sample std (n - 1), as TRL's nanstd; None below two values."""
+    if len(xs) < 2:
+        return None
+    m = sum(xs) / len(xs)
+    return math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1))
+
+
+def _metric_name(name: str) -> str:
+    """A reward's name as every logger takes it in a metric name (MLflow refuses '<', ':', ...): other characters
+    than letters, digits, '_', '-', '.' and ' ' become '_' ('<lambda>' -> '_lambda_')."""
+    return "".join(c if c.isalnum() or c in "_-. " else "_" for c in str(name)) or "_"
+
+
+def trl_metrics(rec: Mapping[str, Any], rollouts: Sequence[Any], shaping: Sequence[str] = ()) -> dict[str, Any]:
+    """TRL's names for a step's metrics, so a dashboard built for TRL's GRPOTrainer reads a rollwise run: the
+    `TRL_METRIC_ALIASES` of `rec` (a step record) plus `TRL_COMPUTED_METRICS` from `rollouts` (Rollout objects).
+    `rewards/<name>/mean` is per reward function (`Rollout.reward_parts`, leaving out the `shaping` parts, which
+    are rollwise's own terms). A value that does not exist this step is left out."""
+    out: dict[str, Any] = {trl: rec[ours] for trl, ours in TRL_METRIC_ALIASES.items() if rec.get(ours) is not None}
+    rewards = [float(r.reward) for r in rollouts if r.reward is not None and math.isfinite(r.reward)]
+    std = _std(rewards)
+    if std is not None:
+        out["reward_std"] = std
+    lens = [len(r.completion_token_ids) for r in rollouts]
+    if lens:
+        out["completions/min_length"] = int(min(lens))
+    parts: dict[str, list[float]] = {}
+    for r in rollouts:
+        for name, v in r.reward_parts.items():
+            if name not in shaping and isinstance(v, (int, float)) and math.isfinite(v):
+                parts.setdefault(name, []).append(float(v))
+    for name, vals in parts.items():
+        tag = _metric_name(name)
+        out[f"rewards/{tag}/mean"] = sum(vals) / len(vals)
+        s = _std(vals)
+        if s is not None:
+            out[f"rewards/{tag}/std"] = s
+    return out
