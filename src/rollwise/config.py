@@ -1266,9 +1266,9 @@ def _refuse_placeholders(data: dict[str, Any], where: str) -> None:
     found = placeholders_in(data)
     if found:
         key, text = found[0]
-        raise ConfigError(f"{key} in {where} is {text}, an object passed through the Python API and not written to "
-                          "the file: resume or rerun such a run through the Python API, rollwise.train(..., "
-                          "resume=True), passing the same objects")
+        raise ConfigError(f"{key} in {where} is {text}, the placeholder of an object passed through the Python API "
+                          "(the object is not in the file): resume or rerun such a run through the Python API, "
+                          "rollwise.train(..., resume=True), passing the same objects")
 
 
 def _validate(data: dict[str, Any], given: set[str]) -> RunConfig:
@@ -1295,14 +1295,14 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
     data = _read_config_file(path)
     all_keys = valid_keys()
     _check_keys(data, RunConfig, "", all_keys)
+    _refuse_placeholders(data, str(default_config_path() if path is None else path))
     given = set() if (path is None or saved_run) else set(_dotted_keys(data))
     for item in overrides:
         parts, value = _parse_override(item)
+        _refuse_placeholders({".".join(parts): value}, "the overrides")
         _apply_override(data, parts, value, all_keys)
         given.add(".".join(parts))
     _check_keys(data, RunConfig, "", all_keys)
-    _refuse_placeholders(data, str(default_config_path() if path is None else path) if not overrides else
-                         f"{path or default_config_path()} (with --set)")
     return _validate(data, given)
 
 
