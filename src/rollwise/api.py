@@ -94,6 +94,18 @@ def _overrides(overrides: dict[str, Any], train_dataset: Any, eval_dataset: Any,
     return {**overrides, **out}
 
 
+def _saved_config(overrides: Mapping[str, Any]) -> Path | None:
+    """A resume with no config given continues under the run's own config.yaml (as `rollwise train --resume`
+    does), when it has one."""
+    section = overrides.get("run")
+    run = section if isinstance(section, Mapping) else {}
+    if not (overrides.get("run.resume") or run.get("resume")):
+        return None
+    out = overrides.get("run.out_dir") or run.get("out_dir") or build_config(None).run.out_dir
+    path = Path(out) / "config.yaml"
+    return path if path.is_file() else None
+
+
 def _in_memory(cfg: RunConfig) -> list[tuple[str, InMemory]]:
     """(dotted key, object) for every in-memory object of the config."""
     E = cfg.env
@@ -142,7 +154,9 @@ def train(config: str | Path | Mapping[str, Any] | RunConfig | None = None, /, *
     train_dataset / eval_dataset: rows (a list of dicts or a `datasets.Dataset`, standard `{"prompt": text, ...}`
         or conversational `{"prompt": [messages], ...}`, plus the columns the reward reads, e.g. `answer`); they
         set env.name 'dataset' and env.kwargs.path / test_path.
-    out_dir: run.out_dir. resume: run.resume (True), or the run directory to resume (also its out_dir).
+    out_dir: run.out_dir. resume: run.resume (True), or the run directory to resume (also its out_dir). With no
+        `config`, a resume continues under RUN_DIR/config.yaml (as `rollwise train --resume` does), and the
+        objects its placeholders stand for must be passed again.
     stop_after: end this call after that many steps as if interrupted (no final evaluation or summary:
         `TrainResult.summary` is None); a later call with resume=True continues.
     overrides: `section={...}` dicts or dotted keys (`**{"train.lr": 1e-5}`), values may be Python objects where
@@ -153,7 +167,9 @@ def train(config: str | Path | Mapping[str, Any] | RunConfig | None = None, /, *
     """
     from rollwise.envs.build import check_env_section
 
-    cfg = build_config(config, _overrides(dict(overrides), train_dataset, eval_dataset, out_dir, resume))
+    given = _overrides(dict(overrides), train_dataset, eval_dataset, out_dir, resume)
+    saved = _saved_config(given) if config is None else None
+    cfg = build_config(saved, given, saved_run=True) if saved is not None else build_config(config, given)
     check_env_section(cfg.env.name, cfg.env.kwargs, cfg.env.module)  # env.kwargs typos fail here, before any work
     check_picklable(cfg)
     from rollwise.run.loop import train as run_loop

@@ -1319,14 +1319,16 @@ def _flatten(value: Any, prefix: str) -> list[tuple[str, Any]]:
 
 
 def build_config(config: str | Path | Mapping[str, Any] | RunConfig | None = None,
-                 overrides: Mapping[str, Any] | None = None) -> RunConfig:
+                 overrides: Mapping[str, Any] | None = None, *, saved_run: bool = False) -> RunConfig:
     """The run config the Python API (`rollwise.train`) is given: `config` is None (the embedded default), a YAML
     path, a dict of sections as the YAML has them, or a `RunConfig`; `overrides` maps a section name to a dict of
     its keys (`{"train": {"lr": 1e-5}}`, merged key by key) or a dotted key to a value (`{"train.lr": 1e-5}`).
     Values may be Python objects where the config takes code or data by a string (`rollwise.in_memory`).
 
     Checked exactly as YAML and --set are (unknown keys with the closest valid one, bad values, combinations,
-    inert keys), with the same one-line ConfigError; a placeholder string of an in-memory object is refused."""
+    inert keys), with the same one-line ConfigError; a placeholder string of an in-memory object is refused.
+    `saved_run=True`: `config` is a run's own config.yaml (its keys were checked when it started); the
+    overrides must then give again every object its placeholders stand for."""
     all_keys = valid_keys()
     if isinstance(config, RunConfig):
         if not overrides:
@@ -1342,8 +1344,9 @@ def build_config(config: str | Path | Mapping[str, Any] | RunConfig | None = Non
     elif config is None or isinstance(config, (str, Path)):
         data = _read_config_file(config)
         _check_keys(data, RunConfig, "", all_keys)
-        given = set() if config is None else set(_dotted_keys(data))
-        _refuse_placeholders(data, str(config or default_config_path()))
+        given = set() if (config is None or saved_run) else set(_dotted_keys(data))
+        if not saved_run:
+            _refuse_placeholders(data, str(config or default_config_path()))
     else:
         raise ConfigError(f"config must be None, a YAML path, a dict of sections or a RunConfig, got "
                           f"{type(config).__name__}")
@@ -1360,6 +1363,12 @@ def build_config(config: str | Path | Mapping[str, Any] | RunConfig | None = Non
             _apply_override(data, dotted.split("."), leaf, all_keys)
             given.add(dotted)
     _check_keys(data, RunConfig, "", all_keys)
+    if saved_run:
+        left = placeholders_in(data)
+        if left:
+            key, text = left[0]
+            raise ConfigError(f"{key} in {config} is {text}: pass the same object again to resume the run (e.g. "
+                              "env={'reward': fn}, train_dataset=rows, eval_dataset=rows)")
     return _validate(data, given)
 
 

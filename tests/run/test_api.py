@@ -108,6 +108,22 @@ def test_cli_resume_of_a_run_with_objects_refuses_with_one_line(tmp_path):
     assert "env.kwargs.path" in r.stderr and "rollwise.train(" in r.stderr and "resume=True" in r.stderr
 
 
+def test_api_resume_with_no_config_reads_config_yaml_and_needs_the_objects_again(tmp_path):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    cfg = build_config(None, {"env": {"name": "dataset", "kwargs": {"path": _rows(6), "test_size": 2},
+                                      "reward": correct}, "run.out_dir": str(run_dir), "train.steps": 7})
+    (run_dir / "config.yaml").write_text(dump_config(cfg))
+    with pytest.raises(ConfigError) as e:
+        rollwise.train(resume=run_dir, env={"reward": correct})  # the rows are missing
+    assert len(str(e.value).splitlines()) == 1 and "env.kwargs.path" in str(e.value) and "train_dataset" in str(e.value)
+    from rollwise.api import _overrides, _saved_config
+
+    given = _overrides({"env": {"reward": correct}}, _rows(6), None, None, run_dir)
+    again = build_config(_saved_config(given), given, saved_run=True)
+    assert again.train.steps == 7 and again.run.resume and resume_conflicts(cfg, again) == []
+
+
 def test_resume_check_compares_placeholders():
     def make():
         def correct(completions, answer, **kwargs):  # another function object, the same name
