@@ -198,6 +198,38 @@ def test_async_and_per_sample_rewards_are_detected():
         assert [s.value for s in scores] == [1.0, 1.0, 0.0] and all(s.error is None for s in scores)
 
 
+class Counter:
+    """A tool class passed as an object (env.environment)."""
+
+    def reset(self, **row):
+        self.n = 0
+        return "count"
+
+    def add(self, k: int) -> str:
+        """Add k.
+
+        Args:
+            k: How much.
+        """
+        self.n += k
+        return str(self.n)
+
+
+def test_an_environment_class_object_runs_as_a_tool_environment():
+    from rollwise.envs.agent import ToolEnv
+    from rollwise.run.setup import make_env
+
+    def by_count(completions, environments, **kwargs):
+        return [float(e.n) for e in environments]
+
+    cfg = build_config(None, {"env": {"name": "dataset", "kwargs": {"path": _rows(3)}, "environment": Counter,
+                                      "reward": by_count}})
+    assert cfg.model_dump(mode="json")["env"]["environment"] == f"<in-memory: {__name__}.Counter>"
+    env = make_env(cfg.env)
+    assert isinstance(env, ToolEnv) and env.factory is Counter and [t["function"]["name"] for t in env.tools] == ["add"]
+    assert env.spec == f"{__name__}.Counter"
+
+
 def test_ray_refuses_an_object_that_cannot_be_pickled():
     lock = threading.Lock()
 
