@@ -75,11 +75,14 @@ def _overrides(overrides: dict[str, Any], train_dataset: Any, eval_dataset: Any,
                resume: bool | str | Path | None) -> dict[str, Any]:
     """The keyword conveniences (datasets, out_dir, resume) as overrides of config keys."""
     out: dict[str, Any] = {}
+    def data(value: Any, label: str) -> Any:  # a file (any format the dataset env reads) stays a path
+        return str(value) if isinstance(value, (str, Path)) else as_dataset(value, label)
+
     if train_dataset is not None:
         out["env.name"] = "dataset"
-        out["env.kwargs.path"] = as_dataset(train_dataset, "train_dataset")
+        out["env.kwargs.path"] = data(train_dataset, "train_dataset")
     if eval_dataset is not None:
-        out["env.kwargs.test_path"] = as_dataset(eval_dataset, "eval_dataset")
+        out["env.kwargs.test_path"] = data(eval_dataset, "eval_dataset")
     if isinstance(resume, (str, Path)):
         if out_dir is not None and Path(out_dir).resolve() != Path(resume).resolve():
             raise ConfigError(f"resume={str(resume)!r} and out_dir={str(out_dir)!r} name different run directories")
@@ -152,8 +155,8 @@ def train(config: str | Path | Mapping[str, Any] | RunConfig | None = None, /, *
     config: None (the embedded default), a YAML path, a dict of sections, or a `RunConfig`.
     log: where progress lines go (`print`; `lambda s: None` for silence).
     train_dataset / eval_dataset: rows (a list of dicts or a `datasets.Dataset`, standard `{"prompt": text, ...}`
-        or conversational `{"prompt": [messages], ...}`, plus the columns the reward reads, e.g. `answer`); they
-        set env.name 'dataset' and env.kwargs.path / test_path.
+        or conversational `{"prompt": [messages], ...}`, plus the columns the reward reads, e.g. `answer`), or a
+        file path; they set env.name 'dataset' and env.kwargs.path / test_path.
     out_dir: run.out_dir. resume: run.resume (True), or the run directory to resume (also its out_dir). With no
         `config`, a resume continues under RUN_DIR/config.yaml (as `rollwise train --resume` does), and the
         objects its placeholders stand for must be passed again.

@@ -74,6 +74,10 @@ def test_section_dicts_and_dotted_keys_merge_into_the_config():
     assert (cfg.train.lr, cfg.train.steps, cfg.rollout.max_tokens) == (2e-5, 5, 9)
     again = build_config(cfg, {"train.steps": 7})  # a RunConfig, overridden
     assert (again.train.lr, again.train.steps) == (2e-5, 7)
+    from rollwise.api import _overrides
+
+    as_file = _overrides({}, "data/train.jsonl", None, "runs/x", None)  # a path stays a path
+    assert as_file == {"env.name": "dataset", "env.kwargs.path": "data/train.jsonl", "run.out_dir": "runs/x"}
     with pytest.raises(ConfigError, match="given twice"):
         rollwise.train(None, out_dir="x", **{"run.out_dir": "y"})
 
