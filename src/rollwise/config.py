@@ -31,7 +31,8 @@ from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_serializer, field_validator, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_serializer, field_validator,
+                      model_validator)
 
 from rollwise.config_yaml import ConfigYAMLError, load_yaml
 from rollwise.in_memory import InMemory, as_dataset, placeholders_in, plain, to_placeholders, wrap_object
@@ -61,6 +62,11 @@ __all__ = [
     "default_config_path",
     "valid_keys",
 ]
+
+
+IN_MEMORY_CONTEXT = "in_memory"
+"""Validation context key (`RunConfig.model_validate(data, context={IN_MEMORY_CONTEXT: True})`): the data comes
+from the Python API (`build_config`), so rows may stand inline where the `dataset` environment takes a path."""
 
 
 class ConfigError(ValueError):
@@ -299,11 +305,13 @@ class EnvConfig(_Section):
 
     @model_validator(mode="before")
     @classmethod
-    def _objects(cls, data: Any) -> Any:
+    def _objects(cls, data: Any, info: ValidationInfo) -> Any:
         """Python objects in env.rewards and env.kwargs (given through `rollwise.train`) wrapped as `InMemory`, shown
-        as placeholders in dumps; YAML never holds one (`load_config` refuses a placeholder read back)."""
+        as placeholders in dumps; YAML never holds one (`load_config` refuses a placeholder read back, and rows
+        written inline as the dataset's path: those come only through the API, `build_config`)."""
         if not isinstance(data, dict):
             return data
+        api = bool(info.context and info.context.get(IN_MEMORY_CONTEXT))
         data = dict(data)
         rewards = data.get("rewards")
         if isinstance(rewards, (list, tuple)):
@@ -324,6 +332,9 @@ class EnvConfig(_Section):
             for k, v in kwargs.items():
                 if data.get("name") == "dataset" and k in ("path", "test_path") and v is not None and \
                         not isinstance(v, str):
+                    if plain(v) and not api:
+                        raise ValueError(f"env.kwargs.{k} must be a file path, got a {type(v).__name__}: rows in memory "
+                                         "are passed through the Python API, rollwise.train(train_dataset=rows)")
                     v = as_dataset(v, f"env.kwargs.{k}")
                 elif not plain(v) and not isinstance(v, InMemory):
                     v = wrap_object(v, f"env.kwargs.{k}")
@@ -1271,9 +1282,9 @@ def _refuse_placeholders(data: dict[str, Any], where: str) -> None:
                           "rollwise.train(..., resume=True), passing the same objects")
 
 
-def _validate(data: dict[str, Any], given: set[str]) -> RunConfig:
+def _validate(data: dict[str, Any], given: set[str], *, api: bool = False) -> RunConfig:
     try:
-        cfg = RunConfig.model_validate(data)
+        cfg = RunConfig.model_validate(data, context={IN_MEMORY_CONTEXT: True} if api else None)
     except ValidationError as e:
         raise ConfigError(_validation_message(e)) from None
     inert = inert_keys(cfg, given)
@@ -1369,7 +1380,7 @@ def build_config(config: str | Path | Mapping[str, Any] | RunConfig | None = Non
             key, text = left[0]
             raise ConfigError(f"{key} in {config} is {text}: pass the same object again to resume the run (e.g. "
                               "env={'reward': fn}, train_dataset=rows, eval_dataset=rows)")
-    return _validate(data, given)
+    return _validate(data, given, api=True)
 
 
 def _copy_plain(data: Any) -> Any:

@@ -98,6 +98,11 @@ def test_objects_are_placeholders_in_config_yaml_and_refused_from_yaml(tmp_path)
     assert len(str(e.value).splitlines()) == 1 and "rollwise.train(" in str(e.value) and "env." in str(e.value)
     with pytest.raises(ConfigError, match="in-memory"):
         load_config(None, [f"env.reward='{saved['env']['reward']}'"])
+    # Rows inline in YAML where the dataset env takes a path: only the Python API passes rows.
+    (tmp_path / "inline.yaml").write_text(yaml.safe_dump({"env": {"name": "dataset", "kwargs": {"path": rows}}}))
+    with pytest.raises(ConfigError) as e:
+        load_config(tmp_path / "inline.yaml")
+    assert len(str(e.value).splitlines()) == 1 and "env.kwargs.path must be a file path" in str(e.value)
 
 
 def test_cli_resume_of_a_run_with_objects_refuses_with_one_line(tmp_path):
