@@ -1,4 +1,5 @@
-"""User reward functions, named in the config as "path/to/file.py:fn" or "module:fn".
+"""User reward functions, named in the config as "path/to/file.py:fn" or "module:fn" (or, through the Python API
+`rollwise.train`, passed as the function itself: `load_reward` takes a callable).
 
 Two calling conventions are recognised from the function's signature:
 - TRL's, unchanged: `fn(prompts=..., completions=..., completion_ids=..., **columns) -> list[float | None]`,
