@@ -29,7 +29,7 @@ refused before any work.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
@@ -197,4 +197,4 @@ def result_of(run_dir: Path, summary: dict[str, Any] | None) -> TrainResult:
                          checkpoint=find_latest_checkpoint(run_dir))
     steps = int(summary["steps"]) if summary is not None else max((int(m.get("step", 0)) for m in result.metrics()),
                                                                     default=0)
-    return TrainResult(**{**result.__dict__, "steps": steps})
+    return replace(result, steps=steps)

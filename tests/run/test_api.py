@@ -264,7 +264,7 @@ def test_a_dict_config_with_a_reward_function_and_rows_trains(tmp_path, tiny_mod
     res = rollwise.train(_tiny(tiny_model), train_dataset=_rows(12), eval_dataset=_rows(6, 40), env={"reward": correct},
                          out_dir=out, log=lines.append)
     assert isinstance(res, TrainResult) and res.run_dir == out and res.steps == 3
-    assert res.summary == json.loads((out / "summary.json").read_text())
+    assert json.loads(json.dumps(res.summary, default=str)) == json.loads((out / "summary.json").read_text())
     for v in (res.accuracy_before, res.accuracy_after, res.accuracy_before_greedy, res.accuracy_after_greedy):
         assert v is not None and 0.0 <= v <= 1.0
     assert res.checkpoint == out / "checkpoints" / "step-3" and (res.checkpoint / "model.safetensors").is_file()
