@@ -91,9 +91,16 @@ def _overrides(overrides: dict[str, Any], train_dataset: Any, eval_dataset: Any,
         out["run.out_dir"] = str(out_dir)
     if resume is not None:
         out["run.resume"] = bool(resume)
+    named = set(overrides)  # dotted keys, and the keys inside sections (env.kwargs.* too)
+    for section, value in overrides.items():
+        if isinstance(value, Mapping):
+            named.update(f"{section}.{k}" for k in value)
+            if isinstance(value.get("kwargs"), Mapping):
+                named.update(f"{section}.kwargs.{k}" for k in value["kwargs"])
     for key in out:
-        if key in overrides:
-            raise ConfigError(f"{key} is given twice: as {key} and through a keyword of rollwise.train")
+        if key in named:
+            raise ConfigError(f"{key} is given twice: as a config key and through a keyword of rollwise.train "
+                              "(train_dataset, eval_dataset, out_dir, resume)")
     return {**overrides, **out}
 
 

@@ -78,8 +78,10 @@ def test_section_dicts_and_dotted_keys_merge_into_the_config():
 
     as_file = _overrides({}, "data/train.jsonl", None, "runs/x", None)  # a path stays a path
     assert as_file == {"env.name": "dataset", "env.kwargs.path": "data/train.jsonl", "run.out_dir": "runs/x"}
-    with pytest.raises(ConfigError, match="given twice"):
-        rollwise.train(None, out_dir="x", **{"run.out_dir": "y"})
+    for kw in ({"out_dir": "x", "run.out_dir": "y"}, {"out_dir": "x", "run": {"out_dir": "y"}},
+               {"train_dataset": _rows(2), "env": {"kwargs": {"path": "a.jsonl"}}}):
+        with pytest.raises(ConfigError, match="given twice"):
+            rollwise.train(None, **kw)
 
 
 def test_objects_are_placeholders_in_config_yaml_and_refused_from_yaml(tmp_path):
