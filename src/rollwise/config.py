@@ -330,6 +330,8 @@ class EnvConfig(_Section):
         if isinstance(kwargs, dict):
             out = {}
             for k, v in kwargs.items():
+                if isinstance(v, os.PathLike):  # a Path from Python: the file's name, as YAML would give it
+                    v = os.fspath(v)
                 if data.get("name") == "dataset" and k in ("path", "test_path") and v is not None and \
                         not isinstance(v, str):
                     if plain(v) and not api:
