@@ -293,7 +293,7 @@ class EnvConfig(_Section):
 
     @field_validator("reward", "environment", mode="before")
     @classmethod
-    def _object(cls, v: Any, info: Any) -> Any:
+    def _object(cls, v: Any, info: ValidationInfo) -> Any:
         """A Python object given through `rollwise.train`, wrapped as `InMemory` (its placeholder in dumps)."""
         if v is None or isinstance(v, (str, InMemory)):
             return v
