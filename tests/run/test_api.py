@@ -329,3 +329,17 @@ def test_a_reward_that_raises_on_a_sample_scores_it_errored(tmp_path, tiny_model
     errored = [r for r in rows if r.status == "errored"]
     assert errored and all("odd answer" in r.status_reason for r in errored)
     assert res.summary["rollouts"]["errored"] == len(errored)
+
+
+@pytest.mark.slow
+def test_spawned_trainer_ranks_never_receive_the_objects(tmp_path, tiny_model):
+    """train.world_size=2: the ranks are spawned with the TrainerSpec only; a lambda as the reward (which pickle
+    refuses) and rows in memory do not need to reach them."""
+    res = rollwise.train(_tiny(tiny_model, train={"steps": 2, "world_size": 2}), train_dataset=_rows(12),
+                         eval_dataset=_rows(6, 40),
+                         env={"reward": lambda completions, answer, **kw: [float(c.strip() == str(a))
+                                                                           for c, a in zip(completions, answer)]},
+                         out_dir=tmp_path / "run", log=lambda s: None)
+    assert res.steps == 2 and [m["step"] for m in res.metrics()] == [1, 2]
+    assert yaml.safe_load((res.run_dir / "config.yaml").read_text())["env"]["reward"] == \
+        f"<in-memory: {__name__}.test_spawned_trainer_ranks_never_receive_the_objects.<locals>.<lambda>>"
