@@ -241,6 +241,22 @@ def test_an_environment_class_object_runs_as_a_tool_environment():
     assert env.spec == f"{__name__}.Counter"
 
 
+def test_a_weighted_sum_of_function_objects():
+    from rollwise.run.setup import make_env
+
+    async def length(completions, **kwargs):
+        return [float(len(c)) for c in completions]
+
+    cfg = build_config(None, {"env": {"name": "dataset", "kwargs": {"path": _rows(2)},
+                                      "rewards": [{"fn": correct, "weight": 0.5}, {"fn": length, "weight": 2.0}]}})
+    assert [r["fn"] for r in cfg.model_dump(mode="json")["env"]["rewards"]] == [
+        f"<in-memory: {__name__}.correct>", f"<in-memory: {__name__}.test_a_weighted_sum_of_function_objects.<locals>.length>"]
+    env = make_env(cfg.env)
+    t = env.load("train")[0]
+    s = env.score_batch([t], [str(t.answer)])[0]
+    assert s.parts == {"correct": 1.0, "length": float(len(str(t.answer)))} and s.value == 0.5 + 2.0 * len(str(t.answer))
+
+
 def test_ray_refuses_an_object_that_cannot_be_pickled():
     lock = threading.Lock()
 
