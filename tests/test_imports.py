@@ -3,10 +3,10 @@
 Every `import rollwise...` counts, at module level or inside a function (a lazy import is still a dependency).
 Layers, bottom to top; a package may import only packages of lower layers (or itself):
 
-    types, config_yaml  <  config, filter  <  models  <  engine, train, sandbox  <  rewards, clients  <  envs
-                        <  store  <  report, control, cluster  <  run, serve  <  cli, trl
+    types, config_yaml, in_memory  <  config, filter  <  models  <  engine, train, sandbox  <  rewards, clients
+                        <  envs  <  store  <  report, control, cluster  <  run, serve  <  cli, api, trl
 
-`engine` is rollwise's own engine; `clients` are the other engines behind the same protocol (remote servers,
+`api` is the Python API (`rollwise.train()`), beside the CLI. `engine` is rollwise's own engine; `clients` are the other engines behind the same protocol (remote servers,
 vLLM), so the engine can never reach into them. `cluster` (trainer ranks, Ray actors) sits beside `control`.
 
 The root package `rollwise` is the public facade (it re-exports `LLM` and the types); only `cli` and `trl` (TRL's
@@ -23,7 +23,7 @@ from pathlib import Path
 SRC = Path(__file__).resolve().parents[1] / "src" / "rollwise"
 
 LAYERS: dict[str, int] = {
-    "types": 0, "config_yaml": 0,
+    "types": 0, "config_yaml": 0, "in_memory": 0,
     "config": 1, "filter": 1,
     "models": 2,
     "engine": 3, "train": 3, "sandbox": 3,
@@ -32,7 +32,7 @@ LAYERS: dict[str, int] = {
     "store": 6,
     "report": 7, "control": 7, "cluster": 7,
     "run": 8, "serve": 8,
-    "cli": 9, "trl": 9,
+    "cli": 9, "api": 9, "trl": 9,
 }
 
 

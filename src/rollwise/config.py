@@ -31,9 +31,11 @@ from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_serializer, field_validator,
+                      model_validator)
 
 from rollwise.config_yaml import ConfigYAMLError, load_yaml
+from rollwise.in_memory import InMemory, as_dataset, placeholders_in, plain, to_placeholders, wrap_object
 
 __all__ = [
     "ConfigError",
@@ -54,11 +56,17 @@ __all__ = [
     "inert_keys",
     "resume_conflicts",
     "load_config",
+    "build_config",
     "dump_config",
     "config_hash",
     "default_config_path",
     "valid_keys",
 ]
+
+
+IN_MEMORY_CONTEXT = "in_memory"
+"""Validation context key (`RunConfig.model_validate(data, context={IN_MEMORY_CONTEXT: True})`): the data comes
+from the Python API (`build_config`), so rows may stand inline where the `dataset` environment takes a path."""
 
 
 class ConfigError(ValueError):
@@ -240,17 +248,20 @@ class EnvConfig(_Section):
     name: str = "arithmetic"
     """Registered environment name (see `rollwise.envs`)."""
     kwargs: dict[str, Any] = Field(default_factory=dict)
-    """Keyword arguments for the environment's constructor (free-form, validated by the environment)."""
+    """Keyword arguments for the environment's constructor (free-form, validated by the environment). Through the
+    Python API (`rollwise.train`) `path` / `test_path` of the `dataset` environment may be rows (a list of dicts, a
+    `datasets.Dataset`) and any other value a Python object (`rollwise.in_memory`)."""
     train_size: int | None = Field(None, ge=1)
     """Training problems to load; None = all the environment offers."""
     eval_size: int = Field(200, ge=1)
     """Held-out problems to load for evaluation."""
     module: str | None = None
     """A user module (import name or path to a .py file) imported first, so it can register its own env."""
-    reward: str | None = None
-    """A user reward replacing the environment's own: "path/to/file.py:fn" or "module:fn". TRL's convention
-    (fn(prompts=, completions=, completion_ids=, **columns) -> list[float | None], one call per batch) or
-    rollwise's per-sample fn(task, completion) -> Score | float; see `rollwise.rewards.user`."""
+    reward: str | InMemory | None = None
+    """A user reward replacing the environment's own: "path/to/file.py:fn" or "module:fn" (through the Python API,
+    the function itself). TRL's convention (fn(prompts=, completions=, completion_ids=, **columns) ->
+    list[float | None], one call per batch, sync or async) or rollwise's per-sample fn(task, completion) ->
+    Score | float; see `rollwise.rewards.user`."""
     rewards: list[dict[str, Any]] | None = None
     """A weighted sum of user rewards instead of `reward`: [{fn: "file.py:fn", weight: 1.0, name: optional}, ...];
     each part's value is kept in the rollout's reward_parts."""
@@ -268,7 +279,7 @@ class EnvConfig(_Section):
     engine's max_model_len, or 1024 when that is not set."""
     turn_timeout_s: float = Field(30.0, gt=0)
     """Multi-turn environments: the longest one `env.step` may take; past it the episode ends errored."""
-    environment: str | None = None
+    environment: str | InMemory | None = None
     """A class each episode instantiates, over the tasks of `env.name`: "path/to/file.py:Class" or "module:Class"
     (`rollwise.envs.agent`). With environment_api 'tools', `reset(**row)` and every public method a tool; rewards
     get `environments=`."""
@@ -280,12 +291,69 @@ class EnvConfig(_Section):
     max_tool_calls: int = Field(4, ge=1)
     """Tool classes: most tool calls run per policy turn (more get an error result)."""
 
+    @field_validator("reward", "environment", mode="before")
+    @classmethod
+    def _object(cls, v: Any, info: ValidationInfo) -> Any:
+        """A Python object given through `rollwise.train`, wrapped as `InMemory` (its placeholder in dumps)."""
+        if v is None or isinstance(v, (str, InMemory)):
+            return v
+        what = "reward function" if info.field_name == "reward" else "environment class"
+        if not callable(v):
+            raise ValueError(f"must be \"file.py:attr\", \"module:attr\" or (through rollwise.train) a {what}; "
+                             f"got a value of type {type(v).__name__}, which is not callable")
+        return wrap_object(v, f"env.{info.field_name}")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _objects(cls, data: Any, info: ValidationInfo) -> Any:
+        """Python objects in env.rewards and env.kwargs (given through `rollwise.train`) wrapped as `InMemory`, shown
+        as placeholders in dumps; YAML never holds one (`load_config` refuses a placeholder read back, and rows
+        written inline as the dataset's path: those come only through the API, `build_config`)."""
+        if not isinstance(data, dict):
+            return data
+        api = bool(info.context and info.context.get(IN_MEMORY_CONTEXT))
+        data = dict(data)
+        rewards = data.get("rewards")
+        if isinstance(rewards, (list, tuple)):
+            items = []
+            for i, item in enumerate(rewards):
+                fn = item.get("fn") if isinstance(item, dict) else None
+                if isinstance(item, dict) and fn is not None and not isinstance(fn, (str, InMemory)):
+                    if not callable(fn):
+                        raise ValueError(f"env.rewards[{i}].fn must be \"file.py:fn\", \"module:fn\" or (through "
+                                         f"rollwise.train) a function; got a value of type {type(fn).__name__}, "
+                                         "which is not callable")
+                    item = {**item, "fn": wrap_object(fn, f"env.rewards[{i}].fn")}
+                items.append(item)
+            data["rewards"] = items
+        kwargs = data.get("kwargs")
+        if isinstance(kwargs, dict):
+            out = {}
+            for k, v in kwargs.items():
+                if isinstance(v, os.PathLike):  # a Path from Python: the file's name, as YAML would give it
+                    v = os.fspath(v)
+                if data.get("name") == "dataset" and k in ("path", "test_path") and v is not None and \
+                        not isinstance(v, str):
+                    if plain(v) and not api:
+                        raise ValueError(f"env.kwargs.{k} must be a file path, got a {type(v).__name__}: rows in memory "
+                                         "are passed through the Python API, rollwise.train(train_dataset=rows)")
+                    v = as_dataset(v, f"env.kwargs.{k}")
+                elif not plain(v) and not isinstance(v, InMemory):
+                    v = wrap_object(v, f"env.kwargs.{k}")
+                out[k] = v
+            data["kwargs"] = out
+        return data
+
+    @field_serializer("kwargs", "rewards", when_used="json")
+    def _placeholders(self, value: Any) -> Any:
+        return to_placeholders(value)
+
     @model_validator(mode="after")
     def _rewards(self) -> "EnvConfig":
         if self.reward is not None and self.rewards:
             raise ValueError("set env.reward or env.rewards, not both")
         for i, item in enumerate(self.rewards or []):
-            if "fn" not in item or not isinstance(item["fn"], str):
+            if "fn" not in item or not isinstance(item["fn"], (str, InMemory)):
                 raise ValueError(f"env.rewards[{i}] needs 'fn': \"file.py:fn\" or \"module:fn\"")
             extra = set(item) - {"fn", "weight", "name"}
             if extra:
@@ -1123,6 +1191,8 @@ def _validation_message(err: ValidationError) -> str:
     if len(shown) > 60:
         shown = shown[:57] + "..."
     if e["type"] == "value_error":  # our own validators already quote the value
+        if msg.startswith((f"{key}.", f"{key}[")):  # a section's validator naming the key itself
+            return f"bad config: {msg}"
         return f"bad value for config key '{key}': {msg}" if real else f"bad config: {msg}"
     return f"bad value for config key '{key}': {msg} (got {shown}){hint}"
 
@@ -1179,15 +1249,8 @@ def _dotted_keys(data: Any, prefix: str = "") -> list[str]:
     return out
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = (), *,
-                saved_run: bool = False) -> RunConfig:
-    """Read YAML (or the embedded default when `path` is None), apply `a.b=c` overrides, validate.
-
-    Raises ConfigError with a one-line message on a missing/unreadable file, bad YAML, an unknown key (naming the
-    closest valid key), a bad value (naming the full dotted key), a combination that cannot work, or a key the
-    user set where it has no effect (`inert_keys`; `saved_run=True` reads a run's resolved config.yaml, whose
-    keys were checked when the run started, so only the overrides are checked).
-    """
+def _read_config_file(path: str | Path | None) -> dict[str, Any]:
+    """The YAML mapping at `path` (the embedded default when None), keys not yet checked."""
     src = default_config_path() if path is None else Path(path)
     try:
         text = src.read_text()
@@ -1208,23 +1271,127 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
         data = {}
     if not isinstance(data, dict):
         raise ConfigError(f"{src}: the config must be a mapping of sections (model:, train:, ...), got {type(data).__name__}")
-    data = copy.deepcopy(data)
-    all_keys = valid_keys()
-    _check_keys(data, RunConfig, "", all_keys)
-    given = set() if (path is None or saved_run) else set(_dotted_keys(data))
-    for item in overrides:
-        parts, value = _parse_override(item)
-        _apply_override(data, parts, value, all_keys)
-        given.add(".".join(parts))
-    _check_keys(data, RunConfig, "", all_keys)
+    return copy.deepcopy(data)
+
+
+def _refuse_placeholders(data: dict[str, Any], where: str) -> None:
+    """A placeholder of an in-memory object (`rollwise.in_memory`) read from YAML or --set: the object is not there."""
+    found = placeholders_in(data)
+    if found:
+        key, text = found[0]
+        raise ConfigError(f"{key} in {where} is {text}, the placeholder of an object passed through the Python API "
+                          "(the object is not in the file): resume or rerun such a run through the Python API, "
+                          "rollwise.train(..., resume=True), passing the same objects")
+
+
+def _validate(data: dict[str, Any], given: set[str], *, api: bool = False) -> RunConfig:
     try:
-        cfg = RunConfig.model_validate(data)
+        cfg = RunConfig.model_validate(data, context={IN_MEMORY_CONTEXT: True} if api else None)
     except ValidationError as e:
         raise ConfigError(_validation_message(e)) from None
     inert = inert_keys(cfg, given)
     if inert:
         raise ConfigError(inert[0])
     return cfg
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = (), *,
+                saved_run: bool = False) -> RunConfig:
+    """Read YAML (or the embedded default when `path` is None), apply `a.b=c` overrides, validate.
+
+    Raises ConfigError with a one-line message on a missing/unreadable file, bad YAML, an unknown key (naming the
+    closest valid key), a bad value (naming the full dotted key), a combination that cannot work, a key the
+    user set where it has no effect (`inert_keys`; `saved_run=True` reads a run's resolved config.yaml, whose
+    keys were checked when the run started, so only the overrides are checked), or the placeholder of an object
+    a run was given through the Python API (`rollwise.in_memory`).
+    """
+    data = _read_config_file(path)
+    all_keys = valid_keys()
+    _check_keys(data, RunConfig, "", all_keys)
+    _refuse_placeholders(data, str(default_config_path() if path is None else path))
+    given = set() if (path is None or saved_run) else set(_dotted_keys(data))
+    for item in overrides:
+        parts, value = _parse_override(item)
+        _refuse_placeholders({".".join(parts): value}, "the overrides")
+        _apply_override(data, parts, value, all_keys)
+        given.add(".".join(parts))
+    _check_keys(data, RunConfig, "", all_keys)
+    return _validate(data, given)
+
+
+def _flatten(value: Any, prefix: str) -> list[tuple[str, Any]]:
+    """A section dict (or pydantic section) as (dotted key, leaf value) assignments, nested dicts merged."""
+    if isinstance(value, BaseModel):
+        value = value.model_dump(exclude_unset=True)
+    if isinstance(value, dict) and value:
+        out: list[tuple[str, Any]] = []
+        for k, v in value.items():
+            out.extend(_flatten(v, f"{prefix}.{k}"))
+        return out
+    return [(prefix, value)]
+
+
+def build_config(config: str | Path | Mapping[str, Any] | RunConfig | None = None,
+                 overrides: Mapping[str, Any] | None = None, *, saved_run: bool = False) -> RunConfig:
+    """The run config the Python API (`rollwise.train`) is given: `config` is None (the embedded default), a YAML
+    path, a dict of sections as the YAML has them, or a `RunConfig`; `overrides` maps a section name to a dict of
+    its keys (`{"train": {"lr": 1e-5}}`, merged key by key) or a dotted key to a value (`{"train.lr": 1e-5}`).
+    Values may be Python objects where the config takes code or data by a string (`rollwise.in_memory`).
+
+    Checked exactly as YAML and --set are (unknown keys with the closest valid one, bad values, combinations,
+    inert keys), with the same one-line ConfigError; a placeholder string of an in-memory object is refused.
+    `saved_run=True`: `config` is a run's own config.yaml (its keys were checked when it started); the
+    overrides must then give again every object its placeholders stand for."""
+    all_keys = valid_keys()
+    if isinstance(config, RunConfig):
+        if not overrides:
+            return config.model_copy(deep=True)
+        data = config.model_dump()
+        given: set[str] = set()
+    elif isinstance(config, Mapping):
+        data = {k: (dict(v) if isinstance(v, Mapping) else v) for k, v in config.items()}
+        data = _copy_plain(data)
+        _check_keys(data, RunConfig, "", all_keys)
+        given = set(_dotted_keys(data))
+        _refuse_placeholders(data, "the config dict")
+    elif config is None or isinstance(config, (str, Path)):
+        data = _read_config_file(config)
+        _check_keys(data, RunConfig, "", all_keys)
+        given = set() if (config is None or saved_run) else set(_dotted_keys(data))
+        if not saved_run:
+            _refuse_placeholders(data, str(config or default_config_path()))
+    else:
+        raise ConfigError(f"config must be None, a YAML path, a dict of sections or a RunConfig, got "
+                          f"{type(config).__name__}")
+    for key, value in (overrides or {}).items():
+        if not isinstance(key, str) or not key or any(not p for p in key.split(".")):
+            raise ConfigError(f"bad override {key!r}: expected a section name or a dotted key, e.g. train.lr")
+        if "." not in key and isinstance(value, (Mapping, BaseModel)) and key in RunConfig.model_fields:
+            pairs = _flatten(value, key)
+        else:
+            pairs = [(key, value)]
+        for dotted, leaf in pairs:
+            if placeholders_in(leaf):
+                _refuse_placeholders({dotted: leaf}, "the overrides")
+            _apply_override(data, dotted.split("."), leaf, all_keys)
+            given.add(dotted)
+    _check_keys(data, RunConfig, "", all_keys)
+    if saved_run:
+        left = placeholders_in(data)
+        if left:
+            key, text = left[0]
+            raise ConfigError(f"{key} in {config} is {text}: pass the same object again to resume the run (e.g. "
+                              "env={'reward': fn}, train_dataset=rows, eval_dataset=rows)")
+    return _validate(data, given, api=True)
+
+
+def _copy_plain(data: Any) -> Any:
+    """A deep copy of config data that shares (does not copy) the Python objects inside it."""
+    if isinstance(data, dict):
+        return {k: _copy_plain(v) for k, v in data.items()}
+    if isinstance(data, list):
+        return [_copy_plain(v) for v in data]
+    return data
 
 
 def dump_config(cfg: RunConfig) -> str:

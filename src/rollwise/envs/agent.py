@@ -375,17 +375,23 @@ class GymEnv:
 ENVIRONMENT_APIS: dict[str, type] = {"tools": ToolEnv, "gym": GymEnv}
 
 
-def make_class_env(data: Environment, spec: str, api: str, reward: EpisodeReward | None, *, tool_timeout_s: float = 10.0, max_calls: int = 4,
-                   turn_budget_s: float = 25.0) -> ToolEnv | GymEnv:
-    """The environment `env.environment` / `env.environment_api` name, over the tasks of `data`."""
+def make_class_env(data: Environment, spec: str | Callable[..., Any], api: str, reward: EpisodeReward | None, *,
+                   tool_timeout_s: float = 10.0, max_calls: int = 4, turn_budget_s: float = 25.0) -> ToolEnv | GymEnv:
+    """The environment `env.environment` / `env.environment_api` name ("file.py:Class", or through the Python API
+    the class itself), over the tasks of `data`."""
+    from rollwise.in_memory import qualified_name
     from rollwise.rewards.user import load_object
 
     if api not in ENVIRONMENT_APIS:
         raise EnvironmentClassError(f"env.environment_api must be one of {sorted(ENVIRONMENT_APIS)}, got {api!r}")
-    try:
-        cls = load_object(spec)
-    except (ValueError, FileNotFoundError) as e:
-        raise EnvironmentClassError(f"env.environment: {e}") from None
+    if not isinstance(spec, str):
+        cls: Any = spec
+        spec = qualified_name(spec)
+    else:
+        try:
+            cls = load_object(spec)
+        except (ValueError, FileNotFoundError) as e:
+            raise EnvironmentClassError(f"env.environment: {e}") from None
     if not callable(cls):
         raise EnvironmentClassError(f"env.environment {spec!r} is a {type(cls).__name__}, not a class")
     if api == "gym":

@@ -111,14 +111,14 @@ def check_env_section(name: str, kwargs: dict[str, Any] | None = None, module: s
 def make_env(name: str, kwargs: dict[str, Any] | None = None, *, reward: str | Callable[..., Any] | None = None,
              rewards: Sequence[Any] | None = None,
              module: str | None = None, reward_timeout_s: float | None = 30.0, reward_workers: int = 8,
-             environment: str | None = None, environment_api: str = "tools", tool_timeout_s: float = 10.0,
+             environment: str | Callable[..., Any] | None = None, environment_api: str = "tools", tool_timeout_s: float = 10.0,
              max_tool_calls: int = 4, turn_budget_s: float = 25.0) -> Environment:
     """The environment the `env` config section describes (see the module docstring).
 
     name/kwargs: `env.name` / `env.kwargs`; reward/rewards: `env.reward` / `env.rewards`; module: `env.module`
     ("pkg.mod", "path/to/file.py", or "file.py:attr"); reward_timeout_s: the most seconds one reward call may
     take (a TRL-style batch call counts as one call); reward_workers: concurrent per-sample reward calls;
-    environment / environment_api: `env.environment` ("file.py:Class") and how it is used ("tools" or "gym",
+    environment / environment_api: `env.environment` ("file.py:Class", or the class itself) and how it is used ("tools" or "gym",
     `envs.agent`), its episodes over the tasks of `name`; tool_timeout_s, max_tool_calls, turn_budget_s: a tool
     class's limits per call and per turn.
     """

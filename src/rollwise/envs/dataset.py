@@ -24,6 +24,11 @@ many: held-out accuracy on prompts the policy trained on measures memory, not ge
 Scoring is not this environment's job: it has no reward of its own (`score` raises, naming `env.reward`);
 `envs.build.make_env` puts the configured reward on it.
 
+Through the Python API (`rollwise.train(train_dataset=..., eval_dataset=...)`) `path` and `test_path` may be rows
+in memory (`rollwise.in_memory.InMemoryDataset`: a list of dicts or a `datasets.Dataset`, read once): each row
+gets the same checks and one-line messages as a file's, named by what was passed (`train_dataset: row 3: ...`);
+their task ids are `dataset/train/in-memory:ROW`.
+
 Deliberately left out: streaming very large files (rows are read into memory once), and remote URLs.
 """
 
@@ -42,6 +47,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rollwise.in_memory import InMemoryDataset
 from rollwise.types import Score, Task
 
 FORMATS = ".jsonl, .jsonl.gz, .json, .parquet, .csv, or a `datasets` save_to_disk directory"
@@ -204,10 +210,11 @@ def _rank(prompt: Any) -> bytes:
 class DatasetEnv:
     """Tasks from a JSONL / Parquet / CSV file or a `datasets` directory (see the module docstring)."""
 
-    path: str = ""
-    """The training data (also the source of the held-out split when `test_size` is set)."""
-    test_path: str | None = None
-    """Held-out data in a separate file."""
+    path: str | InMemoryDataset = ""
+    """The training data (also the source of the held-out split when `test_size` is set); rows in memory through
+    the Python API."""
+    test_path: str | InMemoryDataset | None = None
+    """Held-out data in a separate file (or rows in memory)."""
     test_size: float | int | None = None
     """Held-out part of `path`: a fraction in (0, 1) or a number of rows (deterministic, see module docstring)."""
     prompt_key: str = "prompt"
@@ -220,10 +227,10 @@ class DatasetEnv:
     _overlap_checked: bool = field(default=False, init=False, repr=False)
 
     def __post_init__(self) -> None:
-        if not isinstance(self.path, str) or not self.path:
+        if not isinstance(self.path, InMemoryDataset) and (not isinstance(self.path, str) or not self.path):
             raise DatasetError("dataset env needs `path` (env.kwargs.path): a .jsonl/.parquet/.csv file or a `datasets` directory")
         for label, value in (("path", self.path), ("test_path", self.test_path)):
-            if value is not None:
+            if isinstance(value, str):
                 p = Path(value)
                 if not p.exists():
                     raise DatasetError(f"dataset {label} {value!r} does not exist")
@@ -239,8 +246,9 @@ class DatasetEnv:
         self._answer_required = self.answer_key is not None and self.answer_key != "answer"
 
     # ------------------------------------------------------------------ reading
-    def _task(self, src: Path, rowno: int, rec: Any, role: str) -> Task:
+    def _task(self, src: Path | InMemoryDataset, rowno: int, rec: Any, role: str) -> Task:
         where = f"{src}: row {rowno}"
+        source = "in-memory" if isinstance(src, InMemoryDataset) else src.name
         if not isinstance(rec, dict):
             raise DatasetError(f"{where}: expected an object with named columns, got {type(rec).__name__}")
         if self.prompt_key not in rec:
@@ -272,10 +280,13 @@ class DatasetEnv:
                 raise DatasetError(f"{where}: the answer ({self.answer_key!r}) is {answer!r}, not a finite value (a "
                                    "missing value written as NaN?); fill it in or drop the row")
         metadata = {k: v for k, v in rec.items() if k != self.prompt_key}
-        return Task(id=f"{self.name}/{role}/{src.name}:{rowno}", prompt=prompt, answer=answer, metadata=metadata)
+        return Task(id=f"{self.name}/{role}/{source}:{rowno}", prompt=prompt, answer=answer, metadata=metadata)
 
-    def _read(self, path: str, role: str, dict_split: str | None = None, plain_ok: bool = True) -> list[Task]:
-        """Tasks of one file; `role` ('train' / 'test') names the file in task ids."""
+    def _read(self, path: str | InMemoryDataset, role: str, dict_split: str | None = None,
+              plain_ok: bool = True) -> list[Task]:
+        """Tasks of one file (or rows in memory); `role` ('train' / 'test') names the file in task ids."""
+        if isinstance(path, InMemoryDataset):
+            return [self._task(path, rowno, rec, role) for rowno, rec in enumerate(path.rows, 1)]
         src = Path(path)
         rows = _read_rows(src, dict_split or role, plain_ok)
         return [self._task(src, rowno, rec, role) for rowno, rec in rows]
@@ -304,13 +315,16 @@ class DatasetEnv:
             everything = self._read(self.path, "train")
             held = self._held_out(everything, self.test_size)
             out = [t for i, t in enumerate(everything) if (i in held) == (split == "test")]
-        elif _kind(Path(self.path)) == "hf" and split == "test":
+        elif isinstance(self.path, str) and _kind(Path(self.path)) == "hf" and split == "test":
             try:
                 out = self._read(self.path, "test", plain_ok=False)
             except DatasetError:
                 raise DatasetError(f"dataset {self.path} has no held-out split: set env.kwargs.test_path or "
                                    "env.kwargs.test_size (e.g. 0.1)") from None
         elif split == "test":
+            if isinstance(self.path, InMemoryDataset):
+                raise DatasetError(f"{self.path} has no held-out split: pass eval_dataset= (env.kwargs.test_path) or "
+                                   "set env.kwargs.test_size (e.g. 0.1)")
             raise DatasetError(f"dataset {self.path} has no held-out split: set env.kwargs.test_path or "
                                "env.kwargs.test_size (e.g. 0.1)")
         else:

@@ -1,4 +1,5 @@
-"""User reward functions, named in the config as "path/to/file.py:fn" or "module:fn".
+"""User reward functions, named in the config as "path/to/file.py:fn" or "module:fn" (or, through the Python API
+`rollwise.train`, passed as the function itself: `load_reward` takes a callable).
 
 Two calling conventions are recognised from the function's signature:
 - TRL's, unchanged: `fn(prompts=..., completions=..., completion_ids=..., **columns) -> list[float | None]`,
@@ -21,12 +22,15 @@ errored, naming the part). Both offer `score_batch(tasks, completions, completio
 
 Objects loaded from a spec pickle by their spec (re-imported on unpickling), so they cross to Ray actors.
 
-Deliberately left out: TRL's `trainer_state` (passed as None when a function names it), async reward
-functions, and killing a hung call (a thread cannot be killed: it is abandoned, see `rewards.concurrent`).
+An `async def` reward (either convention) is awaited in the thread that calls it (`asyncio.run`), as TRL awaits its
+async reward functions.
+
+Deliberately left out: TRL's `trainer_state` (passed as None when a function names it), and killing a hung call (a thread cannot be killed: it is abandoned, see `rewards.concurrent`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import importlib.util
 import inspect
@@ -41,6 +45,31 @@ from rollwise.rewards.base import as_score, describe
 from rollwise.types import Score, Task
 
 RESERVED = ("prompts", "completions", "completion_ids")
+
+
+def _awaited(value: Any) -> Any:
+    """An async reward's result: its coroutine run to the end in this thread, or in a thread of its own when this
+    one already runs an event loop (a notebook)."""
+    if not inspect.iscoroutine(value):
+        return value
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(value)
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["out"] = asyncio.run(value)
+        except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
+            box["err"] = e
+
+    th = threading.Thread(target=run, daemon=True, name="reward-async")
+    th.start()
+    th.join()
+    if "err" in box:
+        raise box["err"]
+    return box["out"]
 
 
 # ------------------------------------------------------------------------------------------- loading
@@ -186,7 +215,7 @@ class UserReward:
     # -- per-sample ---------------------------------------------------------------------------------
     def _call_sample(self, task: Task, completion: str) -> Score:
         scorer = self.fn.score if hasattr(self.fn, "score") else self.fn
-        s = as_score(scorer(task, completion), where=self.name)
+        s = as_score(_awaited(scorer(task, completion)), where=self.name)
         if not s.parts and not s.error:
             s = Score(s.value, parts={self.name: s.value}, info=s.info)
         return s
@@ -224,7 +253,7 @@ class UserReward:
 
         def target() -> None:
             try:
-                box["out"] = self.fn(**kw)
+                box["out"] = _awaited(self.fn(**kw))
             except BaseException as e:  # noqa: BLE001 - reported below as errored scores
                 box["err"] = e
 

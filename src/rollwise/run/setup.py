@@ -57,9 +57,13 @@ SCORE_WORKERS = 8
 def make_env(env_cfg: EnvConfig) -> Environment:
     """The environment an `env` config section names, with the user's reward(s) when it names them."""
     from rollwise.envs.build import make_env as build
+    from rollwise.in_memory import unwrap
 
-    return build(env_cfg.name, env_cfg.kwargs, reward=env_cfg.reward, rewards=env_cfg.rewards, module=env_cfg.module,
-                 reward_timeout_s=SCORE_TIMEOUT_S, reward_workers=SCORE_WORKERS, environment=env_cfg.environment,
+    # Objects given through the Python API (`rollwise.in_memory`) are handed over as themselves.
+    kwargs = {k: unwrap(v) for k, v in env_cfg.kwargs.items()}
+    rewards = [{**r, "fn": unwrap(r.get("fn"))} for r in env_cfg.rewards] if env_cfg.rewards else env_cfg.rewards
+    return build(env_cfg.name, kwargs, reward=unwrap(env_cfg.reward), rewards=rewards, module=env_cfg.module,
+                 reward_timeout_s=SCORE_TIMEOUT_S, reward_workers=SCORE_WORKERS, environment=unwrap(env_cfg.environment),
                  environment_api=env_cfg.environment_api, tool_timeout_s=env_cfg.tool_timeout_s,
                  max_tool_calls=env_cfg.max_tool_calls, turn_budget_s=max(env_cfg.turn_timeout_s - 1.0, 0.5))
 
@@ -236,7 +240,8 @@ class ModelSource:
 
     @classmethod
     def of(cls, cfg: RunConfig) -> ModelSource:
-        sig = f"{cfg.env.name}:{json.dumps(cfg.env.kwargs, sort_keys=True)}:{cfg.env.train_size}"
+        kwargs = cfg.env.model_dump(mode="json")["kwargs"]  # an in-memory dataset as its placeholder (its hash)
+        sig = f"{cfg.env.name}:{json.dumps(kwargs, sort_keys=True)}:{cfg.env.train_size}"
         return cls(cfg.model, cfg.warmup, cfg.env.name, sig, cfg.train.seed)
 
 
