@@ -4,7 +4,7 @@ Every `import rollwise...` counts, at module level or inside a function (a lazy 
 Layers, bottom to top; a package may import only packages of lower layers (or itself):
 
     types, config_yaml, in_memory  <  config, filter  <  models  <  engine, train, sandbox  <  rewards, clients
-                        <  envs  <  store  <  report, control, cluster  <  run, serve  <  cli, api, trl
+                        <  envs  <  store  <  report, control, cluster  <  run, serve  <  cli, api  <  trl
 
 `api` is the Python API (`rollwise.train()`), beside the CLI. `engine` is rollwise's own engine; `clients` are the other engines behind the same protocol (remote servers,
 vLLM), so the engine can never reach into them. `cluster` (trainer ranks, Ray actors) sits beside `control`.
@@ -32,7 +32,8 @@ LAYERS: dict[str, int] = {
     "store": 6,
     "report": 7, "control": 7, "cluster": 7,
     "run": 8, "serve": 8,
-    "cli": 9, "api": 9, "trl": 9,
+    "cli": 9, "api": 9,
+    "trl": 10,
 }
 
 

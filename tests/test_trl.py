@@ -370,8 +370,7 @@ def test_an_environment_class_becomes_env_environment():
 
 
 def test_train_calls_rollwise_train_with_the_config_and_reads_trls_metric_names(tmp_path, monkeypatch):
-    import rollwise
-    import rollwise.train.metrics  # noqa: F401 - first imported here, it would rebind rollwise.train to the package
+    import rollwise.api
 
     run_dir = tmp_path / "run"
     ckpt = run_dir / "checkpoints" / "step-4"
@@ -380,17 +379,18 @@ def test_train_calls_rollwise_train_with_the_config_and_reads_trls_metric_names(
     seen = {}
 
     def fake_train(config, /, *, log=print, **overrides):
-        seen["config"] = config
+        seen["config"], seen["keywords"] = config, overrides
         lines = [{"step": s, "reward_mean": s / 10, "reward": s / 10, "loss": 0.5, "step_s": 1.0,
                   "rewards/sum_correct/mean": s / 10, "accuracy": 0.1} for s in range(1, 5)]
         (run_dir / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
         return SimpleNamespace(run_dir=run_dir, final_checkpoint=ckpt)
 
-    monkeypatch.setattr(rollwise, "train", fake_train, raising=False)
+    monkeypatch.setattr(rollwise.api, "train", fake_train)
     t = _trainer(args=GRPOConfig(output_dir=str(tmp_path / "out"), per_device_train_batch_size=16, num_generations=4,
                                  max_steps=4, logging_steps=2))
     out = t.train()
-    assert seen["config"]["rollout"]["prompts_per_step"] == 4 and seen["config"]["env"]["kwargs"]["path"] is DATA
+    assert seen["config"]["rollout"]["prompts_per_step"] == 4 and seen["keywords"]["train_dataset"] is DATA
+    assert "path" not in seen["config"]["env"]["kwargs"]  # rows travel through the API's dataset keywords
     hist = t.state.log_history
     assert [h["step"] for h in hist] == [2, 4, 4]
     assert hist[0]["reward"] == pytest.approx(0.15) and hist[0]["rewards/sum_correct/mean"] == pytest.approx(0.15)
@@ -402,16 +402,6 @@ def test_train_calls_rollwise_train_with_the_config_and_reads_trls_metric_names(
     assert seen["config"]["run"]["resume"] is True
     with pytest.raises(TRLArgumentError, match="resume_from_checkpoint"):
         t.train(resume_from_checkpoint=str(tmp_path / "elsewhere"))
-
-
-def test_train_without_the_python_api_says_so(monkeypatch):
-    import rollwise
-
-    monkeypatch.delattr(rollwise, "train", raising=False)
-    if hasattr(rollwise, "train"):
-        pytest.skip("rollwise.train is part of this install")
-    with pytest.raises(rt.TRLNotWiredError, match="rollwise.train"):
-        _trainer().train()
 
 
 def test_logging_steps_become_rl_steps_per_log_history_entry():

@@ -926,27 +926,6 @@ class TrainOutput(NamedTuple):
     metrics: dict[str, Any]
 
 
-class TRLNotWiredError(RuntimeError):
-    """This install has no `rollwise.train` Python API for GRPOTrainer.train() to call."""
-
-
-def _rollwise_train() -> Callable[..., Any]:
-    """The `rollwise.train` function. NOTE: `rollwise.train` is also a subpackage: importing a submodule of it
-    for the first time rebinds the attribute to the module, so a module found here is not the API."""
-    import types
-
-    import rollwise
-
-    fn = getattr(rollwise, "train", None)
-    if isinstance(fn, types.ModuleType) and "train" in getattr(rollwise, "__all__", ()):
-        raise TRLNotWiredError("rollwise.train names the rollwise.train package here, not the Python API function "
-                               "(importing a rollwise.train submodule rebinds the name): cannot call it")
-    if fn is None or isinstance(fn, types.ModuleType) or not callable(fn):
-        raise TRLNotWiredError("GRPOTrainer.train() calls rollwise.train(config), the Python API, which this "
-                               "rollwise does not have yet; to_rollwise(...) gives the config it would run")
-    return fn
-
-
 class GRPOTrainer:
     """TRL's GRPOTrainer, run by rollwise. Every argument is checked here: one rollwise cannot honour with TRL's
     meaning raises `TRLArgumentError` naming it, before any work."""
@@ -991,7 +970,7 @@ class GRPOTrainer:
 
     def train(self, resume_from_checkpoint: str | bool | None = None) -> TrainOutput:
         """Run the whole training with rollwise (`rollwise.train`); fills `state.log_history` with TRL's names."""
-        from rollwise.train.metrics import read_metrics  # before the API is looked up (see _rollwise_train)
+        from rollwise.train.metrics import read_metrics
 
         cfg = self.config()
         if resume_from_checkpoint:
@@ -1003,7 +982,11 @@ class GRPOTrainer:
                                            f"not in output_dir ({out}): rollwise resumes a run from its own "
                                            "directory's latest checkpoint")
             cfg["run"]["resume"] = True
-        self.result = _rollwise_train()(cfg)
+        from rollwise.api import train as rollwise_train
+
+        kwargs = cfg["env"]["kwargs"] = dict(cfg["env"]["kwargs"])  # a copy: the trainer's own overrides stay whole
+        rows, test_rows = kwargs.pop("path"), kwargs.pop("test_path")  # dataset rows go through the API's keywords
+        self.result = rollwise_train(cfg, train_dataset=rows, eval_dataset=test_rows)
         self.state.log_history = log_history(read_metrics(self.result.run_dir), window=self._window,
                                              updates_per_step=self._updates,
                                              prompts_per_step=self.overrides["rollout.prompts_per_step"],
