@@ -358,3 +358,17 @@ def test_alias_expansion_depth_is_bounded(tmp_path):
     assert "nested deeper than 64 levels once aliases are expanded" in _one_line_error(p)
     p.write_text("\n".join(lines[:4]) + "\n")  # l0 and l1: 62 levels under env.kwargs, 64 in all
     assert load_config(p).env.kwargs["l1"][0][0]
+
+
+def test_documented_words_are_values_not_yaml_booleans(tmp_path):
+    """YAML 1.1 reads off / on / yes / no as booleans; a config reads them as the words they are (YAML 1.2), so a
+    documented value like `source: off` works in a file and in --set, and a boolean field still takes them."""
+    f = tmp_path / "c.yaml"
+    f.write_text("rollout:\n  speculative:\n    source: off\nwarmup:\n  enabled: no\n")
+    cfg = load_config(str(f))
+    assert cfg.rollout.speculative.source == "off" and cfg.warmup.enabled is False
+    cfg = load_config(None, ["rollout.speculative.source=off", "warmup.enabled=on"])
+    assert cfg.rollout.speculative.source == "off" and cfg.warmup.enabled is True
+    dumped = tmp_path / "dumped.yaml"
+    dumped.write_text(dump_config(cfg))
+    assert load_config(str(dumped)).rollout.speculative.source == "off"

@@ -20,6 +20,7 @@ floats are refused by the pydantic models (`allow_inf_nan=False`).
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import yaml
@@ -86,6 +87,16 @@ class _SafeLoader(yaml.SafeLoader):
         if node is not None:
             _check_expansion(node)
         return node
+
+
+_BOOL_TAG = "tag:yaml.org,2002:bool"
+# NOTE: YAML 1.1 (PyYAML's default) reads on/off/yes/no/y/n as booleans, so a documented value such as
+# `rollout.speculative.source: off` arrived as False and was refused. Configs follow YAML 1.2 here: only true and
+# false are booleans; the other words stay strings (a boolean field still takes "yes" / "no" / "on" / "off").
+_SafeLoader.yaml_implicit_resolvers = {
+    ch: [(tag, rx) for tag, rx in resolvers if tag != _BOOL_TAG]
+    for ch, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+_SafeLoader.add_implicit_resolver(_BOOL_TAG, re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF"))
 
 
 def _children(node: Node) -> list[Node]:
