@@ -505,7 +505,7 @@ class TrainConfig(_Section):
 
     lr: float = Field(1e-6, gt=0)
     """Peak AdamW learning rate (1e-6 as in TRL and verl for pretrained models; the built-in tiny model's recipe
-    uses 3e-4, and 1e-3 wrecks a trained tiny model: FINDINGS.md)."""
+    uses 3e-4, and 1e-3 wrecks a trained tiny model within one or two updates)."""
     weight_decay: float = Field(0.0, ge=0)
     """AdamW decoupled weight decay."""
     betas: tuple[float, float] = (0.9, 0.999)

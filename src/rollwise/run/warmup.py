@@ -3,7 +3,7 @@
 Why noisy: a random tiny model never produces a correct answer, so its GRPO groups are all zero reward
 and nothing learns. Imitating demonstrations where a fraction of answers are off by a small amount gives a
 model that often samples a wrong answer but puts real mass on the right one: the regime where a verifier
-plus RL visibly helps (FINDINGS.md: sampled accuracy about 30% -> about 75%).
+plus RL visibly helps (sampled accuracy about 30% -> about 75%).
 
 The warmed-up checkpoint is cached under a key of everything that determines it, so later runs (and the
 tests) skip this phase. Determinism: a fixed step count gives the same model on the same machine; a time

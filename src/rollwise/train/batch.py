@@ -38,7 +38,7 @@ Flash-attention (position_ids only, no dense mask) has no such cost.
 
 NOTE: the row holds no padding, and positions restart per sequence (per segment, as trie depths, with shared
 prefixes); that is what makes the packed log-probs equal to per-sequence log-probs (HF Llama takes positions from
-`position_ids`, not from the mask: FINDINGS.md).
+`position_ids`, not from the mask).
 
 Deliberately left out: splitting one long sequence over rows (context parallelism), padding to fixed shapes for
 CUDA graphs, and sharing a prefix across different prompts (a common system prompt): the trie starts below the
