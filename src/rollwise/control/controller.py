@@ -64,9 +64,11 @@ class RolloutController:
         self.policy = policy
         self.env = env
         self.tokenizer = tokenizer
-        if encode is None and tokenizer is None:
-            raise ValueError("the rollout controller needs an `encode` for the prompts, or a tokenizer to build one")
-        self.encode = encode if encode is not None else default_encoder(tokenizer)  # type: ignore[arg-type]
+        if encode is None:
+            if tokenizer is None:
+                raise ValueError("the rollout controller needs an `encode` for the prompts, or a tokenizer to build one")
+            encode = default_encoder(tokenizer)
+        self.encode = encode
         self.scorer = scorer
         self.episodes = episodes
         self.selector = selector
