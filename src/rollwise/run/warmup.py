@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
+from rollwise.cache_dir import rollwise_cache
 from rollwise.envs.base import Task
 from rollwise.models.builtin import build_builtin_model, builtin_kwargs
 
@@ -48,7 +49,7 @@ def warmup_cache_key(charset: str, builtin_cfg: BuiltinModelConfig, warmup_cfg: 
 
 
 def default_cache_dir() -> Path:
-    return Path(os.environ.get("ROLLWISE_CACHE", Path.home() / ".cache" / "rollwise")) / "warmup"
+    return rollwise_cache("warmup")
 
 
 def supervised_warmup(model_dir: Path, tasks: list[Task], *, steps: int | None, seconds: float, lr: float,
