@@ -290,14 +290,25 @@ class EnvConfig(_Section):
     """Tool classes: the longest one tool call may run; past it the model gets a timeout error as the result."""
     max_tool_calls: int = Field(4, ge=1)
     """Tool classes: most tool calls run per policy turn (more get an error result)."""
+    agent: str | InMemory | None = None
+    """The user's agent function run per episode over the tasks of `env.name`: "path/to/file.py:fn" or "module:fn"
+    (through the Python API, the function itself). `fn(client, row)` gets an `openai.OpenAI` client on the current
+    policy and the dataset row, and returns the completion (str), the reward (a number), a dict, or None
+    (`rollwise.envs.user_agent`, docs/agents.md)."""
+    agent_timeout_s: float = Field(120.0, gt=0)
+    """Agent functions: the longest one episode may run; past it the episode is errored (scored as a wrong answer)."""
+    agent_max_calls: int = Field(8, ge=1)
+    """Agent functions: most model calls per episode; the call after the cap is refused and the episode errored."""
+    agent_concurrency: int = Field(64, ge=1)
+    """Agent functions: episodes run at once (each in a thread; their calls are batched into the engine)."""
 
-    @field_validator("reward", "environment", mode="before")
+    @field_validator("reward", "environment", "agent", mode="before")
     @classmethod
     def _object(cls, v: Any, info: ValidationInfo) -> Any:
         """A Python object given through `rollwise.train`, wrapped as `InMemory` (its placeholder in dumps)."""
         if v is None or isinstance(v, (str, InMemory)):
             return v
-        what = "reward function" if info.field_name == "reward" else "environment class"
+        what = {"reward": "reward function", "agent": "agent function"}.get(info.field_name or "", "environment class")
         if not callable(v):
             raise ValueError(f"must be \"file.py:attr\", \"module:attr\" or (through rollwise.train) a {what}; "
                              f"got a value of type {type(v).__name__}, which is not callable")

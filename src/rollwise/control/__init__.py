@@ -17,7 +17,7 @@ from rollwise.control.context import ParamsFn, StepContext
 from rollwise.control.controller import ControlStep, RolloutController
 from rollwise.control.drafts import DraftStore
 from rollwise.control.driver import Driver
-from rollwise.control.episodes import EpisodeRunner
+from rollwise.control.episodes import EpisodeSource
 from rollwise.control.ledger import Accounting
 from rollwise.control.protocols import Policy, Selector
 from rollwise.control.policies.dynamic import DynamicSamplingPolicy
@@ -52,7 +52,7 @@ SELECTORS: dict[str, Callable[[ControlConfig, int], Selector | None]] = {
 
 def make_controller(control_cfg: ControlConfig, env: Environment, tokenizer: Tokenizer | None, *, seed: int = 0,
                     params_fn: ParamsFn | None = None, encode: Callable[[Task], list[int]] | None = None,
-                    scorer: Scorer | None = None, episodes: EpisodeRunner | None = None,
+                    scorer: Scorer | None = None, episodes: EpisodeSource | None = None,
                     drafts: DraftStore | None = None, rules: room.FilterRules | None = None) -> RolloutController:
     """Build the controller a `control` config section describes (read by attribute, so anything shaped like a
     `config.ControlConfig` does); `rules`: the run's `filter.FilterRules`."""

@@ -12,11 +12,11 @@ from typing import Protocol
 
 from rollwise import filter as room
 from rollwise.control.driver import Driver, SampleRequest
-from rollwise.control.episodes import EpisodeRunner
+from rollwise.control.episodes import EpisodeSource
 from rollwise.control.ledger import Accounting
 from rollwise.engine.speculative import DraftSpec
-from rollwise.types import (CompletionOutput, RolloutGroup, SamplingParams, Score, Scorer, Task, Tokenizer,
-                            make_rollout)
+from rollwise.types import (CompletionOutput, RolloutGroup, RolloutSegment, SamplingParams, Score, Scorer, Task,
+                            Tokenizer, make_rollout)
 
 TaskSource = Callable[[int], list[Task]]
 """`take(k)` -> the next k training tasks (the loop's seeded, resumable data order)."""
@@ -59,6 +59,8 @@ class PendingGroup:
     """Per sample: wall time of the scoring call that scored it (timings['score_s'])."""
     loss_masks: dict[int, list[int]] = field(default_factory=dict)
     """Multi-turn episodes: sample -> loss mask (0 for environment tokens); single-turn samples are all policy."""
+    segments: dict[int, list[RolloutSegment]] = field(default_factory=dict)
+    """Agent episodes: sample -> its further token sequences (`types.RolloutSegment`)."""
 
     @property
     def size(self) -> int:
@@ -85,8 +87,8 @@ class StepContext:
     """Beta(a, b) belief about a prompt's pass rate (the posterior when enabled, else the config prior)."""
     rules: room.FilterRules = room.DEFAULT_RULES
     """The Filter room's rules (which groups are informative), the same the loop applies after the step."""
-    episodes: EpisodeRunner | None = None
-    """For a multi-turn environment: samples are whole episodes."""
+    episodes: EpisodeSource | None = None
+    """For a multi-turn environment or an agent function: samples are whole episodes."""
     drafts: Callable[[str], DraftSpec | None] | None = None
     """Speculative rollouts: `drafts(task_id)` -> the drafts for a new request of that prompt (control/drafts.py)."""
     stop: Stopping | None = None
@@ -166,7 +168,7 @@ class StepContext:
             self.place(g, r, outs)
         self.score([(g, j) for g, js in zip(groups, idx) for j in js])
 
-    def _run_episodes(self, runner: EpisodeRunner, reqs: list[tuple[PendingGroup, SampleRequest]]) -> None:
+    def _run_episodes(self, runner: EpisodeSource, reqs: list[tuple[PendingGroup, SampleRequest]]) -> None:
         """Multi-turn: each requested sample is an episode; all of them go through the engine together, round by
         round, and come back scored by the environment."""
         t0 = time.perf_counter()
@@ -183,6 +185,8 @@ class StepContext:
                                                 "".join(t for role, t in ep.texts if role != "prompt"),
                                                 list(ep.weight_versions))
                 g.loss_masks[j] = list(ep.loss_mask)
+                if ep.segments:
+                    g.segments[j] = list(ep.segments)
                 if ep.score is not None:
                     ep.score.info["turns"] = ep.turns  # lands in the rollout's env_info
                 g.scores[j] = ep.score
@@ -210,7 +214,8 @@ def build_group(g: PendingGroup, step: int, max_tokens: int) -> RolloutGroup:
                                      logprobs=o.logprobs, weight_versions=o.weight_versions,
                                      finish_reason=o.finish_reason, text=o.text, score=sc, step=step, seed=g.seed,
                                      max_tokens=max_tokens, timings=t, loss_mask=g.loss_masks.get(j),
-                                     tree_parent=o.tree_parent, tree_fork=o.tree_fork))
+                                     tree_parent=o.tree_parent, tree_fork=o.tree_fork,
+                                     segments=g.segments.get(j)))
     return RolloutGroup(g.task.id, g.group_id, rollouts)
 
 

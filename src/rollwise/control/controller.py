@@ -23,7 +23,7 @@ from rollwise import filter as room
 from rollwise.control.context import ParamsFn, StepContext, Stopping, TaskSource, default_encoder
 from rollwise.control.drafts import DraftStore
 from rollwise.control.driver import Driver
-from rollwise.control.episodes import EpisodeRunner
+from rollwise.control.episodes import EpisodeSource
 from rollwise.control.ledger import Accounting
 from rollwise.control.protocols import Policy, Selector
 from rollwise.engine.protocol import Engine, StepEngine
@@ -48,7 +48,7 @@ class RolloutController:
                  prior: tuple[float, float] = (0.5, 0.5), max_skip_factor: int = 4, score_workers: int = 8,
                  score_timeout_s: float | None = 30.0, params_fn: ParamsFn | None = None,
                  encode: Callable[[Task], list[int]] | None = None, scorer: Scorer | None = None,
-                 episodes: EpisodeRunner | None = None, drafts: DraftStore | None = None,
+                 episodes: EpisodeSource | None = None, drafts: DraftStore | None = None,
                  rules: room.FilterRules | None = None, stop: Stopping | None = None, refill: bool = True) -> None:
         """rules: the Filter room's rules the run applies (which groups are informative; default
         `filter.DEFAULT_RULES`); encode: a task's prompt token ids (default: the tokenizer's plain encoding of

@@ -14,12 +14,20 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from rollwise.envs.base import MultiTurnEnvironment, is_multi_turn
 from rollwise.envs.multiturn import BatchGenerator, Episode, ReplyFormatter, run_episodes
 from rollwise.types import SamplingParams, Task, Tokenizer
 
-__all__ = ["EpisodeRunner", "chat_reply_formatter", "is_multi_turn"]
+__all__ = ["EpisodeRunner", "EpisodeSource", "chat_reply_formatter", "is_multi_turn"]
+
+
+class EpisodeSource(Protocol):
+    """What runs a step's samples as whole episodes: a multi-turn environment's `EpisodeRunner`, or the user's agent
+    function (`envs.user_agent.AgentEpisodes`). `params[i].n` episodes of `tasks[i]`, task-major."""
+
+    def run(self, engine: BatchGenerator, tasks: Sequence[Task], params: Sequence[SamplingParams]) -> list[Episode]: ...
 
 
 def chat_reply_formatter(tokenizer: Tokenizer, uses_template: bool) -> ReplyFormatter:

@@ -28,7 +28,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 from rollwise.envs.base import EpisodeState, MultiTurnEnvironment, Reply, Task
-from rollwise.types import CompletionOutput, RequestOutput, Rollout, SamplingParams, Score, Tokenizer, make_rollout
+from rollwise.types import (CompletionOutput, RequestOutput, Rollout, RolloutSegment, SamplingParams, Score, Tokenizer,
+                            make_rollout)
 
 EpisodeEnd = Literal["stop", "length", "max_turns", "abort"]
 ENV_WEIGHT_VERSION = -1
@@ -52,6 +53,8 @@ class Episode:
     state: EpisodeState | None = None
     texts: list[tuple[str, str]] = field(default_factory=list)
     """(role, text) of every segment, for logs and audit (never used to rebuild tokens)."""
+    segments: list[RolloutSegment] = field(default_factory=list)
+    """An agent episode's further token sequences (`envs.user_agent`); the fields above hold its first."""
 
     @property
     def total_tokens(self) -> int:
@@ -63,7 +66,7 @@ class Episode:
                          token_ids=self.token_ids, logprobs=self.logprobs, weight_versions=self.weight_versions,
                          finish_reason=self.finish_reason, text="".join(t for _, t in self.texts),
                          score=self.score or Score(0.0, error="episode was not scored"), step=step,
-                         loss_mask=self.loss_mask, env_info={"turns": self.turns})
+                         loss_mask=self.loss_mask, env_info={"turns": self.turns}, segments=self.segments)
         r.prompt_id = prompt_id or self.task.id
         return r
 

@@ -14,7 +14,7 @@ from rollwise.rewards.concurrent import score_many
 from rollwise.types import SamplingParams, Score, Task
 
 if TYPE_CHECKING:  # pragma: no cover
-    from rollwise.control.episodes import EpisodeRunner
+    from rollwise.control.episodes import EpisodeSource
     from rollwise.engine.protocol import Engine
     from rollwise.envs.base import Environment
 
@@ -38,7 +38,7 @@ def per_prompt_params(sp: SamplingParams, n: int) -> list[SamplingParams]:
 def evaluate(engine: Engine, encode: Callable[[Task], list[int]], env: Environment, tasks: Sequence[Task], *, temperature: float,
              samples: int, max_tokens: int, seed: int, score_workers: int = 8,
              scorer: Callable[[list[Any]], list[Score]] | None = None, stop_token_ids: list[int] | None = None,
-             pass_threshold: float = 1.0, episodes: EpisodeRunner | None = None) -> dict[str, float]:
+             pass_threshold: float = 1.0, episodes: EpisodeSource | None = None) -> dict[str, float]:
     """Held-out accuracy (pass rate) and mean reward, sampled at `temperature` and greedy, as ACCURACY_METHOD
     describes. `episodes`: a multi-turn runner (`control.episodes.EpisodeRunner`) for multi-turn environments."""
     return evaluate_detailed(engine, encode, env, tasks, temperature=temperature, samples=samples, max_tokens=max_tokens,
@@ -62,7 +62,7 @@ def evaluate_detailed(engine: Engine, encode: Callable[[Task], list[int]], env: 
                       temperature: float, samples: int, max_tokens: int, seed: int, score_workers: int = 8,
                       scorer: Callable[[list[Any]], list[Score]] | None = None,
                       stop_token_ids: list[int] | None = None, pass_threshold: float = 1.0,
-                      episodes: EpisodeRunner | None = None) -> EvalResult:
+                      episodes: EpisodeSource | None = None) -> EvalResult:
     """`evaluate`, also returning the errored samples' task ids and errors."""
     res: dict[str, float] = {"n": float(len(tasks))}
     counts: dict[str, int] = {}

@@ -333,7 +333,7 @@ def step_metrics(rollouts: Sequence[Rollout], num_groups: int, zero_var: int, bo
     return rec
 
 
-EPISODE_KEYS = ("turns", "tool_calls", "tool_errors")
+EPISODE_KEYS = ("turns", "tool_calls", "tool_errors", "agent_calls", "agent_segments")
 """Per-episode counts a multi-turn environment records in `env_info`; each step logs their means."""
 
 

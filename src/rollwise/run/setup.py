@@ -28,7 +28,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from rollwise.clients.vllm.launch import VLLMServers
     from rollwise.cluster.trainer_handle import TrainerHandle, TrainerSpec
     from rollwise.control.controller import RolloutController
-    from rollwise.control.episodes import EpisodeRunner
+    from rollwise.control.episodes import EpisodeRunner, EpisodeSource
     from rollwise.engine.protocol import Engine
     from rollwise.envs.base import Environment, MultiTurnEnvironment
     from rollwise.models.prompting import PromptFormat
@@ -62,6 +62,15 @@ def make_env(env_cfg: EnvConfig) -> Environment:
     # Objects given through the Python API (`rollwise.in_memory`) are handed over as themselves.
     kwargs = {k: unwrap(v) for k, v in env_cfg.kwargs.items()}
     rewards = [{**r, "fn": unwrap(r.get("fn"))} for r in env_cfg.rewards] if env_cfg.rewards else env_cfg.rewards
+    if env_cfg.agent is not None:
+        from rollwise.envs.user_agent import UserAgentEnv, load_agent
+
+        if env_cfg.environment is not None:
+            raise ValueError("env.agent and env.environment both name what runs an episode; set one of them")
+        agent = unwrap(env_cfg.agent)
+        data = build(env_cfg.name, kwargs, reward=unwrap(env_cfg.reward), rewards=rewards, module=env_cfg.module,
+                     reward_timeout_s=SCORE_TIMEOUT_S, reward_workers=SCORE_WORKERS)
+        return UserAgentEnv(data, load_agent(agent), agent if isinstance(agent, str) else getattr(agent, "__name__", "agent"))
     return build(env_cfg.name, kwargs, reward=unwrap(env_cfg.reward), rewards=rewards, module=env_cfg.module,
                  reward_timeout_s=SCORE_TIMEOUT_S, reward_workers=SCORE_WORKERS, environment=unwrap(env_cfg.environment),
                  environment_api=env_cfg.environment_api, tool_timeout_s=env_cfg.tool_timeout_s,
@@ -270,6 +279,23 @@ def prepare_model(src: ModelSource, env: Environment, train_tasks: list[Task], r
     return dest, info
 
 
+def make_agent_episodes(env_cfg: EnvConfig, max_model_len: int | None, env: Environment,
+                        tokenizer: Tokenizer | None, encode: Callable[[Task], list[int]]) -> EpisodeSource:
+    """The user's agent function's episodes (`envs.user_agent`), over a loopback endpoint that lives as long as the
+    run (its closer goes with the engine's)."""
+    from rollwise.envs.agent_endpoint import AgentEndpoint
+    from rollwise.envs.user_agent import AgentEpisodes, UserAgentEnv
+
+    E = env_cfg
+    if tokenizer is None:
+        raise ValueError("env.agent: the agent's calls need the model's tokenizer (the model directory has none; set "
+                         "model.tokenizer)")
+    assert isinstance(env, UserAgentEnv)
+    endpoint = AgentEndpoint(tokenizer, prompt_format(E))
+    return AgentEpisodes(env, endpoint, encode, timeout_s=E.agent_timeout_s, max_calls=E.agent_max_calls,
+                         max_total_tokens=E.max_episode_tokens or max_model_len or 1024, concurrency=E.agent_concurrency)
+
+
 def make_episode_runner(env_cfg: EnvConfig, max_model_len: int | None, env: MultiTurnEnvironment,
                         tokenizer: Tokenizer | None, encode: Callable[[Task], list[int]]) -> EpisodeRunner:
     """Episodes of a multi-turn environment: replies as chat turns when the prompts use the chat template."""
@@ -314,7 +340,7 @@ class RunParts:
     stop_token_ids: list[int]
     """Generation ends at these (the generation config's eos ids and the chat template's end-of-turn token)."""
     scorer: Scorer | None
-    episodes: EpisodeRunner | None
+    episodes: EpisodeSource | None
     """The runner of a multi-turn environment's episodes, else None."""
     trainer: TrainerHandle
     controller: RolloutController
@@ -377,7 +403,7 @@ class _Prepared:
     tokenizer: Tokenizer | None
     encode: Callable[[Task], list[int]]
     resume: ResumeSpec
-    episodes: EpisodeRunner | None = None
+    episodes: EpisodeSource | None = None
     base_dir: Path | None = None
     sft_info: dict[str, Any] = field(default_factory=dict)
 
@@ -399,6 +425,7 @@ def _prepare(cfg: RunConfig, log: Log) -> _Prepared:
     """Everything before the engine and trainer: RUN_DIR made safe, seeds, data, the resume point, config.yaml, the
     initial model and tokenizer, the episode runner, and the SFT stage when `sft.path` is set."""
     from rollwise.envs.base import is_multi_turn
+    from rollwise.envs.user_agent import is_agent_env
 
     run_dir = _seeded_run_dir(cfg)
     device = resolve_device(cfg.model.device)
@@ -407,7 +434,7 @@ def _prepare(cfg: RunConfig, log: Log) -> _Prepared:
         from rollwise.train.sft import load_demos
 
         load_demos(cfg.sft.path)
-    multi_turn = is_multi_turn(env)
+    multi_turn = is_multi_turn(env) or is_agent_env(env)
     _check_episode_shape(cfg, multi_turn)
     train_tasks = env.load("train", n=cfg.env.train_size, seed=cfg.train.seed)
     eval_tasks = env.load("test", n=cfg.run.eval_size or cfg.env.eval_size, seed=cfg.train.seed)
@@ -420,7 +447,9 @@ def _prepare(cfg: RunConfig, log: Log) -> _Prepared:
     encode = prompt_encoder(cfg.env, tokenizer, env)
     prep = _Prepared(run_dir, device, env, train_tasks, eval_tasks, ckpt, init_dir, warm_info, tokenizer, encode,
                      ResumeSpec.of(cfg, run_dir, yaml_sha))
-    if is_multi_turn(env):
+    if is_agent_env(env):
+        prep.episodes = make_agent_episodes(cfg.env, cfg.engine.max_model_len, env, tokenizer, encode)
+    elif is_multi_turn(env):
         prep.episodes = make_episode_runner(cfg.env, cfg.engine.max_model_len, env, tokenizer, encode)
     if cfg.sft.path:  # supervised fine-tuning on demonstrations first: RL starts from its model
         _sft_first(cfg, prep, log)
@@ -541,6 +570,8 @@ def _start_workers(cfg: RunConfig, prep: _Prepared, log: Log, closers: list[Call
     from rollwise.train.overlong import overlong_options
 
     E, seed = cfg.engine, cfg.train.seed
+    if callable(getattr(prep.episodes, "close", None)):  # an agent's endpoint
+        closers.append(prep.episodes.close)  # type: ignore[union-attr]
     launched = None
     if E.backend == "remote" and E.remote_server == "vllm" and E.vllm.launch:
         launched = launch_vllm(cfg, prep.init_dir, prep.run_dir, log)

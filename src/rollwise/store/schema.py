@@ -22,6 +22,11 @@ links are checked where the other fields are: a row's fork must lie in [0, its c
 `rows_to_table`, which sees the whole group). To query a run whose shards span the change with DuckDB, read
 them with `union_by_name=true`.
 
+Agent episodes (docs/agents.md) added one more nullable column the same way: `segments`, a list of structs (the
+`types.RolloutSegment` fields: prompt and completion ids, log-probs, weight versions, loss mask, and the reason the
+segment started), null for a rollout that is one sequence. Each segment's per-token lists are checked against its
+completion ids like the row's own; `num_generated` counts the policy tokens of every segment.
+
 Deliberately left out: tensors (rows are plain lists), and a column for the prompt's dataset record (the
 environment owns that; `env_info` carries what an audit needs).
 """
@@ -35,7 +40,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from rollwise.types import ROLLOUT_STATUSES, Rollout
+from rollwise.types import ROLLOUT_STATUSES, Rollout, RolloutSegment
 
 SCHEMA_VERSION = 1
 SCHEMA_VERSION_KEY = b"rollwise.schema_version"
@@ -70,12 +75,20 @@ ROLLOUT_SCHEMA = pa.schema(
         pa.field("tree_fork", pa.int32()),  # completion position where its own tokens start (None: not a tree)
         # float32: what the trainer computes the loss in; a round trip is exact for float32 values.
         pa.field("token_advantages", pa.list_(pa.float32())),  # [len(completion_token_ids)] or None
+        pa.field("segments", pa.list_(pa.struct([  # an agent episode's further sequences (types.RolloutSegment)
+            pa.field("prompt_token_ids", pa.list_(pa.int32()), nullable=False),
+            pa.field("completion_token_ids", pa.list_(pa.int32()), nullable=False),
+            pa.field("logprobs", pa.list_(pa.float64()), nullable=False),
+            pa.field("weight_versions", pa.list_(pa.int64()), nullable=False),
+            pa.field("loss_mask", pa.list_(pa.int8()), nullable=False),
+            pa.field("reason", pa.string(), nullable=False),
+        ]))),
     ],
     metadata={SCHEMA_VERSION_KEY: str(SCHEMA_VERSION).encode()},
 )
 
 COLUMNS: tuple[str, ...] = tuple(ROLLOUT_SCHEMA.names)
-ADDED_COLUMNS: tuple[str, ...] = ("tree_parent", "tree_fork", "token_advantages")
+ADDED_COLUMNS: tuple[str, ...] = ("tree_parent", "tree_fork", "token_advantages", "segments")
 """Nullable columns added after schema version 1 shipped: a shard without them reads them as null."""
 _JSON_COLUMNS = ("reward_parts", "timings", "env_info")
 
@@ -100,6 +113,14 @@ def _check_lengths(r: Rollout) -> None:
             f"rollout {r.group_id}/{r.sample_index}: token_advantages has {len(r.token_advantages)} entries for "
             f"{n} completion tokens; every per-token list must match completion_token_ids"
         )
+    for k, seg in enumerate(r.segments or ()):
+        m = len(seg.completion_token_ids)
+        for name in ("logprobs", "weight_versions", "loss_mask"):
+            if len(getattr(seg, name)) != m:
+                raise ValueError(f"rollout {r.group_id}/{r.sample_index}: segment {k} has {len(getattr(seg, name))} "
+                                 f"{name} for {m} completion tokens; every per-token list must match its ids")
+        if not seg.prompt_token_ids:
+            raise ValueError(f"rollout {r.group_id}/{r.sample_index}: segment {k} has an empty prompt")
     if r.status not in ROLLOUT_STATUSES:
         raise ValueError(f"rollout {r.group_id}/{r.sample_index}: status {r.status!r} is not one of {ROLLOUT_STATUSES}")
     _check_tree_fields(r, n)
@@ -171,12 +192,16 @@ def rollout_to_row(
         "timings": _dumps(r.timings, "timings", r),
         "env_info": _dumps(r.env_info, "env_info", r),
         "seed": None if r.seed is None else int(r.seed),
-        "num_generated": int(sum(r.loss_mask)),
+        "num_generated": r.num_generated,
         "prompt_text": prompt_text,
         "token_texts": None if token_texts is None else list(token_texts),
         "tree_parent": None if r.tree_parent is None else int(r.tree_parent),
         "tree_fork": None if r.tree_fork is None else int(r.tree_fork),
         "token_advantages": None if r.token_advantages is None else list(r.token_advantages),
+        "segments": None if not r.segments else [
+            {"prompt_token_ids": list(s.prompt_token_ids), "completion_token_ids": list(s.completion_token_ids),
+             "logprobs": list(s.logprobs), "weight_versions": list(s.weight_versions), "loss_mask": list(s.loss_mask),
+             "reason": str(s.reason)} for s in r.segments],
     }
 
 
@@ -206,6 +231,9 @@ def row_to_rollout(row: Mapping[str, Any]) -> Rollout:
         tree_parent=row.get("tree_parent"),
         tree_fork=row.get("tree_fork"),
         token_advantages=None if row.get("token_advantages") is None else list(row["token_advantages"]),
+        segments=None if not row.get("segments") else [
+            RolloutSegment(list(s["prompt_token_ids"]), list(s["completion_token_ids"]), list(s["logprobs"]),
+                           list(s["weight_versions"]), list(s["loss_mask"]), s["reason"]) for s in row["segments"]],
     )
 
 

@@ -187,6 +187,8 @@ class TrainBatch:
         """
         if not rollouts:
             raise ValueError("TrainBatch.from_rollouts: no rollouts to train on")
+        # An agent episode of several segments is several sequences sharing its advantage (`Rollout.sequences`).
+        rollouts = [s for r in rollouts for s in r.sequences()]
         per_token = rollouts[0].token_advantages is not None
         tokens, prompt_lens, comps, lps, masks, advs, tok_advs = [], [], [], [], [], [], []
         for r in rollouts:
