@@ -131,7 +131,7 @@ class AgentEndpoint:
         self._episodes: dict[str, EpisodeLog] = {}
         self._queue: queue.Queue[_Pending | None] = queue.Queue()
         self._tok_lock = threading.Lock()
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+        self._httpd = _Server(("127.0.0.1", 0), _Handler)
         self._httpd.daemon_threads = True
         self._httpd.endpoint = self  # type: ignore[attr-defined]
         self._threads = [threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.1},
@@ -339,6 +339,12 @@ class AgentEndpoint:
                 p.error = EndpointError(503, f"the engine failed: {type(e).__name__}: {e}", "engine_failed")
         for p in batch:
             p.done.set()
+
+
+class _Server(ThreadingHTTPServer):
+    # NOTE: every episode connects at once; the stdlib's backlog of 5 refuses the rest (the agent would see a
+    # connection error that is not its episode's fault)
+    request_queue_size = 1024
 
 
 class _Handler(BaseHTTPRequestHandler):
