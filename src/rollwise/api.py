@@ -120,7 +120,7 @@ def _in_memory(cfg: RunConfig) -> list[tuple[str, InMemory]]:
     """(dotted key, object) for every in-memory object of the config."""
     E = cfg.env
     found: list[tuple[str, InMemory]] = []
-    for key, v in (("env.reward", E.reward), ("env.environment", E.environment)):
+    for key, v in (("env.reward", E.reward), ("env.environment", E.environment), ("env.agent", E.agent)):
         if isinstance(v, InMemory):
             found.append((key, v))
     for i, item in enumerate(E.rewards or []):

@@ -379,3 +379,42 @@ def test_calls_that_do_not_extend_each_other_give_counted_segments_that_train(sm
     diff = ((tr.compute_logprobs(batch) - batch.old_logprobs).abs() * batch.loss_mask).max().item()
     assert diff < 1e-4
     assert math.isfinite(tr.train_step(batch, LOSSES["grpo"], LossConfig())["loss"])
+
+
+def test_a_segmented_rollout_is_replayed_and_restored_on_resume_whole(tmp_path):
+    from rollwise.run.resume import StoredRollouts
+    from rollwise.store.replay import ReplayBuffer, ReplayConfig, reuse_rollouts, rollout_version
+    from rollwise.store.writer import RolloutStore
+
+    r = _segmented_rollout()
+    r.step = 1
+    r.segments[0].weight_versions = [1, 0]
+    r.weight_versions = [2, -1, 3]
+    assert rollout_version(r) == 0  # the segment's policy tokens count
+    store = RolloutStore(tmp_path)
+    store.write_step(1, [r])
+    buf = ReplayBuffer(ReplayConfig(max_age=10))
+    assert buf.add([r]) == 1
+    again = ReplayBuffer(ReplayConfig(max_age=10))
+    again.load_state_dict(buf.state_dict(), StoredRollouts(store).get)  # what a resume does
+    [copy] = reuse_rollouts(again, 1, version=1)
+    assert copy.segments == r.segments and copy.num_generated == r.num_generated == 4
+
+
+def test_a_conversation_past_the_episode_budget_is_truncated_not_a_crash(char_tok):
+    import openai
+
+    def agent(client, row):
+        text = row["prompt"]
+        try:
+            for _ in range(6):
+                text += client.completions.create(model="p", prompt=text).choices[0].text
+        except openai.BadRequestError as e:
+            assert "budget" in str(e)
+        return text
+
+    eps = _run(char_tok, agent, max_total_tokens=14, max_calls=8)
+    for ep in eps:
+        assert ep.finish_reason == "length" and ep.score.error is None
+        assert ep.to_rollout().status == "truncated"
+        assert len(ep.prompt_token_ids) + len(ep.token_ids) <= 14

@@ -162,11 +162,13 @@ def prompting(setup: Setup, env: Any, llm: Any, tasks: list) -> tuple[Any, Any, 
     from rollwise.control.episodes import is_multi_turn
     from rollwise.models.prompting import stop_token_ids
     from rollwise.run.prompt_fit import check_prompts_fit, engine_context
-    from rollwise.run.setup import make_episode_runner, prompt_encoder
+    from rollwise.envs.user_agent import is_agent_env
+    from rollwise.run.setup import make_agent_episodes, make_episode_runner, prompt_encoder
 
     tok = llm.tokenizer
     encode = prompt_encoder(setup.cfg.env, tok, env)
     check_prompts_fit(tasks, encode, engine_context(llm))
-    runner = make_episode_runner(setup.cfg.env, setup.cfg.engine.max_model_len, env, tok, encode) \
+    runner = make_agent_episodes(setup.cfg.env, setup.cfg.engine.max_model_len, env, tok, encode) \
+        if is_agent_env(env) else make_episode_runner(setup.cfg.env, setup.cfg.engine.max_model_len, env, tok, encode) \
         if is_multi_turn(env) else None
     return encode, runner, stop_token_ids(tok, llm.model_dir)

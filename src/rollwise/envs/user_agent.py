@@ -250,6 +250,13 @@ class AgentEpisodes:
     concurrency: int = 64
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
+    def __post_init__(self) -> None:
+        import importlib.util
+
+        if importlib.util.find_spec("openai") is None:
+            raise AgentSpecError("env.agent needs the openai package for its client: pip install 'rollwise[agents]' "
+                                 "(or pip install openai)")
+
     def run(self, engine: BatchGenerator, tasks: Sequence[Task], params: Sequence[SamplingParams]) -> list[Episode]:
         """`params[i].n` episodes of `tasks[i]`, task-major, each its own agent run; all of them at once."""
         outs: list[_Outcome] = []

@@ -98,10 +98,12 @@ class _Entry:
 
 
 def rollout_version(r: Rollout) -> int:
-    """Oldest weight version among generated tokens (environment tokens, loss_mask 0, do not count)."""
-    versions = [v for v, m in zip(r.weight_versions, r.loss_mask) if m]
+    """Oldest weight version among generated tokens (environment tokens, loss_mask 0, do not count), over every
+    segment of an agent episode."""
+    seqs = [r, *(r.segments or ())]  # an agent episode's segments count too
+    versions = [v for s in seqs for v, m in zip(s.weight_versions, s.loss_mask) if m]
     if not versions:
-        versions = list(r.weight_versions)
+        versions = [v for s in seqs for v in s.weight_versions]
     if not versions:
         raise ValueError(f"rollout {r.group_id}/{r.sample_index} has no weight versions; pass version= to add()")
     return min(versions)
