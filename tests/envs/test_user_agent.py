@@ -146,6 +146,31 @@ def test_the_runs_sampling_applies_whatever_the_agent_asks(char_tok):
     assert eps[0].score.info["agent_sampling_overridden"] == 1
 
 
+def test_a_chat_agent_gets_tool_calls_and_sending_the_message_back_extends_the_sequence(char_tok):
+    import json as _json
+
+    class Caller(FakeEngine):
+        def generate(self, prompts, params):
+            outs = super().generate(prompts, params)
+            for o in outs:
+                o.outputs[0].text = '<tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}</tool_call>'
+            return outs
+
+    def agent(client, row):
+        msgs = [{"role": "user", "content": row["prompt"]}]
+        tools = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}]
+        msg = client.chat.completions.create(model="p", messages=msgs, tools=tools).choices[0].message
+        call = msg.tool_calls[0]
+        args = _json.loads(call.function.arguments)
+        msgs += [msg.model_dump(exclude_none=True), {"role": "tool", "tool_call_id": call.id,
+                                                     "content": str(args["a"] + args["b"])}]
+        return client.chat.completions.create(model="p", messages=msgs, tools=tools).choices[0].message.content
+
+    eps = _run(char_tok, agent, Caller(), n=1)
+    for ep in eps:
+        assert ep.score.error is None and ep.score.info["agent_extended"] == 1 and not ep.segments
+
+
 # ------------------------------------------------------------------------------------------------ the failure rule
 @pytest.mark.parametrize("case, reason", [
     ("raises", "agent raised ValueError: cannot parse the model's answer"),

@@ -118,6 +118,16 @@ def _messages(body: dict[str, Any]) -> list[dict[str, str]]:
     return out
 
 
+def _tool_calls(text: str, index: int) -> list[dict[str, Any]]:
+    """OpenAI `tool_calls` of the well-formed calls in a completion (`models.tool_calls` format); [] for none."""
+    from rollwise.models.tool_calls import ToolCall, parse_tool_calls
+
+    calls = [c for c in parse_tool_calls(text) if isinstance(c, ToolCall)]
+    return [{"id": f"call_{index}_{k}", "type": "function",
+             "function": {"name": c.name, "arguments": json.dumps(c.arguments, ensure_ascii=False)}}
+            for k, c in enumerate(calls)]
+
+
 class AgentEndpoint:
     """A loopback OpenAI-compatible endpoint over whatever engine `serving(engine)` names, recording every call."""
 
@@ -287,8 +297,13 @@ class AgentEndpoint:
         base = {"id": f"rw-{episode_id}-{index}", "created": int(time.time()), "model": str(body.get("model", "policy")),
                 "usage": usage, "prompt_token_ids": call.prompt_token_ids}
         if route == "chat":
-            choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": call.text},
-                                      "finish_reason": finish, "token_ids": call.completion_token_ids}
+            message: dict[str, Any] = {"role": "assistant", "content": call.text}
+            calls = _tool_calls(call.text, index) if body.get("tools") else []
+            if calls:  # NOTE: content keeps the whole text, so the message sent back extends the sequence
+                message["tool_calls"] = calls
+                finish = "tool_calls"
+            choice: dict[str, Any] = {"index": 0, "message": message, "finish_reason": finish,
+                                      "token_ids": call.completion_token_ids}
             if body.get("logprobs"):
                 choice["logprobs"] = {"content": [{"token": f"token_id:{t}", "logprob": lp, "bytes": None,
                                                    "top_logprobs": []}
