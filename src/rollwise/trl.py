@@ -946,8 +946,9 @@ class GRPOTrainer:
                                  "RUN_DIR/metrics.jsonl or trainer.state.log_history"),
                    "tools": (tools, "rollwise's tools are the public methods of an environment class "
                              "(environment_factory)"),
-                   "rollout_func": (rollout_func, "rollwise generates with its own engines (a multi-turn "
-                                    "environment class covers custom rollouts)")}
+                   "rollout_func": (rollout_func, "rollwise generates with its own engines; an agent loop "
+                                    "of your own runs as env.agent: fn(client, row) with an openai.OpenAI client "
+                                    "on the policy (docs/agents.md)")}
         for name, (value, why) in refused.items():
             if value not in (None, [], ()):
                 raise TRLArgumentError(f"GRPOTrainer: {name} is not supported by rollwise: {why}")
@@ -1135,7 +1136,7 @@ TRAINER_ARGUMENTS: dict[str, str] = {
     "peft_config": "`train.lora` (r, lora_alpha, lora_dropout, target_modules as a list); other LoRA options refused",
     "environment_factory": "`env.environment` (a class; public methods are tools, `reset(**row)`)",
     "tools": "refused (tools are an environment class's methods)",
-    "rollout_func": "refused (rollwise generates with its own engines)",
+    "rollout_func": "refused (rollwise generates with its own engines); your own agent loop: env.agent",
     "train(resume_from_checkpoint)": "`run.resume` (True, or output_dir / a checkpoint inside it)",
     "save_model(output_dir)": "copies the final checkpoint (HF format)",
     "state.log_history": "TRL's metric names (`reward`, `reward_std`, `rewards/<name>/mean`, `completions/*`, `kl`, "
