@@ -443,3 +443,30 @@ def test_a_conversation_past_the_episode_budget_is_truncated_not_a_crash(char_to
         assert ep.finish_reason == "length" and ep.score.error is None
         assert ep.to_rollout().status == "truncated"
         assert len(ep.prompt_token_ids) + len(ep.token_ids) <= 14
+
+
+def test_an_abandoned_agents_late_call_is_refused_and_the_next_step_runs(char_tok):
+    late = []
+
+    def agent(client, row):
+        client.completions.create(model="p", prompt=row["prompt"])
+        if row["prompt"] == "0+0=":
+            time.sleep(0.6)  # past the timeout: this thread is abandoned, its next call comes after the step
+            try:
+                client.completions.create(model="p", prompt=row["prompt"])
+            except Exception as e:  # noqa: BLE001 - recorded for the assertion
+                late.append(getattr(e, "status_code", None))
+        return "0"
+
+    runner = _episodes(char_tok, agent, timeout_s=0.3)
+    try:
+        params = [SamplingParams(n=1, max_tokens=4, seed=0)] * 2
+        first = runner.run(FakeEngine(), _Data().load(), params)
+        assert first[0].score.error == "agent ran past env.agent_timeout_s=0.3s" and first[1].score.error is None
+        time.sleep(0.6)
+        assert late == [410] and runner.endpoint.failure is None
+        runner.timeout_s = 5.0
+        second = runner.run(FakeEngine(), _Data().load()[1:], params[:1])
+        assert second[0].score.error is None
+    finally:
+        runner.close()

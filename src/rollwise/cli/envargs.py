@@ -171,4 +171,7 @@ def prompting(setup: Setup, env: Any, llm: Any, tasks: list) -> tuple[Any, Any, 
     runner = make_agent_episodes(setup.cfg.env, setup.cfg.engine.max_model_len, env, tok, encode) \
         if is_agent_env(env) else make_episode_runner(setup.cfg.env, setup.cfg.engine.max_model_len, env, tok, encode) \
         if is_multi_turn(env) else None
+    fit = getattr(runner, "fit_context", None)
+    if callable(fit) and engine_context(llm):
+        fit(engine_context(llm))
     return encode, runner, stop_token_ids(tok, llm.model_dir)

@@ -337,11 +337,17 @@ class AgentEndpoint:
 
     def _run(self, batch: list[_Pending]) -> None:
         engine = self._engine
+        late = [p for p in batch if p.log.closed or engine is None]
+        for p in late:  # an abandoned agent's call, after its episode (or its step) ended: not generated
+            p.error = EndpointError(410, f"episode {p.log.episode_id} is over", "episode_closed")
+            p.done.set()
+        batch = [p for p in batch if p not in late]
+        if not batch:
+            return
+        assert engine is not None
         try:
             if self.failure is not None:
                 raise self.failure
-            if engine is None:
-                raise RuntimeError("a model call arrived while no engine was serving the episodes")
             outs = engine.generate([p.prompt for p in batch], [p.params for p in batch])
             if len(outs) != len(batch):
                 raise RuntimeError(f"the engine returned {len(outs)} outputs for {len(batch)} prompts")

@@ -156,6 +156,8 @@ def _final(out: _Outcome) -> tuple[str, float | None, dict[str, Any], str | None
         return last, None, {}, out.log.error
     if out.error:
         return last, None, {}, out.error
+    if not calls and out.log.truncated:
+        return "", None, {}, "the agent's first prompt did not fit the episode's token budget (env.max_episode_tokens)"
     if not calls:
         return "", None, {}, "agent made no model call"
     v = out.value
@@ -256,6 +258,11 @@ class AgentEpisodes:
         if importlib.util.find_spec("openai") is None:
             raise AgentSpecError("env.agent needs the openai package for its client: pip install 'rollwise[agents]' "
                                  "(or pip install openai)")
+
+    def fit_context(self, context_tokens: int) -> None:
+        """Bound each call's prompt + completion by the engine's context too (known once the engine is built): a
+        prompt the engine would refuse must be the episode's 'truncated', never the engine's failure."""
+        self.max_total_tokens = min(self.max_total_tokens, int(context_tokens))
 
     def run(self, engine: BatchGenerator, tasks: Sequence[Task], params: Sequence[SamplingParams]) -> list[Episode]:
         """`params[i].n` episodes of `tasks[i]`, task-major, each its own agent run; all of them at once."""

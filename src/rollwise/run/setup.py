@@ -583,6 +583,9 @@ def _start_workers(cfg: RunConfig, prep: _Prepared, log: Log, closers: list[Call
             break
     # A prompt the model's context cannot hold fails here naming its row, not at the first request.
     check_prompts_fit(prep.train_tasks + prep.eval_tasks, prep.encode, engine_context(engine) or E.max_model_len)
+    fit = getattr(prep.episodes, "fit_context", None)
+    if callable(fit) and (engine_context(engine) or E.max_model_len):  # an agent's calls: within the engine's context
+        fit(engine_context(engine) or E.max_model_len)
     scorer, stop_scorer = make_scorer(cfg, prep.env)
     if stop_scorer is not None:
         closers.append(stop_scorer)
