@@ -470,3 +470,31 @@ def test_an_abandoned_agents_late_call_is_refused_and_the_next_step_runs(char_to
         assert second[0].score.error is None
     finally:
         runner.close()
+
+
+# ------------------------------------------------------------------------------------------------ configuration
+def test_env_agent_is_checked_where_it_enters(tmp_path):
+    from rollwise.config import build_config, load_config
+    from rollwise.envs.user_agent import AgentSpecError, is_agent_env
+    from rollwise.run.setup import make_env
+
+    (tmp_path / "a.py").write_text("def agent(client, row):\n    return 'x'\n\ndef nullary():\n    return 1\n"
+                                   "async def later(client, row):\n    return 'x'\n")
+    env = make_env(load_config(None, [f"env.agent={tmp_path / 'a.py'}:agent"]).env)
+    assert is_agent_env(env) and env.load("train", n=2)  # the tasks of env.name (arithmetic by default)
+    with pytest.raises(AgentSpecError, match="must take \\(client, row\\)"):
+        make_env(load_config(None, [f"env.agent={tmp_path / 'a.py'}:nullary"]).env)
+    with pytest.raises(AgentSpecError, match="async function"):
+        make_env(load_config(None, [f"env.agent={tmp_path / 'a.py'}:later"]).env)
+    with pytest.raises(ValueError, match="env.agent and env.environment both"):
+        make_env(load_config(None, [f"env.agent={tmp_path / 'a.py'}:agent",
+                                    f"env.environment={tmp_path / 'a.py'}:agent"]).env)
+
+    def mine(client, row):
+        return "x"
+
+    cfg = build_config({"env": {"agent": mine}})  # the Python API: the function itself, a placeholder in dumps
+    assert "in-memory" in repr(cfg.env.agent) and is_agent_env(make_env(cfg.env))
+    for key, bad in (("agent_timeout_s", "0"), ("agent_max_calls", "0"), ("agent_concurrency", "0")):
+        with pytest.raises(Exception, match=key):
+            load_config(None, [f"env.{key}={bad}"])
