@@ -23,6 +23,13 @@ def flaky(client, row):
     if int(row["prompt"][0]) % 2:  # prompts whose first digit is odd
         raise RuntimeError("my agent's own bug")
     return text
+
+
+def rewrite(client, row):
+    """Two calls that do not extend each other (the second asks about the answer afresh): two segments."""
+    first = client.completions.create(model="policy", prompt=row["prompt"], max_tokens=4).choices[0].text
+    again = client.completions.create(model="policy", prompt=first.strip()[:3] + "=", max_tokens=3).choices[0].text
+    return float(again.strip().startswith("1"))
 '''
 
 
@@ -60,3 +67,21 @@ def test_an_agent_that_raises_errors_its_own_episodes_and_the_run_goes_on(tmp_pa
     # trained on like a wrong answer: finished, with its tokens and an advantage
     assert all(r.finish_reason == "stop" and r.num_generated > 0 and r.advantage is not None for r in bad)
     assert any(r.status == "kept" for r in rollouts)
+
+
+def test_calls_that_do_not_extend_each_other_train_as_segments_and_are_stored(tmp_path, run_cfg):
+    from rollwise.run.loop import train
+    from rollwise.store.writer import RolloutStore
+
+    (tmp_path / "agents.py").write_text(AGENT_FILE)
+    out = tmp_path / "run"
+    summary = train(run_cfg(out, f"env.agent={tmp_path / 'agents.py'}:rewrite", "train.steps=2", "train.lr=1e-3"),
+                    log=lambda s: None)
+    assert summary["steps"] == 2 and summary["rollouts"]["errored"] == 0
+    assert all(s["agent_segments_mean"] == 2.0 for s in _steps(out))
+    rollouts = RolloutStore(out).read()
+    assert rollouts and all(len(r.segments or []) == 1 for r in rollouts)
+    assert all(r.segments[0].reason.startswith("prompt departs from the previous call's tokens") for r in rollouts)
+    assert all(r.num_generated == sum(r.loss_mask) + sum(r.segments[0].loss_mask) for r in rollouts)
+    ckpt = summary["checkpoints"]
+    assert ckpt["final"] != ckpt["init"]  # the segments trained: the weights moved

@@ -159,10 +159,10 @@ class RolloutController:
                 if r.status not in acc.rollouts:
                     raise RuntimeError(f"rollout {r.group_id}/{r.sample_index} has unknown status {r.status!r}")
                 acc.rollouts[r.status] += 1
-                acc.rollout_tokens += sum(r.loss_mask)  # policy tokens (a multi-turn episode's env tokens aside)
+                acc.rollout_tokens += r.num_generated  # policy tokens, every segment (env tokens aside)
                 acc.shared_tokens += r.tree_fork or 0
                 if r.status == "aborted":
-                    acc.aborted_tokens += sum(r.loss_mask)
+                    acc.aborted_tokens += r.num_generated
         acc.check()  # carried_in/out_tokens were set by the policy (partial rollouts), 0 otherwise
         if sel is not None:
             sel.observe(groups)
@@ -183,11 +183,12 @@ class RolloutController:
                 acc.rollouts[r.status] += 1
                 if not (id(r) in chosen if chosen is not None else room.trains(r, g, self.rules)):
                     continue
-                n = len(r.completion_token_ids)
+                seqs = r.sequences()  # an agent episode's segments train too
+                n = sum(len(s.completion_token_ids) for s in seqs)
                 acc.trained_tokens += n
                 if r.has_signal:
                     acc.useful_tokens += n
-                ages.extend(trained_version - w for w in r.weight_versions)
+                ages.extend(trained_version - w for s in seqs for w in s.weight_versions)
         acc.staleness_mean = sum(ages) / len(ages) if ages else 0.0
         acc.staleness_max = max(ages) if ages else 0
         return acc
