@@ -49,7 +49,7 @@ def test_an_agent_function_trains_and_its_reward_rises(tmp_path, run_cfg):
     assert len(steps) == 6 and summary["rollouts"]["errored"] == 0
     assert all(s["agent_calls_mean"] == 1.0 and s["agent_segments_mean"] == 1.0 for s in steps)
     rewards = [s["reward_mean"] for s in steps]
-    assert sum(rewards[-2:]) / 2 > rewards[0] + 0.1, rewards  # measured 0.375 -> 0.73
+    assert sum(rewards[-2:]) / 2 > rewards[0] + 0.1, rewards  # measured: 0.375 at step 1, 0.73 at step 6
 
 
 def test_an_agent_that_raises_errors_its_own_episodes_and_the_run_goes_on(tmp_path, run_cfg):
