@@ -1,5 +1,6 @@
 """`rollwise train` with `env.agent`: the user's agent function runs each episode through its own OpenAI client, the
-run trains on what the endpoint recorded and its reward rises, and an agent that raises errors only its own
+run trains on what the endpoint recorded and its reward rises, segments train, are stored and are re-trained exactly
+on resume, and an agent that raises errors only its own
 episodes (scored as wrong answers, counted, the run goes on)."""
 
 from __future__ import annotations
@@ -85,3 +86,22 @@ def test_calls_that_do_not_extend_each_other_train_as_segments_and_are_stored(tm
     assert all(r.num_generated == sum(r.loss_mask) + sum(r.segments[0].loss_mask) for r in rollouts)
     ckpt = summary["checkpoints"]
     assert ckpt["final"] != ckpt["init"]  # the segments trained: the weights moved
+
+
+def test_a_resumed_agent_run_retrains_its_stored_segments_exactly(tmp_path, run_cfg):
+    from safetensors.torch import load_file
+
+    from rollwise.run.loop import train
+
+    (tmp_path / "agents.py").write_text(AGENT_FILE)
+    args = (f"env.agent={tmp_path / 'agents.py'}:rewrite", "run.checkpoint_every=2", "train.steps=4", "train.lr=1e-3",
+            "run.eval_every=0")
+    full, part = tmp_path / "full", tmp_path / "part"
+    train(run_cfg(full, *args), log=lambda s: None)
+    assert train(run_cfg(part, *args), log=lambda s: None, stop_after=3) is None
+    # step 3 ran after the last checkpoint (step 2): a resume re-trains it from its shard (segments read back), then
+    # runs step 4; the weights equal an uninterrupted run's
+    train(run_cfg(part, *args, "run.resume=true"), log=lambda s: None)
+    a = load_file(full / "checkpoints" / "step-4" / "model.safetensors")
+    b = load_file(part / "checkpoints" / "step-4" / "model.safetensors")
+    assert max((a[k] - b[k]).abs().max().item() for k in a) < 1e-6
