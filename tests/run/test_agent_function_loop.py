@@ -1,7 +1,6 @@
 """`rollwise train` with `env.agent`: the user's agent function runs each episode through its own OpenAI client, the
-run trains on what the endpoint recorded and its reward rises, segments train, are stored and are re-trained exactly
-on resume, and an agent that raises errors only its own
-episodes (scored as wrong answers, counted, the run goes on)."""
+run trains on what the endpoint recorded and its reward rises; segments train, are stored and are re-trained exactly
+on resume; an agent that raises errors only its own episodes (scored as wrong answers, counted, the run goes on)."""
 
 from __future__ import annotations
 
