@@ -279,10 +279,11 @@ class EnvConfig(_Section):
     engine's max_model_len, or 1024 when that is not set."""
     turn_timeout_s: float = Field(30.0, gt=0)
     """Multi-turn environments: the longest one `env.step` may take; past it the episode ends errored."""
-    environment: str | InMemory | None = None
+    environment: str | InMemory | dict[str, str | InMemory] | None = None
     """A class each episode instantiates, over the tasks of `env.name`: "path/to/file.py:Class" or "module:Class"
-    (`rollwise.envs.agent`). With environment_api 'tools', `reset(**row)` and every public method a tool; rewards
-    get `environments=`."""
+    (`rollwise.envs.agent`), or a dict of them by name, each row naming its class in an `environment` column. With
+    environment_api 'tools', `reset(**row)`, every public method a tool, and an optional `get_reward()` that scores
+    the episode (then env.reward is optional); rewards get `environments=`."""
     environment_api: Literal["tools", "gym"] = "tools"
     """How `env.environment` is used: 'tools' (TRL's environment_factory shape: public methods are tools) or 'gym'
     (`reset()` / `step(action) -> (observation, reward, done, info)`)."""
@@ -297,6 +298,8 @@ class EnvConfig(_Section):
         """A Python object given through `rollwise.train`, wrapped as `InMemory` (its placeholder in dumps)."""
         if v is None or isinstance(v, (str, InMemory)):
             return v
+        if info.field_name == "environment" and isinstance(v, dict):  # several classes by name (TRL's dict)
+            return {str(k): cls._object(x, info) for k, x in v.items()}
         what = "reward function" if info.field_name == "reward" else "environment class"
         if not callable(v):
             raise ValueError(f"must be \"file.py:attr\", \"module:attr\" or (through rollwise.train) a {what}; "

@@ -62,8 +62,11 @@ def make_env(env_cfg: EnvConfig) -> Environment:
     # Objects given through the Python API (`rollwise.in_memory`) are handed over as themselves.
     kwargs = {k: unwrap(v) for k, v in env_cfg.kwargs.items()}
     rewards = [{**r, "fn": unwrap(r.get("fn"))} for r in env_cfg.rewards] if env_cfg.rewards else env_cfg.rewards
+    environment = env_cfg.environment
+    environment = ({k: unwrap(v) for k, v in environment.items()} if isinstance(environment, dict)
+                   else unwrap(environment))
     return build(env_cfg.name, kwargs, reward=unwrap(env_cfg.reward), rewards=rewards, module=env_cfg.module,
-                 reward_timeout_s=SCORE_TIMEOUT_S, reward_workers=SCORE_WORKERS, environment=unwrap(env_cfg.environment),
+                 reward_timeout_s=SCORE_TIMEOUT_S, reward_workers=SCORE_WORKERS, environment=environment,
                  environment_api=env_cfg.environment_api, tool_timeout_s=env_cfg.tool_timeout_s,
                  max_tool_calls=env_cfg.max_tool_calls, turn_budget_s=max(env_cfg.turn_timeout_s - 1.0, 0.5))
 
@@ -78,8 +81,17 @@ def prompt_format(env_cfg: EnvConfig, env: Environment | None = None) -> PromptF
 def prompt_encoder(env_cfg: EnvConfig, tokenizer: Tokenizer | None,
                    env: Environment | None = None) -> Callable[[Task], list[int]]:
     """`encode(task)`: the task's prompt as the model expects it (`env.chat_template`, `env.system_prompt`, the
-    environment's tools); the same in train, eval and generate."""
-    return prompt_format(env_cfg, env).task_encoder(tokenizer)
+    environment's tools); the same in train, eval and generate. With several tool classes (`envs.agent.ToolEnv`
+    over a dict), each task's prompt offers only its own class's tools, as TRL's."""
+    from rollwise.models.prompting import PromptFormat
+
+    tool_sets = getattr(env, "tool_sets", None)
+    environment_of = getattr(env, "environment_of", None)
+    if not isinstance(tool_sets, dict) or len(tool_sets) < 2 or not callable(environment_of):
+        return prompt_format(env_cfg, env).task_encoder(tokenizer)
+    encoders = {name: PromptFormat(env_cfg.chat_template, env_cfg.system_prompt, tools=tools or None
+                                   ).task_encoder(tokenizer) for name, tools in tool_sets.items()}
+    return lambda task: encoders[environment_of(task)](task)
 
 
 def engine_kwargs(engine_cfg: EngineConfig, seed: int) -> dict[str, Any]:
