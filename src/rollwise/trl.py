@@ -231,7 +231,8 @@ TRL_FIELDS: dict[str, Entry] = {
 
 FIXED_SETTINGS: dict[str, tuple[Any, str]] = {
     "env.name": ("dataset", "train_dataset / eval_dataset rows, the `prompt` column, every other column a reward "
-                            "keyword, as TRL"),
+                            "keyword, as TRL; `env_owned` without a train_dataset (an environment_factory's reset() "
+                            "makes each prompt, env.kwargs.rows = generation_batch_size // num_generations)"),
     "env.chat_template": ("true / false", "true for conversational prompts (message lists), false for standard "
                                           "(text) prompts: TRL applies the chat template to conversational data only"),
     "env.kwargs.answer_key": (None, "no column is special: an `answer` column reaches the rewards as `answer=`"),
@@ -782,10 +783,19 @@ def _reward_name(fn: Any) -> str:
     return str(getattr(fn, "__name__", None) or type(fn).__name__)
 
 
-def _rewards(reward_funcs: Any, weights: Sequence[float] | None) -> list[dict[str, Any]]:
+def _rewards(reward_funcs: Any, weights: Sequence[float] | None, *, env_scores: bool = False) -> list[dict[str, Any]]:
+    """env.rewards from reward_funcs; none at all only when every environment class has get_reward (`env_scores`)."""
+    if reward_funcs is None:
+        reward_funcs = []
     funcs = list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
     if not funcs:
-        raise TRLArgumentError("GRPOTrainer: reward_funcs is empty; give one or several reward functions")
+        if env_scores:
+            if weights:
+                raise _refuse("reward_weights", list(weights), "there are no reward_funcs to weight (get_reward "
+                                                               "has weight 1, as TRL)")
+            return []
+        raise TRLArgumentError("GRPOTrainer: no reward source: pass reward_funcs, or an environment_factory whose "
+                               "environment defines a get_reward() method")
     for i, fn in enumerate(funcs):
         where = "reward_funcs" if len(funcs) == 1 else f"reward_funcs[{i}]"
         if isinstance(fn, str):
@@ -812,8 +822,9 @@ def _is_module(obj: Any) -> bool:
     return any(c.__name__ in ("Module", "PreTrainedModel") for c in type(obj).__mro__)
 
 
-def _rows(dataset: Any, name: str) -> Any:
-    """A TRL dataset (datasets.Dataset or a list of dicts) as rollwise takes it; refused otherwise."""
+def _rows(dataset: Any, name: str, *, prompt_optional: bool = False) -> Any:
+    """A TRL dataset (datasets.Dataset or a list of dicts) as rollwise takes it; refused otherwise. With an
+    environment (`prompt_optional`), rows without a prompt get an empty user message, which `reset` fills (TRL's)."""
     cls = type(dataset).__name__
     if cls in ("IterableDataset", "IterableDatasetDict"):
         raise TRLArgumentError(f"GRPOTrainer: {name} is an {cls}: rollwise reads the rows into memory; pass a "
@@ -825,6 +836,8 @@ def _rows(dataset: Any, name: str) -> Any:
     if len(dataset) == 0:
         raise TRLArgumentError(f"GRPOTrainer: {name} is empty")
     first = dataset[0]
+    if prompt_optional and isinstance(first, Mapping) and "prompt" not in first:
+        return [{"prompt": [{"role": "user", "content": ""}], **dict(row)} for row in dataset]
     if not isinstance(first, Mapping) or "prompt" not in first:
         cols = ", ".join(map(str, first)) if isinstance(first, Mapping) else type(first).__name__
         raise TRLArgumentError(f"GRPOTrainer: {name} rows need a 'prompt' column, as TRL's (got: {cols})")
@@ -859,33 +872,96 @@ def _lora(peft_config: Any) -> dict[str, Any]:
 def to_rollwise(model: Any, reward_funcs: Any, args: Any, train_dataset: Any, eval_dataset: Any = None, *,
                 peft_config: Any = None, environment_factory: Any = None) -> dict[str, Any]:
     """The whole rollwise run config (dotted keys) a GRPOTrainer's arguments mean; values may be in-memory objects
-    (reward callables, datasets, an environment class) where `rollwise.train` takes them."""
+    (reward callables, datasets, environment classes) where `rollwise.train` takes them."""
     if not isinstance(model, (str, Path)):
         raise TRLArgumentError(f"GRPOTrainer: model is a {type(model).__name__}; rollwise loads the model itself: "
                                "pass its path or name (e.g. 'smollm2-135m' or an HF checkpoint directory)")
+    envs = _environments(environment_factory)
     if train_dataset is None:
-        raise TRLArgumentError("GRPOTrainer: train_dataset is required")
-    train = _rows(train_dataset, "train_dataset")
-    test = _rows(eval_dataset, "eval_dataset") if eval_dataset is not None else train
-    out = translate_args(args, num_train_prompts=len(train))
+        out = _env_owned(args, envs)
+    else:
+        train = _rows(train_dataset, "train_dataset", prompt_optional=envs is not None)
+        test = _rows(eval_dataset, "eval_dataset", prompt_optional=envs is not None) if eval_dataset is not None \
+            else train
+        if isinstance(environment_factory, Mapping):
+            _check_routing(train, "train_dataset", environment_factory)
+            _check_routing(test, "eval_dataset", environment_factory)
+        out = translate_args(args, num_train_prompts=len(train))
+        out["env.name"] = "dataset"
+        out["env.kwargs"] = {"path": train, "test_path": test, "prompt_key": "prompt", "answer_key": None}
+        # an eval_dataset is evaluated whole (as TRL); without one, up to rollwise's default 200 training prompts
+        out["env.eval_size"] = len(test) if eval_dataset is not None else min(len(train), EVAL_ON_TRAIN_PROMPTS)
+        conv = _conversational(train)
+        if eval_dataset is not None and _conversational(test) != conv:
+            raise TRLArgumentError("GRPOTrainer: train_dataset and eval_dataset mix standard (text) and "
+                                   "conversational (message list) prompts")
+        out["env.chat_template"] = conv
     out["model.path"] = str(model)
-    out["env.name"] = "dataset"
-    out["env.kwargs"] = {"path": train, "test_path": test, "prompt_key": "prompt", "answer_key": None}
-    # an eval_dataset is evaluated whole (as TRL); without one, up to rollwise's default 200 training prompts
-    out["env.eval_size"] = len(test) if eval_dataset is not None else min(len(train), EVAL_ON_TRAIN_PROMPTS)
-    conv = _conversational(train)
-    if eval_dataset is not None and _conversational(test) != conv:
-        raise TRLArgumentError("GRPOTrainer: train_dataset and eval_dataset mix standard (text) and conversational "
-                               "(message list) prompts")
-    out["env.chat_template"] = conv
-    out["env.rewards"] = _rewards(reward_funcs, args.reward_weights)
+    env_scores = envs is not None and all(_owns_reward(cls) for cls in envs.values())
+    out["env.rewards"] = _rewards(reward_funcs, args.reward_weights, env_scores=env_scores) or None
     if peft_config is not None:
         out.update(_lora(peft_config))
-    if environment_factory is not None:
-        if not isinstance(environment_factory, type):
-            raise TRLArgumentError("GRPOTrainer: environment_factory must be a class (rollwise builds one per "
-                                   f"episode and calls reset(**row)); got a {type(environment_factory).__name__}")
-        out["env.environment"] = environment_factory
+    if envs is not None:
+        out["env.environment"] = dict(environment_factory) if isinstance(environment_factory, Mapping) else \
+            environment_factory
+    return out
+
+
+def _owns_reward(probe_type: type) -> bool:
+    return inspect.isfunction(getattr(probe_type, "get_reward", None))
+
+
+def _environments(factory: Any) -> dict[str, type] | None:
+    """{name: the class each factory builds} (one probe instance each, as TRL builds one at start); None without one.
+    A factory that is not callable, fails, or builds an object without reset() is refused here."""
+    if factory is None:
+        return None
+    items = list(factory.items()) if isinstance(factory, Mapping) else [("", factory)]
+    if not items:
+        raise TRLArgumentError("GRPOTrainer: environment_factory is an empty dict")
+    out: dict[str, type] = {}
+    for name, f in items:
+        where = f"environment_factory[{name!r}]" if isinstance(factory, Mapping) else "environment_factory"
+        if not callable(f):
+            raise TRLArgumentError(f"GRPOTrainer: {where} is a {type(f).__name__}: pass a class or a zero-argument "
+                                   "factory (rollwise builds instances and calls reset(**row))")
+        try:
+            probe = f()
+        except Exception as e:  # noqa: BLE001 - the user's constructor: one line naming it
+            raise TRLArgumentError(f"GRPOTrainer: {where}() failed: {type(e).__name__}: {e}") from None
+        if not callable(getattr(probe, "reset", None)):
+            raise TRLArgumentError(f"GRPOTrainer: {where} built a {type(probe).__name__} without a reset method "
+                                   "(each environment must define reset(**row))")
+        out[str(name)] = type(probe)
+    return out
+
+
+def _check_routing(rows: Any, name: str, factories: Mapping[str, Any]) -> None:
+    """Every row of a dict environment_factory's dataset names one of its environments (TRL's `environment`)."""
+    for i in range(len(rows)):
+        v = rows[i].get("environment") if isinstance(rows[i], Mapping) else None
+        if v not in factories:
+            raise TRLArgumentError(f"GRPOTrainer: {name}[{i}] has environment={v!r}, which is not among the "
+                                   f"environments passed to environment_factory: {sorted(map(str, factories))}")
+
+
+def _env_owned(args: Any, envs: dict[str, type] | None) -> dict[str, Any]:
+    """No train_dataset: the environment owns the data (`env.name: env_owned`): one generation's worth of empty
+    prompts, which each episode's reset() fills; max_steps sets the length (TRL's rules)."""
+    if envs is None:
+        raise TRLArgumentError("GRPOTrainer: train_dataset is required unless an environment_factory is provided")
+    if len(envs) > 1 or "" not in envs:
+        raise TRLArgumentError("GRPOTrainer: a dict environment_factory needs a train_dataset with an 'environment' "
+                               "column to route each example; provide one, or pass a single environment factory")
+    if not (args.max_steps is not None and args.max_steps > 0):
+        raise _refuse("max_steps", args.max_steps, "without a train_dataset (the environment's reset() makes each "
+                                                   "prompt) set max_steps > 0 to define the training length")
+    rows = batch_shape(args).prompts_per_step
+    out = translate_args(args, num_train_prompts=rows)
+    out["env.name"] = "env_owned"
+    out["env.kwargs"] = {"rows": rows}
+    out["env.eval_size"] = rows
+    out["env.chat_template"] = True  # the placeholder prompts are conversational, as TRL's
     return out
 
 
@@ -930,10 +1006,11 @@ class GRPOTrainer:
     """TRL's GRPOTrainer, run by rollwise. Every argument is checked here: one rollwise cannot honour with TRL's
     meaning raises `TRLArgumentError` naming it, before any work."""
 
-    def __init__(self, model: Any, reward_funcs: Any, args: Any = None, train_dataset: Any = None,
+    def __init__(self, model: Any, reward_funcs: Any = None, args: Any = None, train_dataset: Any = None,
                  eval_dataset: Any = None, processing_class: Any = None, reward_processing_classes: Any = None,
-                 callbacks: Any = None, optimizers: tuple[Any, Any] = (None, None), peft_config: Any = None,
-                 environment_factory: Any = None, tools: Any = None, rollout_func: Any = None) -> None:
+                 callbacks: Any = None, optimizers: tuple[Any, Any] = (None, None), quantization_config: Any = None,
+                 peft_config: Any = None, tools: Any = None, rollout_func: Any = None,
+                 environment_factory: Any = None) -> None:
         if args is None:
             name = str(model).rstrip("/").rsplit("/", 1)[-1]
             args = GRPOConfig(output_dir=f"{name}-GRPO")
@@ -947,7 +1024,9 @@ class GRPOTrainer:
                    "tools": (tools, "rollwise's tools are the public methods of an environment class "
                              "(environment_factory)"),
                    "rollout_func": (rollout_func, "rollwise generates with its own engines (a multi-turn "
-                                    "environment class covers custom rollouts)")}
+                                    "environment class covers custom rollouts)"),
+                   "quantization_config": (quantization_config, "rollwise loads the model itself "
+                                           "(model.dtype); quantized training is not supported")}
         for name, (value, why) in refused.items():
             if value not in (None, [], ()):
                 raise TRLArgumentError(f"GRPOTrainer: {name} is not supported by rollwise: {why}")
@@ -960,7 +1039,8 @@ class GRPOTrainer:
                                      environment_factory=environment_factory)
         self._window = logging_window(args, int(self.overrides["train.steps"]))
         self._updates = batch_shape(args).updates_per_step
-        self._num_prompts = len(train_dataset)
+        self._num_prompts = len(train_dataset) if train_dataset is not None else int(
+            self.overrides["rollout.prompts_per_step"])
         self.state = TRLState(max_steps=int(self.overrides["train.steps"]) * self._updates)
         self.result: Any = None
 
@@ -985,7 +1065,7 @@ class GRPOTrainer:
         from rollwise.api import train as rollwise_train
 
         kwargs = cfg["env"]["kwargs"] = dict(cfg["env"]["kwargs"])  # a copy: the trainer's own overrides stay whole
-        rows, test_rows = kwargs.pop("path"), kwargs.pop("test_path")  # dataset rows go through the API's keywords
+        rows, test_rows = kwargs.pop("path", None), kwargs.pop("test_path", None)  # rows go through the API's keywords
         self.result = rollwise_train(cfg, train_dataset=rows, eval_dataset=test_rows)
         self.state.log_history = log_history(read_metrics(self.result.run_dir), window=self._window,
                                              updates_per_step=self._updates,
@@ -1122,9 +1202,12 @@ TRAINER_ARGUMENTS: dict[str, str] = {
     "model": "`model.path`: a path or name rollwise loads (an HF directory, `smollm2-135m`, a .gguf); a model "
              "object is refused",
     "reward_funcs": "`env.rewards` (`fn`, `weight` from reward_weights, `name` = the function's `__name__`); sync or "
-                    "async functions; a reward model (a hub id or a model object) is refused",
+                    "async functions; optional when every environment class has get_reward(); a reward model (a hub "
+                    "id or a model object) is refused",
     "train_dataset": "`env.kwargs.path` (a datasets.Dataset or a list of dicts with a `prompt` column, standard or "
-                     "conversational); an IterableDataset or DatasetDict is refused",
+                     "conversational; with an environment_factory the prompt may be left out: reset() fills it); None "
+                     "with a single environment_factory and max_steps > 0: `env.name: env_owned`; an IterableDataset "
+                     "or DatasetDict is refused",
     "eval_dataset": "`env.kwargs.test_path`, `env.eval_size` (all of it); without it rollwise evaluates on up to "
                     "200 of train_dataset's prompts (it always evaluates before and after training)",
     "GRPOConfig(warmup_ratio=...)": "older transformers' fractional warm-up, taken as warmup_steps below 1",
@@ -1133,8 +1216,14 @@ TRAINER_ARGUMENTS: dict[str, str] = {
     "callbacks": "refused (read metrics.jsonl or trainer.state.log_history)",
     "optimizers": "refused unless (None, None)",
     "peft_config": "`train.lora` (r, lora_alpha, lora_dropout, target_modules as a list); other LoRA options refused",
-    "environment_factory": "`env.environment` (a class; public methods are tools, `reset(**row)`)",
+    "environment_factory": "`env.environment`: a class or zero-argument factory, or a dict of them by name (each row's "
+                           "`environment` column picks one; only its tools are offered, the column is not passed to "
+                           "reset). Instances are pooled and reset per episode; tools are the public functions of the "
+                           "class (sync or async) but `reset` and `get_reward`; `get_reward()` (sync or async) is a "
+                           "reward of weight 1 named after the class; what `reset(**row)` returns is appended to the "
+                           "last user message",
     "tools": "refused (tools are an environment class's methods)",
+    "quantization_config": "refused (rollwise loads the model itself)",
     "rollout_func": "refused (rollwise generates with its own engines)",
     "train(resume_from_checkpoint)": "`run.resume` (True, or output_dir / a checkpoint inside it)",
     "save_model(output_dir)": "copies the final checkpoint (HF format)",

@@ -230,8 +230,11 @@ class ToolEnv:
 
     def __post_init__(self) -> None:
         self.multi = isinstance(self.factory, Mapping)
-        self._factories: dict[str | None, Factory] = (dict(self.factory) if isinstance(self.factory, Mapping)
-                                                       else {None: self.factory})
+        self._factories: dict[str | None, Factory] = {}
+        if isinstance(self.factory, Mapping):
+            self._factories.update(self.factory.items())
+        else:
+            self._factories[None] = self.factory
         if not self._factories:
             raise EnvironmentClassError(f"env.environment {self.spec}: the dict names no classes")
         self._lock = threading.Lock()
