@@ -331,14 +331,15 @@ def smol_tiny(tmp_path_factory, make_checkpoint, smollm2_dir):
 
 class IncrementPolicy:
     """A stand-in engine writing rollwise's fallback tool-call format: the first turn increments by the prompt's
-    target (+1 for odd samples, so groups carry signal), the next one says it is done. `bad` turns: what it writes
-    instead of a call, for episodes that fail."""
+    target (one call in two misses it by 1, so groups carry signal), the next one says it is done. `first`: what
+    the first turn writes instead (a garbage call)."""
 
     def __init__(self, tok, first=None):
         self.tok, self.eot = tok, tok.convert_tokens_to_ids("<|im_end|>")
         self.first = first
         self.max_model_len = 2048
         self.prompts: list[str] = []
+        self.calls = 0
 
     def _text(self, conv: str, j: int) -> str:
         if "<|im_start|>tool" in conv:
@@ -346,7 +347,8 @@ class IncrementPolicy:
         if self.first is not None:
             return self.first
         target = int(re.findall(r"Increment the counter (?:by|to) (\d+)", conv)[-1])
-        return '<tool_call>{"name": "increment", "arguments": {"step": %d}}</tool_call>' % (target + j % 2)
+        self.calls += 1  # every other call misses the target
+        return '<tool_call>{"name": "increment", "arguments": {"step": %d}}</tool_call>' % (target + self.calls % 2)
 
     def generate(self, prompts, params):
         plist = params if isinstance(params, list) else [params] * len(prompts)
@@ -392,10 +394,13 @@ def test_the_guides_increment_env_trains_without_a_dataset_on_smollm2_turns(tmp_
     assert len(rows) == 2 * 2 * 2
     for r in rows:
         assert r.env_info["tool_calls"] == 1 and r.env_info["tool_errors"] == 0
-        assert r.reward == (1.0 if r.sample_index % 2 == 0 else 0.0)  # get_reward(), from the instance's state
+        target = int(re.findall(r"counter by (\d+)", tok.decode(r.prompt_token_ids))[-1])
+        step = int(re.findall(r'"step": (\d+)', r.text)[0])
+        assert r.reward == float(step == target)  # get_reward(), from the instance's state
         assert r.reward_parts == {"IncrementEnv": r.reward}
+    assert {r.reward for r in rows} == {0.0, 1.0}
     log = trainer.state.log_history
-    assert log[0]["reward"] == 0.5 and "rewards/IncrementEnv/mean" in log[0]
+    assert 0.0 < log[0]["reward"] < 1.0 and "rewards/IncrementEnv/mean" in log[0]
 
 
 def test_the_guides_dataset_increment_env_with_a_trainer_reward_beside_get_reward(tmp_path, smol_tiny, monkeypatch):

@@ -429,6 +429,11 @@ def _prepare(cfg: RunConfig, log: Log) -> _Prepared:
     yaml_sha = _write_config(cfg, run_dir)
     init_dir, warm_info = prepare_model(ModelSource.of(cfg), env, train_tasks, run_dir, log)
     tokenizer = _load_tokenizer(cfg.model, init_dir)
+    if multi_turn:  # before any prompt is rendered: a template swapped for its known fix is used throughout
+        from rollwise.models.template_check import ensure_prefix_preserving
+
+        fmt = prompt_format(cfg.env, env)
+        ensure_prefix_preserving(tokenizer, fmt, tool_turns=bool(fmt.tools), log=log)
     encode = prompt_encoder(cfg.env, tokenizer, env)
     prep = _Prepared(run_dir, device, env, train_tasks, eval_tasks, ckpt, init_dir, warm_info, tokenizer, encode,
                      ResumeSpec.of(cfg, run_dir, yaml_sha))
