@@ -94,6 +94,30 @@ def prompt_encoder(env_cfg: EnvConfig, tokenizer: Tokenizer | None,
     return lambda task: encoders[environment_of(task)](task)
 
 
+def check_served_template(env_cfg: EnvConfig, env: Environment, engine: Engine, tokenizer: Tokenizer | None, log: Log,
+                          *, vllm: bool) -> None:
+    """Each remote server's rendering of the run's probe conversation against rollwise's (`clients.template_check`):
+    a difference is logged, one line per server (rollwise's own rollouts send token ids and stay exact)."""
+    from rollwise.clients.template_check import served_template_problem
+
+    fmt = prompt_format(env_cfg, env)
+    if tokenizer is None or not fmt.uses_template(tokenizer):
+        return
+    for e in getattr(engine, "engines", None) or [engine]:
+        http = getattr(e, "http", None)
+        if http is None:
+            continue
+        checked, problem = served_template_problem(http, getattr(e, "model", None), tokenizer, fmt,
+                                                   tool_turns=bool(fmt.tools))
+        if problem:
+            log(f"chat template: {http.base_url} renders chat messages otherwise than the template rollwise trains "
+                f"with ({problem}); rollouts are unaffected (rollwise sends token ids), but a client sending this "
+                "server messages gets other tokens than training used")
+        elif not checked and vllm:
+            log(f"chat template: {http.base_url} did not render the probe conversation (POST /tokenize); its "
+                "template is not compared with rollwise's")
+
+
 def engine_kwargs(engine_cfg: EngineConfig, seed: int) -> dict[str, Any]:
     """`LLM(...)` keyword arguments: the sizing fields of the `engine` section, and the seed."""
     sizing = ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "block_size", "num_kv_blocks", "kv_cache_gb",
@@ -567,6 +591,8 @@ def _start_workers(cfg: RunConfig, prep: _Prepared, log: Log, closers: list[Call
         if callable(getattr(engine, name, None)):
             closers.append(getattr(engine, name))
             break
+    if E.backend == "remote":
+        check_served_template(cfg.env, prep.env, engine, prep.tokenizer, log, vllm=E.remote_server == "vllm")
     # A prompt the model's context cannot hold fails here naming its row, not at the first request.
     check_prompts_fit(prep.train_tasks + prep.eval_tasks, prep.encode, engine_context(engine) or E.max_model_len)
     scorer, stop_scorer = make_scorer(cfg, prep.env)
