@@ -4,39 +4,45 @@ The config names the class, and how it is named decides how it is used, never it
 be called `step`):
 
     env:
-      name: dataset                                  # the data, as for any environment
+      name: dataset                                  # the data, as for any environment (env_owned: reset() makes it)
       kwargs: {path: data/train.jsonl, test_path: data/test.jsonl}
-      environment: recipes/tools/calculator_env.py:CalculatorEnv     # or "module:Class"
+      environment: recipes/tools/calculator_env.py:CalculatorEnv     # or "module:Class", or {name: spec, ...}
       environment_api: tools                         # (default) or gym
-      reward: recipes/tools/reward.py:correct        # fn(completions, environments, **columns)
+      reward: recipes/tools/reward.py:correct        # fn(completions, environments, **columns); optional with get_reward
 
-`environment_api: tools` (`ToolEnv`). Each episode builds its own instance (`Class()`) and calls
-`reset(**row)` with the dataset row (the prompt under `prompt`, every other column by name, nested values as
-they are; a `reset` without `**kwargs` gets the names it takes). What `reset` returns, when not None, is appended
-to the first user turn. Every public method other than `reset` is a tool: its name, description and JSON-schema
-parameters come from its signature and docstring (`transformers.utils.get_json_schema`: type hints and a Google
-style `Args:` section are required, and a class whose tool lacks them fails at start naming it). The model calls
-tools in the format of `models.tool_calls` (through the chat template when it renders tools); each result comes
-back as a `tool` turn. A turn without a call ends the episode. Rewards get `environments=` (the episode objects,
-in the same order as `completions`), as TRL passes them.
+`environment_api: tools` (`ToolEnv`) follows TRL 1.16's GRPOTrainer. Instances are built once (`Class()`, or any
+zero-argument factory), pooled, and reset for each episode: `reset(**row)` gets the dataset row (the prompt under
+`prompt`, every other column by name, nested values as they are; a `reset` without `**kwargs` gets the names it
+takes). A string `reset` returns is appended to the last user message as it is. The tools are the public functions
+of the class (`inspect.isfunction` on the class, as TRL: inherited, static and async ones included; class methods,
+properties and callable attributes not) other than `reset` and `get_reward`; each one's name, description and
+JSON-schema parameters come from its signature and docstring (`transformers.utils.get_json_schema`: type hints and a
+Google style `Args:` section are required, and a class whose tool lacks them fails at start naming it). An optional
+`get_reward()` (sync or async) scores the episode from the instance's state: a reward of weight 1 named after the
+class, summed with `env.reward`, which it makes optional. With a dict of classes, each row's `environment` column
+picks its class, only that class's tools are offered in its prompt (`tool_sets`, `environment_of`), and the column is
+not passed to `reset`. The model calls tools in the format of `models.tool_calls` (through the chat template when it
+renders tools); each result comes back as a `tool` turn. A turn without a call ends the episode. Rewards get
+`environments=` (the episode objects, in the same order as `completions`), as TRL passes them.
 
 Every bad call is an observation for the model, never a crashed run: malformed JSON, an unknown tool, missing,
 unknown or wrongly typed arguments, a tool that raises (its exception's type and message), one that runs past
 `tool_timeout_s` (abandoned in its thread: it cannot be killed), more than `max_calls` calls in a turn, a result
-longer than `max_result_chars` (cut). Each episode's `tool_calls`, `tool_errors` and `turns` land in its
-rollout's `env_info`; the step's means in metrics.jsonl.
+longer than `max_result_chars` (cut). Each episode's `tool_calls`, `tool_errors`, the first failed call (`tool_error`)
+and `turns` land in its rollout's `env_info`; the step's means in metrics.jsonl. A `get_reward` that raises, runs past
+`tool_timeout_s` or returns None errors that episode's score (`algo.errored_reward` then decides what it counts as).
 
 `environment_api: gym` (`GymEnv`): `reset()` (or `reset(**row)` when it takes the row's names or `**kwargs`)
-returns the first observation (or `(observation, info)`), appended to the first user turn; `step(action_text)`
-returns `(observation, reward, done, info)` or gymnasium's `(observation, reward, terminated, truncated, info)`.
+returns the first observation (or `(observation, info)`), appended to the last user turn; `step(action_text)` returns
+`(observation, reward, done, info)` or gymnasium's `(observation, reward, terminated, truncated, info)`.
 Each observation becomes the next user turn; `done` ends the episode. The episode's reward is the sum of the step
 rewards, or `env.reward` with `environments=` when one is configured.
 
 rollwise's own protocol (`envs.base.MultiTurnEnvironment`: `reset(task)` / `step(state, text)`) is unchanged:
 environments named by `env.name` keep it.
 
-Deliberately left out: async tools, tools as plain functions without a class (wrap them in a class), killing a
-hung tool (its thread is abandoned; the episode's object is not reused).
+Deliberately left out: tools as plain functions without a class (TRL's `tools=`; wrap them in a class), an async
+`reset`, and killing a hung tool (its thread is abandoned; the episode's instance leaves the pool).
 """
 
 from __future__ import annotations
