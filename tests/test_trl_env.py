@@ -5,6 +5,7 @@ tokenizer and chat template with rollwise's fallback tool-call format (SmolLM2's
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 import re
 import shutil
@@ -466,3 +467,78 @@ def test_a_failure_inside_an_episode_is_its_outcome_never_a_run_stop(tmp_path, s
             assert r.status == "kept" and r.reward == 0.0 and r.env_info["tool_errors"] == 1
             reason = "counter jammed" if kind == "tool raises" else "not valid JSON"
             assert reason in r.env_info["tool_error"]
+
+
+def test_a_tool_class_environment_pickles_without_its_pool():
+    import pickle
+
+    env = ToolEnv(Rows([{"prompt": [{"role": "user", "content": "go"}]}]), IncrementEnv, "IncrementEnv")
+    back = pickle.loads(pickle.dumps(env))
+    assert back.methods == ["increment"] and back.reset(back.load()[0]).data["obj"].counter == 0
+
+
+ENVS_FILE = '''
+import random
+
+class CodingEnv:
+    def reset(self, **kwargs) -> str:
+        return f"Compute the {random.randint(1, 20)}th Fibonacci number."
+
+    def run_code(self, code: str) -> str:
+        """Run the given Python code and return its stdout.
+
+        Args:
+            code: The Python source to execute.
+        """
+        return ""
+
+    def get_reward(self) -> float:
+        return 1.0
+
+class GameEnv:
+    def reset(self, **kwargs) -> str:
+        return "Reach the goal tile."
+
+    def move(self, action: str) -> str:
+        """Apply an action to the game.
+
+        Args:
+            action: One of "up", "down", "left", "right".
+        """
+        return "ok"
+
+    def get_reward(self) -> float:
+        return 0.0
+'''
+
+
+def test_a_yaml_config_names_several_classes_by_name(tmp_path):
+    from rollwise.config import load_config
+    from rollwise.run.setup import make_env
+
+    (tmp_path / "envs.py").write_text(ENVS_FILE)
+    (tmp_path / "rows.jsonl").write_text("".join(json.dumps({"environment": e, "prompt": [
+        {"role": "user", "content": ""}]}) + "\n" for e in ["coding", "game"] * 2))
+    (tmp_path / "run.yaml").write_text(f"""
+env:
+  name: dataset
+  kwargs: {{path: {tmp_path / 'rows.jsonl'}, test_size: 0.5}}
+  environment:
+    coding: {tmp_path / 'envs.py'}:CodingEnv
+    game: {tmp_path / 'envs.py'}:GameEnv
+""")
+    cfg = load_config(tmp_path / "run.yaml", [])
+    env = make_env(cfg.env)  # no env.reward: both classes score themselves
+    assert sorted(env.tool_sets) == ["coding", "game"] and env.tool_sets["game"][0]["function"]["name"] == "move"
+
+
+@pytest.mark.slow
+def test_the_guides_increment_env_runs_unchanged_on_the_real_smollm2(tmp_path, smollm2_dir):
+    """The real SmolLM2-135M-Instruct, TRL's guide's IncrementEnv, no dataset, one RL step through rollwise.trl."""
+    args = _args(tmp_path, max_steps=1, max_completion_length=24)
+    trainer = GRPOTrainer(model="smollm2-135m", args=args, environment_factory=IncrementEnv)
+    out = trainer.train()
+    rows = _rollouts(tmp_path / "run")
+    assert out.global_step == 1 and len(rows) == 4
+    assert all(r.status in ("kept", "truncated") and r.reward in (0.0, 1.0) for r in rows)
+    assert all(set(r.reward_parts) == {"IncrementEnv"} for r in rows)

@@ -267,6 +267,17 @@ class ToolEnv:
                 seen.setdefault(tool, schema)
         self.tools, self.methods = list(seen.values()), list(seen)
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Picklable (Ray ships environments to its actors): without the lock and the pooled instances."""
+        state = dict(self.__dict__)
+        state.pop("_lock", None)
+        state["_pool"] = {name: [] for name in self._pool}
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
     def _where(self, name: str | None) -> str:
         return self.spec if name is None else f"{self.spec}[{name!r}]"
 
