@@ -189,18 +189,24 @@ TRL_FIELDS: dict[str, Entry] = {
 """Every field of TRL's GRPOConfig (TRL 1.16.0, with transformers' TrainingArguments): how rollwise takes it."""
 
 _CONFIG_KEYS: dict[str, tuple[str, ...]] = {
+    "per_device_train_batch_size": ("rollout.prompts_per_step", "rollout.samples_per_prompt"),
+    "generation_batch_size": ("rollout.prompts_per_step", "rollout.samples_per_prompt"),
+    "gradient_accumulation_steps": ("train.micro_batch_tokens",),
+    "steps_per_generation": ("train.updates_per_step",),
     "logging_steps": ("run.log_every",),
     "run_name": ("run.run_name",),
+    "project": ("run.project",),
     "warmup_ratio": ("train.warmup_steps",),
 }
-"""TRL names whose rollwise key, for a user writing them in a rollwise config, is not (or not only) the key
-`TRL_FIELDS` translates them onto: the key that means the same to a user (TRL's run_name is the logger's run
-name, run.run_name; the translation also checks it against output_dir)."""
+"""TRL names whose rollwise key, for a user who writes them in a rollwise config, is not the first key
+`TRL_FIELDS` translates them onto: the key that means the same to a user (a batch of completions is
+prompts_per_step x samples_per_prompt; rollwise accumulates gradients over micro_batch_tokens; TRL's run_name and
+project name the logger's run, run.run_name and run.project)."""
 
 
 def config_keys_for(name: str) -> tuple[str, ...]:
-    """The rollwise config keys a TRL GRPOConfig field name corresponds to (empty: none, or not a TRL name)."""
+    """The rollwise config keys a user means by TRL's GRPOConfig field `name` (empty: none, or not TRL's name)."""
     if name in _CONFIG_KEYS:
         return _CONFIG_KEYS[name]
     entry = TRL_FIELDS.get(name)
-    return entry.keys if isinstance(entry, Mapped) else ()
+    return entry.keys[:1] if isinstance(entry, Mapped) else ()
