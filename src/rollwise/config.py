@@ -155,6 +155,7 @@ class VLLMConfig(_Section):
     port: int = Field(8100, ge=1, le=65535)
     """First port; server i listens on port + i."""
     host: str = "127.0.0.1"
+    """Address the servers listen on (and rollwise reaches them at)."""
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     """The servers' dtype; 'auto' = model.dtype."""
     max_model_len: int | None = Field(None, ge=16)
@@ -588,6 +589,12 @@ class RunOptions(_Section):
     logger whose package is not installed is refused at load."""
     tensorboard: bool | None = None
     """Deprecated alias (one line on stderr when set): true adds 'tensorboard' to run.loggers, false removes it."""
+    project: str | None = None
+    """The loggers' project: the W&B project, the MLflow experiment (and a TensorBoard text summary); None = the
+    environment's WANDB_PROJECT / MLFLOW_EXPERIMENT_NAME, else 'rollwise'."""
+    run_name: str | None = None
+    """The loggers' name for this run (W&B run name, MLflow run name, TensorBoard text summary); None = the run
+    directory's name."""
     resume: bool = False
     """Continue from the latest complete checkpoint in out_dir."""
     num_scorers: int = Field(2, ge=1)
@@ -1060,6 +1067,7 @@ RESUME_MAY_DIFFER: tuple[str, ...] = (
     # the same update at any world size (to float reassociation), and a checkpoint holds full, unsharded state
     "train.world_size", "train.parallel", "train.max_restarts", "run.ray_gpus_per_engine",
     "run.ray_gpus_per_trainer_rank",
+    "run.project", "run.run_name",  # where metrics are reported, not what is computed
 )
 
 
