@@ -371,9 +371,6 @@ def _check_mapped_values(a: Any) -> None:
     for name in _report_to(a):
         if name not in _LOGGERS:
             raise _refuse("report_to", a.report_to, f"rollwise logs to {', '.join(_LOGGERS)} (and metrics.jsonl)")
-    run_name = a.run_name
-    if run_name is not None and run_name != Path(_output_dir(a)).name and run_name != _output_dir(a):
-        raise _refuse("run_name", run_name, "rollwise names a run after its directory: set output_dir instead")
     if a.use_vllm:
         if _s(a.vllm_mode) != "server":
             raise _refuse("vllm_mode", a.vllm_mode, "rollwise drives vLLM as separate servers (vllm_mode='server'); "
@@ -533,6 +530,8 @@ def translate_args(a: Any, *, num_train_prompts: int | None = None) -> dict[str,
         out["model.device"] = "cpu"
     # logging, saving, evaluation
     out["run.out_dir"] = _output_dir(a)
+    if a.run_name is not None:
+        out["run.run_name"] = str(a.run_name)
     out["run.loggers"] = ["jsonl", *_report_to(a)]
     if _s(a.save_strategy) == "no":
         out["run.checkpoint_every"] = 0

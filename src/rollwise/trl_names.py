@@ -108,7 +108,7 @@ TRL_FIELDS: dict[str, Entry] = {
     "logging_steps": Mapped((), "GRPOTrainer.state.log_history: one entry per logging_steps optimizer steps, the "
                                 "mean over them; metrics.jsonl has every RL step"),
     "report_to": Mapped(("run.loggers",), "none, tensorboard, wandb, mlflow (jsonl is always on); others refused"),
-    "run_name": Mapped(("run.out_dir",), "rollwise names a run after its directory: None or output_dir's name only"),
+    "run_name": Mapped(("run.run_name",), "the trackers' run name (W&B, MLflow); None -> the run directory's name"),
     "save_strategy": Mapped(("run.checkpoint_every",), "steps; no -> only the final checkpoint; epoch/best refused"),
     "save_steps": Mapped(("run.checkpoint_every",), "optimizer steps / train.updates_per_step"),
     "save_total_limit": Mapped(("run.keep_checkpoints",)),
@@ -194,14 +194,13 @@ _CONFIG_KEYS: dict[str, tuple[str, ...]] = {
     "gradient_accumulation_steps": ("train.micro_batch_tokens",),
     "steps_per_generation": ("train.updates_per_step",),
     "logging_steps": ("run.log_every",),
-    "run_name": ("run.run_name",),
     "project": ("run.project",),
     "warmup_ratio": ("train.warmup_steps",),
 }
 """TRL names whose rollwise key, for a user who writes them in a rollwise config, is not the first key
 `TRL_FIELDS` translates them onto: the key that means the same to a user (a batch of completions is
-prompts_per_step x samples_per_prompt; rollwise accumulates gradients over micro_batch_tokens; TRL's run_name and
-project name the logger's run, run.run_name and run.project)."""
+prompts_per_step x samples_per_prompt; rollwise accumulates gradients over micro_batch_tokens; TRL's project names
+the tracker's project, run.project)."""
 
 
 def config_keys_for(name: str) -> tuple[str, ...]:
