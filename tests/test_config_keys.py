@@ -39,6 +39,8 @@ from rollwise.trl_names import TRL_FIELDS, config_keys_for
     # the same knob in the section written: warm-up and SFT have their own learning rate and step count
     ("warmup.learning_rate=1e-3", "warmup.lr"),
     ("sft.max_steps=5", "sft.steps"),
+    ("train.lr_scheduler_type=cosine", "train.schedule"),
+    ("train.beta=[0.9, 0.99]", "train.betas"),  # in the optimiser's section: Adam's betas, not the KL weight
 ])
 def test_trl_names_suggest_rollwise_keys_wherever_written(override, suggested):
     with pytest.raises(ConfigError, match=rf"did you mean '{suggested}'\?"):

@@ -1154,7 +1154,11 @@ def _suggest(parts: list[str], i: int, siblings: list[str], all_keys: list[str])
     def fix(name: str) -> str:
         return " (did you mean '" + ".".join(parts[:i] + [name] + parts[i + 1:]) + "'?)"
 
-    # 0. TRL's name for a key ('learning_rate', 'algo.beta'): before the prefix rule, which sends 'beta' to 'betas'.
+    # 0. TRL's name for a key ('learning_rate', 'algo.beta'): before the prefix rule, which would send
+    # 'lr_scheduler_type' to 'lr'; a plural of a sibling ('train.beta' for Adam's 'train.betas') stays in place.
+    plural = [s for s in siblings if s in (bad + "s", bad + "es") or bad in (s + "s", s + "es")]
+    if plural:
+        return fix(plural[0])
     if i == len(parts) - 1:
         trl = _trl_suggestion(parts, siblings)
         if trl is not None:
