@@ -141,7 +141,10 @@ def make_env(name: str, kwargs: dict[str, Any] | None = None, *, reward: str | C
                          "reset() returns each episode's prompt")
     if environment:
         from rollwise.envs.agent import make_class_env
+        from rollwise.envs.dataset import DatasetEnv
 
+        if isinstance(env, DatasetEnv):  # the class reads every column (reset(**row)), not just the prompt
+            env.compare_whole_rows()
         return make_class_env(env, environment, environment_api, scorer, tool_timeout_s=tool_timeout_s,
                               max_calls=max_tool_calls, turn_budget_s=turn_budget_s)
     if scorer is None:
