@@ -124,7 +124,6 @@ REFUSED_CONFIGS = [
     ({"eval_strategy": "epoch"}, "eval_strategy"),
     ({"report_to": "trackio"}, "report_to"),
     ({"report_to": ["wandb", "comet_ml"]}, "report_to"),
-    ({"output_dir": "runs/a", "run_name": "other"}, "run_name"),
     ({"max_completion_length": None}, "max_completion_length"),
     ({"num_generations": 1}, "num_generations"),
     ({"push_to_hub": True}, "push_to_hub"),
@@ -255,7 +254,12 @@ def test_a_quick_start_config_translates_to_the_expected_rollwise_keys():
     assert out["train.grad_clip"] == 1.0 and out["train.betas"] == [0.9, 0.999]
     assert out["run.out_dir"] == "runs/addition" and out["run.checkpoint_every"] == 10
     assert out["run.loggers"] == ["jsonl", "tensorboard"] and out["run.eval_every"] == 0
-    assert "engine.backend" not in out
+    assert "engine.backend" not in out and "run.run_name" not in out
+
+
+def test_run_name_is_the_trackers_run_name():
+    out = translate_args(GRPOConfig(output_dir="runs/a", run_name="lr-1e-5", max_steps=2))
+    assert out["run.out_dir"] == "runs/a" and out["run.run_name"] == "lr-1e-5"
 
 
 def test_batch_arithmetic_with_several_optimizer_steps_per_generation():

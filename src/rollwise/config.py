@@ -36,6 +36,7 @@ from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidationI
 
 from rollwise.config_yaml import ConfigYAMLError, load_yaml
 from rollwise.in_memory import InMemory, as_dataset, placeholders_in, plain, to_placeholders, wrap_object
+from rollwise.trl_names import config_keys_for
 
 __all__ = [
     "ConfigError",
@@ -61,6 +62,7 @@ __all__ = [
     "config_hash",
     "default_config_path",
     "valid_keys",
+    "field_of",
 ]
 
 
@@ -153,6 +155,7 @@ class VLLMConfig(_Section):
     port: int = Field(8100, ge=1, le=65535)
     """First port; server i listens on port + i."""
     host: str = "127.0.0.1"
+    """Address the servers listen on (and rollwise reaches them at)."""
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     """The servers' dtype; 'auto' = model.dtype."""
     max_model_len: int | None = Field(None, ge=16)
@@ -279,10 +282,11 @@ class EnvConfig(_Section):
     engine's max_model_len, or 1024 when that is not set."""
     turn_timeout_s: float = Field(30.0, gt=0)
     """Multi-turn environments: the longest one `env.step` may take; past it the episode ends errored."""
-    environment: str | InMemory | None = None
+    environment: str | InMemory | dict[str, str | InMemory] | None = None
     """A class each episode instantiates, over the tasks of `env.name`: "path/to/file.py:Class" or "module:Class"
-    (`rollwise.envs.agent`). With environment_api 'tools', `reset(**row)` and every public method a tool; rewards
-    get `environments=`."""
+    (`rollwise.envs.agent`), or a dict of them by name, each row naming its class in an `environment` column. With
+    environment_api 'tools', `reset(**row)`, every public method a tool, and an optional `get_reward()` that scores
+    the episode (then env.reward is optional); rewards get `environments=`."""
     environment_api: Literal["tools", "gym"] = "tools"
     """How `env.environment` is used: 'tools' (TRL's environment_factory shape: public methods are tools) or 'gym'
     (`reset()` / `step(action) -> (observation, reward, done, info)`)."""
@@ -308,6 +312,8 @@ class EnvConfig(_Section):
         """A Python object given through `rollwise.train`, wrapped as `InMemory` (its placeholder in dumps)."""
         if v is None or isinstance(v, (str, InMemory)):
             return v
+        if info.field_name == "environment" and isinstance(v, dict):  # several classes by name (TRL's dict)
+            return {str(k): cls._object(x, info) for k, x in v.items()}
         what = {"reward": "reward function", "agent": "agent function"}.get(info.field_name or "", "environment class")
         if not callable(v):
             raise ValueError(f"must be \"file.py:attr\", \"module:attr\" or (through rollwise.train) a {what}; "
@@ -597,6 +603,12 @@ class RunOptions(_Section):
     logger whose package is not installed is refused at load."""
     tensorboard: bool | None = None
     """Deprecated alias (one line on stderr when set): true adds 'tensorboard' to run.loggers, false removes it."""
+    project: str | None = None
+    """The loggers' project: the W&B project, the MLflow experiment (and a TensorBoard text summary); None = the
+    environment's WANDB_PROJECT / MLFLOW_EXPERIMENT_NAME, else 'rollwise'."""
+    run_name: str | None = None
+    """The loggers' name for this run (W&B run name, MLflow run name, TensorBoard text summary); None = the run
+    directory's name."""
     resume: bool = False
     """Continue from the latest complete checkpoint in out_dir."""
     num_scorers: int = Field(2, ge=1)
@@ -936,9 +948,22 @@ def _defaults() -> RunConfig:
     return _DEFAULTS
 
 
+_RECIPE: RunConfig | None = None
+
+
+def _recipe() -> RunConfig:
+    """The embedded default (the built-in model's recipe), as validated, for `inert_keys`."""
+    global _RECIPE
+    if _RECIPE is None:
+        _RECIPE = RunConfig.model_validate(_read_config_file(None))
+    return _RECIPE
+
+
 def _differs(cfg: RunConfig, dotted: str) -> bool:
+    """The value at `dotted` is neither the field default nor the embedded recipe's (a dump of either carries it)."""
     try:
-        return _value_at(cfg, dotted) != _value_at(_defaults(), dotted)
+        value = _value_at(cfg, dotted)
+        return value != _value_at(_defaults(), dotted) and value != _value_at(_recipe(), dotted)
     except AttributeError:  # a free-form dict's key (env.kwargs.x): not a schema field
         return True
 
@@ -1028,7 +1053,10 @@ def _tree_problems(c: RunConfig) -> list[str]:
 
 def inert_keys(cfg: RunConfig, given: set[str] | list[str]) -> list[str]:
     """Keys the user gave (dotted, from their YAML and --set) with a non-default value where it takes no effect,
-    one line each. Values a recipe or a saved run's config.yaml carries are not the user's choice and pass."""
+    one line each. Values a recipe or a saved run's config.yaml carries are not the user's choice and pass; so do
+    the field defaults and the embedded recipe's values written out, which every dump holds (`rollwise train
+    --print-config [--defaults]`): a dump of the built-in model's recipe loads with another model.path, its
+    warm-up keys inert."""
     out = []
     for key, applies, when in _APPLIES_WHEN:
         touched = sorted(g for g in given if g == key or g.startswith(key + ".") or key.startswith(g + "."))
@@ -1036,8 +1064,7 @@ def inert_keys(cfg: RunConfig, given: set[str] | list[str]) -> list[str]:
             continue
         # Name the most specific key the user set to a non-default value (e.g. 'warmup.steps', not 'warmup').
         changed = [g for g in touched if g.startswith(key + ".") and _differs(cfg, g)]
-        if changed or _value_at(cfg, key) != _value_at(_defaults(), key) and any(not g.startswith(key + ".")
-                                                                                 for g in touched):
+        if changed or _differs(cfg, key) and any(not g.startswith(key + ".") for g in touched):
             name = changed[0] if changed else key
             out.append(f"bad config: '{name}' is set but has no effect unless {when}")
     return out
@@ -1054,6 +1081,7 @@ RESUME_MAY_DIFFER: tuple[str, ...] = (
     # the same update at any world size (to float reassociation), and a checkpoint holds full, unsharded state
     "train.world_size", "train.parallel", "train.max_restarts", "run.ray_gpus_per_engine",
     "run.ray_gpus_per_trainer_rank",
+    "run.project", "run.run_name",  # where metrics are reported, not what is computed
 )
 
 
@@ -1115,6 +1143,24 @@ def valid_keys(model: type[BaseModel] = RunConfig, prefix: str = "") -> list[str
     return keys
 
 
+def _trl_suggestion(parts: list[str], siblings: list[str]) -> str | None:
+    """' (did you mean 'x'? TRL's name)' when the last component of `parts` is TRL's name for a rollwise key,
+    written at the top level or in any section ('learning_rate', 'algo.beta', 'rollout.num_generations')."""
+    name = parts[-1]
+    keys = list(config_keys_for(name))
+    if not keys:
+        return None
+    section = ".".join(parts[:-1])
+    # The same knob in the section written ('warmup.learning_rate' is warmup.lr, 'sft.max_steps' is sft.steps).
+    local = [f"{section}.{k.rsplit('.', 1)[-1]}" for k in keys if k.rsplit(".", 1)[-1] in siblings]
+    if section and local:
+        keys = local[:1]
+    shown = [f"'{k}'" for k in keys]
+    choice = " and ".join(shown)
+    same = all(k.rsplit(".", 1)[-1] == name for k in keys)  # 'seed', 'temperature': TRL's name is rollwise's too
+    return f" (did you mean {choice}?)" if same else f" (did you mean {choice}? '{name}' is TRL's name)"
+
+
 def _suggest(parts: list[str], i: int, siblings: list[str], all_keys: list[str]) -> str:
     """' (did you mean 'x'?)' for `parts` whose component i is unknown among `siblings`, or ''."""
     bad = parts[i]
@@ -1122,6 +1168,15 @@ def _suggest(parts: list[str], i: int, siblings: list[str], all_keys: list[str])
     def fix(name: str) -> str:
         return " (did you mean '" + ".".join(parts[:i] + [name] + parts[i + 1:]) + "'?)"
 
+    # 0. TRL's name for a key ('learning_rate', 'algo.beta'): before the prefix rule, which would send
+    # 'lr_scheduler_type' to 'lr'; a plural of a sibling ('train.beta' for Adam's 'train.betas') stays in place.
+    plural = [s for s in siblings if s in (bad + "s", bad + "es") or bad in (s + "s", s + "es")]
+    if plural:
+        return fix(plural[0])
+    if i == len(parts) - 1:
+        trl = _trl_suggestion(parts, siblings)
+        if trl is not None:
+            return trl
     # 1. A truncated or extended name ('lr_rate' for 'lr', 'out' for 'out_dir'): difflib scores these low.
     pref = sorted((s for s in siblings if bad.startswith(s) or s.startswith(bad)), key=len, reverse=True)
     if pref:
@@ -1142,19 +1197,44 @@ def _suggest(parts: list[str], i: int, siblings: list[str], all_keys: list[str])
     return f" (did you mean '{by_leaf[leaf_near[0]]}'?)" if leaf_near else ""
 
 
-def _check_keys(data: Any, model: type[BaseModel], prefix: str, all_keys: list[str]) -> None:
-    """Walk user data against the models; fail on the first unknown key with a suggestion."""
+class _UnknownKey(ConfigError):
+    """One unknown key; `entry` is "'key' (did you mean ...)", for the error that lists them all."""
+
+    def __init__(self, entry: str) -> None:
+        super().__init__(f"unknown config key {entry}")
+        self.entry = entry
+
+
+def _unknown_error(entries: list[str]) -> ConfigError:
+    """One error for every unknown key found: one named as before, several listed on one line."""
+    if len(entries) == 1:
+        return _UnknownKey(entries[0])
+    return ConfigError(f"{len(entries)} unknown config keys: " + "; ".join(entries))
+
+
+def _unknown_keys(data: Any, model: type[BaseModel], prefix: str, all_keys: list[str]) -> list[str]:
+    """Every unknown key in user data, walked against the models, each as "'key' (did you mean ...)"."""
     if not isinstance(data, dict):
-        return
+        return []
     fields = model.model_fields
+    out: list[str] = []
     for key, value in data.items():
         dotted = f"{prefix}{key}"
         if not isinstance(key, str) or key not in fields:
             parts = prefix.split(".")[:-1] + [str(key)]
-            raise ConfigError(f"unknown config key '{dotted}'{_suggest(parts, len(parts) - 1, list(fields), all_keys)}")
+            out.append(f"'{dotted}'{_suggest(parts, len(parts) - 1, list(fields), all_keys)}")
+            continue
         sub = _unwrap_model(fields[key].annotation)
         if sub is not None and isinstance(value, dict):
-            _check_keys(value, sub, dotted + ".", all_keys)
+            out.extend(_unknown_keys(value, sub, dotted + ".", all_keys))
+    return out
+
+
+def _check_keys(data: Any, model: type[BaseModel], prefix: str, all_keys: list[str]) -> None:
+    """Walk user data against the models; fail naming every unknown key, each with a suggestion."""
+    unknown = _unknown_keys(data, model, prefix, all_keys)
+    if unknown:
+        raise _unknown_error(unknown)
 
 
 def _field_annotation(path: tuple[Any, ...]) -> Any:
@@ -1239,7 +1319,7 @@ def _apply_override(data: dict[str, Any], parts: list[str], value: Any, all_keys
                 continue
             raise ConfigError(f"unknown config key '{'.'.join(parts)}' ('{'.'.join(parts[:i])}' is not a section)")
         if part not in sub.model_fields:
-            raise ConfigError(f"unknown config key '{'.'.join(parts)}'{_suggest(parts, i, list(sub.model_fields), all_keys)}")
+            raise _UnknownKey(f"'{'.'.join(parts)}'{_suggest(parts, i, list(sub.model_fields), all_keys)}")
         if i == len(parts) - 1:
             node[part] = value
             return
@@ -1249,6 +1329,27 @@ def _apply_override(data: dict[str, Any], parts: list[str], value: Any, all_keys
             nxt = {}
             node[part] = nxt
         node = nxt
+
+
+def field_of(dotted: str) -> tuple[type[BaseModel], str]:
+    """The section model and the dotted key of the field `dotted` names ('train.lr' -> (TrainConfig, 'train.lr'));
+    a key under a free-form mapping ('env.kwargs.path') gives that mapping's field ('env.kwargs'). ConfigError
+    names the closest valid key."""
+    parts = dotted.split(".")
+    if not dotted or any(not p for p in parts):
+        raise ConfigError(f"bad config key {dotted!r}: expected a dotted key, e.g. train.lr")
+    model: type[BaseModel] = RunConfig
+    all_keys = valid_keys()
+    for i, part in enumerate(parts):
+        if part not in model.model_fields:
+            raise _UnknownKey(f"'{dotted}'{_suggest(parts, i, list(model.model_fields), all_keys)}")
+        sub = _unwrap_model(model.model_fields[part].annotation)
+        if i == len(parts) - 1 or sub is None:
+            if i < len(parts) - 1 and get_origin(model.model_fields[part].annotation) is not dict:
+                raise ConfigError(f"unknown config key '{dotted}' ('{'.'.join(parts[:i + 1])}' is not a section)")
+            return model, ".".join(parts[:i + 1])
+        model = sub
+    raise AssertionError("unreachable")  # pragma: no cover
 
 
 def _dotted_keys(data: Any, prefix: str = "") -> list[str]:
@@ -1307,25 +1408,35 @@ def _validate(data: dict[str, Any], given: set[str], *, api: bool = False) -> Ru
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = (), *,
-                saved_run: bool = False) -> RunConfig:
+                saved_run: bool = False, defaults: bool = False) -> RunConfig:
     """Read YAML (or the embedded default when `path` is None), apply `a.b=c` overrides, validate.
 
-    Raises ConfigError with a one-line message on a missing/unreadable file, bad YAML, an unknown key (naming the
-    closest valid key), a bad value (naming the full dotted key), a combination that cannot work, a key the
-    user set where it has no effect (`inert_keys`; `saved_run=True` reads a run's resolved config.yaml, whose
-    keys were checked when the run started, so only the overrides are checked), or the placeholder of an object
-    a run was given through the Python API (`rollwise.in_memory`).
+    `defaults=True` starts from the documented field defaults instead of the embedded default (no file).
+    Raises ConfigError with a one-line message on a missing/unreadable file, bad YAML, unknown keys (all of them,
+    each with the closest valid key), a bad value (naming the full dotted key), a combination that cannot work, a
+    key the user set where it has no effect (`inert_keys`; `saved_run=True` reads a run's resolved config.yaml,
+    whose keys were checked when the run started, so only the overrides are checked), or the placeholder of an
+    object a run was given through the Python API (`rollwise.in_memory`).
     """
-    data = _read_config_file(path)
+    if defaults and path is not None:
+        raise ConfigError(f"the field defaults take no config file (got {path})")
+    data: dict[str, Any] = {} if defaults else _read_config_file(path)
     all_keys = valid_keys()
-    _check_keys(data, RunConfig, "", all_keys)
-    _refuse_placeholders(data, str(default_config_path() if path is None else path))
+    unknown = _unknown_keys(data, RunConfig, "", all_keys)
+    if not unknown and not defaults:
+        _refuse_placeholders(data, str(default_config_path() if path is None else path))
     given = set() if (path is None or saved_run) else set(_dotted_keys(data))
     for item in overrides:
         parts, value = _parse_override(item)
         _refuse_placeholders({".".join(parts): value}, "the overrides")
-        _apply_override(data, parts, value, all_keys)
+        try:
+            _apply_override(data, parts, value, all_keys)
+        except _UnknownKey as e:
+            unknown.append(e.entry)
+            continue
         given.add(".".join(parts))
+    if unknown:
+        raise _unknown_error(unknown)
     _check_keys(data, RunConfig, "", all_keys)
     return _validate(data, given)
 
@@ -1374,6 +1485,7 @@ def build_config(config: str | Path | Mapping[str, Any] | RunConfig | None = Non
     else:
         raise ConfigError(f"config must be None, a YAML path, a dict of sections or a RunConfig, got "
                           f"{type(config).__name__}")
+    unknown: list[str] = []
     for key, value in (overrides or {}).items():
         if not isinstance(key, str) or not key or any(not p for p in key.split(".")):
             raise ConfigError(f"bad override {key!r}: expected a section name or a dotted key, e.g. train.lr")
@@ -1384,8 +1496,14 @@ def build_config(config: str | Path | Mapping[str, Any] | RunConfig | None = Non
         for dotted, leaf in pairs:
             if placeholders_in(leaf):
                 _refuse_placeholders({dotted: leaf}, "the overrides")
-            _apply_override(data, dotted.split("."), leaf, all_keys)
+            try:
+                _apply_override(data, dotted.split("."), leaf, all_keys)
+            except _UnknownKey as e:
+                unknown.append(e.entry)
+                continue
             given.add(dotted)
+    if unknown:
+        raise _unknown_error(unknown)
     _check_keys(data, RunConfig, "", all_keys)
     if saved_run:
         left = placeholders_in(data)

@@ -40,6 +40,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from rollwise.trl_names import TRL_FIELDS, DefaultOnly, Inert, Mapped
+
 __all__ = [
     "GRPOConfig", "GRPOTrainer", "TRLArgumentError", "TRLState", "TrainOutput", "TRL_FIELDS", "Mapped", "Inert",
     "DefaultOnly", "FIXED_SETTINGS", "SAME_NAME_OTHER_MEANING", "check_args", "translate_args", "to_rollwise",
@@ -52,186 +54,13 @@ class TRLArgumentError(ValueError):
 
 
 # ------------------------------------------------------------------------------------------------ the mapping
+# The mapping itself is data in rollwise.trl_names (TRL_FIELDS, Mapped, Inert, DefaultOnly), re-exported here.
 
-
-@dataclass(frozen=True)
-class Mapped:
-    """A TRL field translated onto rollwise keys (`keys`; empty when it shapes the trainer object itself)."""
-
-    keys: tuple[str, ...]
-    note: str = ""
-
-
-@dataclass(frozen=True)
-class Inert:
-    """A TRL field accepted at any value: it changes nothing rollwise computes (printing, data loading, ...)."""
-
-    reason: str
-
-
-@dataclass(frozen=True)
-class DefaultOnly:
-    """A TRL field with no rollwise counterpart: accepted at TRL's default (which rollwise matches), refused
-    otherwise, naming `reason`."""
-
-    reason: str
-
-
-Entry = Mapped | Inert | DefaultOnly
-
-_BATCH = ("rollout.prompts_per_step", "rollout.samples_per_prompt", "train.updates_per_step")
-_STEPS = ("train.steps",)
-
-
-def _default_only(reason: str, *names: str) -> dict[str, Entry]:
-    return {n: DefaultOnly(reason) for n in names}
-
-
-def _inert(reason: str, *names: str) -> dict[str, Entry]:
-    return {n: Inert(reason) for n in names}
-
-
-TRL_FIELDS: dict[str, Entry] = {
-    # ---- generation and batch
-    "num_generations": Mapped(("rollout.samples_per_prompt",), "the group size"),
-    "per_device_train_batch_size": Mapped(_BATCH, "completions per optimizer step = per_device_train_batch_size x "
-                                                  "gradient_accumulation_steps (one process); prompts per RL step = "
-                                                  "generation batch / num_generations"),
-    "gradient_accumulation_steps": Mapped(_BATCH, "rollwise accumulates over packed micro-batches itself "
-                                                  "(train.micro_batch_tokens): only the batch size it implies counts"),
-    "generation_batch_size": Mapped(_BATCH, "completions per generation = rollout.prompts_per_step x "
-                                            "rollout.samples_per_prompt"),
-    "steps_per_generation": Mapped(_BATCH + _STEPS, "steps_per_generation / gradient_accumulation_steps optimizer "
-                                                    "steps per generation = train.updates_per_step (shuffled "
-                                                    "mini-batches); must be a whole multiple"),
-    "max_completion_length": Mapped(("rollout.max_tokens",), "also Dr. GRPO's constant normaliser, as in TRL"),
-    "temperature": Mapped(("rollout.temperature",)),
-    "top_p": Mapped(("rollout.top_p",)),
-    "top_k": Mapped(("rollout.top_k",), "0 (off) -> -1 (off)"),
-    # ---- loss
-    "loss_type": Mapped(("algo.loss", "algo.overlong_filter", "algo.overlong_penalty"),
-                        "grpo, dr_grpo, dapo; dapo -> algo.loss dapo with algo.overlong_filter = "
-                        "mask_truncated_completions and algo.overlong_penalty false (TRL's dapo is the token-level "
-                        "normaliser only); bnpo, cispo, sapo, luspo, vespo refused"),
-    "beta": Mapped(("algo.kl_coef", "algo.kl_estimator"), "k3 estimator, as TRL; beta > 0 needs "
-                                                          "use_bias_correction_kl=False"),
-    "use_bias_correction_kl": Mapped((), "rollwise's KL term is not weighted by the importance ratio: with beta > 0 "
-                                         "set it False (at beta 0 it changes nothing)"),
-    "epsilon": Mapped(("algo.clip_eps_low",)),
-    "epsilon_high": Mapped(("algo.clip_eps_high",), "None -> epsilon, as TRL (set explicitly: rollwise's dapo "
-                                                    "would take 0.28)"),
-    "scale_rewards": Mapped(("algo.advantage", "algo.adv_eps"), "group -> grpo (std + 1e-4, as TRL); none -> "
-                                                                "dr_grpo; batch refused"),
-    "importance_sampling_level": Mapped(("algo.loss",), "token; sequence with loss_type grpo -> algo.loss gspo"),
-    "mask_truncated_completions": Mapped(("algo.overlong_filter",)),
-    "num_iterations": Mapped((), "1 only: rollwise trains each mini-batch once (train.updates_per_step splits the "
-                                 "batch, it does not repeat it)"),
-    "reward_weights": Mapped(("env.rewards",), "weight of each reward function"),
-    # ---- optimiser and schedule
-    "learning_rate": Mapped(("train.lr",)),
-    "lr_scheduler_type": Mapped(("train.schedule", "train.min_lr_ratio", "train.warmup_steps"),
-                                "linear, cosine (to 0), constant (no warm-up, as TRL), constant_with_warmup"),
-    "warmup_steps": Mapped(("train.warmup_steps",), "optimizer steps; a value below 1 is a fraction of them"),
-    "weight_decay": Mapped(("train.weight_decay",)),
-    "adam_beta1": Mapped(("train.betas",)),
-    "adam_beta2": Mapped(("train.betas",)),
-    "adam_epsilon": Mapped(("train.adam_eps",)),
-    "optim": Mapped((), "adamw_torch and adamw_torch_fused (rollwise's optimiser is torch's AdamW); others refused"),
-    "max_grad_norm": Mapped(("train.grad_clip",), "0 or None -> no clipping"),
-    "max_steps": Mapped(_STEPS, "optimizer steps / train.updates_per_step"),
-    "num_train_epochs": Mapped(_STEPS, "when max_steps <= 0: ceil(epochs x (prompts // prompts per RL step))"),
-    "seed": Mapped(("train.seed",)),
-    "bf16": Mapped(("train.bf16",), "bf16 autocast on CUDA (rollwise trains in float32 on the CPU)"),
-    "gradient_checkpointing": Mapped(("train.gradient_checkpointing",), "TRL's default True is kept"),
-    "use_cpu": Mapped(("model.device",), "True -> cpu"),
-    # ---- logging, saving, evaluation
-    "output_dir": Mapped(("run.out_dir",), "None -> trainer_output, as TRL"),
-    "logging_steps": Mapped((), "GRPOTrainer.state.log_history: one entry per logging_steps optimizer steps, the "
-                                "mean over them; metrics.jsonl has every RL step"),
-    "report_to": Mapped(("run.loggers",), "none, tensorboard, wandb, mlflow (jsonl is always on); others refused"),
-    "run_name": Mapped(("run.out_dir",), "rollwise names a run after its directory: None or output_dir's name only"),
-    "save_strategy": Mapped(("run.checkpoint_every",), "steps; no -> only the final checkpoint; epoch/best refused"),
-    "save_steps": Mapped(("run.checkpoint_every",), "optimizer steps / train.updates_per_step"),
-    "save_total_limit": Mapped(("run.keep_checkpoints",)),
-    "eval_strategy": Mapped(("run.eval_every",), "no / steps; rollwise also evaluates before and after training "
-                                                 "(held-out accuracy, not TRL's eval loss)"),
-    "eval_steps": Mapped(("run.eval_every",), "optimizer steps / train.updates_per_step; None -> logging_steps"),
-    # ---- vLLM
-    "use_vllm": Mapped(("engine.backend", "engine.remote_server"), "True -> remote vLLM servers"),
-    "vllm_mode": Mapped(("engine.backend",), "server only (colocate refused): a vLLM OpenAI server rollwise can "
-                                             "reload (README, Engines), not `trl vllm-serve`"),
-    "vllm_server_base_url": Mapped(("engine.remote_urls",)),
-    "vllm_server_host": Mapped(("engine.remote_urls",), "with vllm_server_port when vllm_server_base_url is None"),
-    "vllm_server_port": Mapped(("engine.remote_urls",)),
-    "vllm_importance_sampling_correction": Mapped(("algo.tis_cap",), "with use_vllm; False -> no correction"),
-    "vllm_importance_sampling_mode": Mapped(("algo.tis_cap",), "token_truncate only (truncated IS against the "
-                                                               "trainer's own log-probs: algo.tis_cap); the mask "
-                                                               "and sequence modes are refused with use_vllm"),
-    "vllm_importance_sampling_clip_max": Mapped(("algo.tis_cap",)),
-    "vllm_importance_sampling_clip_min": Mapped(("algo.tis_cap",), "None only (rollwise truncates from above)"),
-    # ---- accepted at any value
-    **_inert("changes what is printed or kept, not what is trained: rollwise keeps every completion in "
-             "RUN_DIR/rollouts/*.parquet", "log_completions"),
-    **_inert("always the case in rollwise (it evaluates before training)", "eval_on_start"),
-    **_inert("batching of evaluation only", "per_device_eval_batch_size"),
-    **_inert("terminal output, data loading, process plumbing: nothing rollwise computes",
-             "disable_tqdm", "log_level", "log_level_replica", "log_on_each_node", "dataloader_num_workers",
-             "dataloader_pin_memory", "dataloader_persistent_workers", "dataloader_prefetch_factor",
-             "ddp_timeout", "skip_memory_metrics", "do_train", "do_eval", "do_predict", "local_rank",
-             "dataloader_multiprocessing_context"),
-    # ---- TRL's default only
-    **_default_only("TRL's generation knobs rollwise's samplers do not have", "min_p", "repetition_penalty",
-                    "generation_kwargs", "cache_implementation", "num_generations_eval", "chat_template_kwargs",
-                    "vllm_structured_outputs_regex"),
-    **_default_only("losses and regularisers rollwise does not have", "delta", "sapo_temperature_neg",
-                    "sapo_temperature_pos", "vespo_k_pos", "vespo_lambda_pos", "vespo_k_neg", "vespo_lambda_neg",
-                    "multi_objective_aggregation", "sync_ref_model", "ref_model_mixup_alpha", "ref_model_sync_steps",
-                    "top_entropy_quantile", "entropy_coef", "use_adaptive_entropy", "entropy_coef_min",
-                    "entropy_coef_max", "entropy_coef_delta", "entropy_target", "off_policy_mask_threshold",
-                    "router_aux_loss_coef", "label_smoothing_factor", "neftune_noise_alpha",
-                    "average_tokens_across_devices", "cast_lm_head_to_fp32", "disable_dropout"),
-    **_default_only("vLLM settings of TRL's colocate mode or of the server's own command line",
-                    "vllm_model_impl", "vllm_enable_sleep_mode", "vllm_gpu_memory_utilization",
-                    "vllm_max_model_length", "vllm_tensor_parallel_size", "vllm_group_port",
-                    "vllm_server_timeout", "vllm_importance_sampling_cap", "ds3_gather_for_generation"),
-    **_default_only("model loading rollwise does itself (model.dtype, model.tokenizer)", "model_init_kwargs",
-                    "trust_remote_code"),
-    **_default_only("rollwise's data order is a seeded shuffle of every column (all reach the reward functions)",
-                    "remove_unused_columns", "shuffle_dataset", "data_seed", "train_sampling_strategy",
-                    "length_column_name", "label_names", "pad_to_multiple_of", "dataloader_drop_last",
-                    "dataloader_in_order", "ignore_data_skip"),
-    **_default_only("multi-turn tool episodes are shaped by env.max_turns / env.max_tool_calls",
-                    "max_tool_calling_iterations"),
-    **_default_only("TRL's logging channels rollwise does not have (metrics.jsonl holds every step)",
-                    "log_multimodal", "num_completions_to_print", "log_unique_prompts", "log_completions_hub_repo",
-                    "logging_strategy", "logging_first_step", "logging_nan_inf_filter", "include_num_input_tokens_seen",
-                    "project", "trackio_space_id", "trackio_bucket_id", "trackio_static_space_id"),
-    **_default_only("other generation back ends", "use_transformers_continuous_batching",
-                    "transformers_continuous_batching_config", "use_transformers_paged"),
-    **_default_only("precision, compilation and kernels are rollwise's own (model.dtype, train.bf16)", "fp16",
-                    "bf16_full_eval", "fp16_full_eval", "tf32", "torch_compile", "torch_compile_backend",
-                    "torch_compile_mode", "use_liger_kernel", "liger_kernel_config", "use_cache",
-                    "torch_empty_cache_steps", "activation_checkpointing", "activation_checkpointing_kwargs",
-                    "gradient_checkpointing_kwargs", "optim_args", "optim_target_modules", "lr_scheduler_kwargs",
-                    "auto_find_batch_size", "full_determinism"),
-    **_default_only("distributed training is train.world_size / train.parallel, not accelerate's", "accelerator_config",
-                    "parallelism_config", "ddp_find_unused_parameters", "ddp_bucket_cap_mb", "ddp_broadcast_buffers",
-                    "ddp_static_graph", "ddp_backend", "fsdp", "fsdp_config", "deepspeed", "debug"),
-    **_default_only("TRL's evaluation loop (rollwise reports held-out accuracy instead)", "eval_delay",
-                    "prediction_loss_only", "eval_do_concat_batches", "eval_use_gather_object",
-                    "eval_accumulation_steps", "include_for_metrics", "batch_eval_metrics", "load_best_model_at_end",
-                    "metric_for_best_model", "greater_is_better"),
-    **_default_only("rollwise checkpoints are always resumable and local (push to a hub yourself)", "save_only_model",
-                    "save_on_each_node", "enable_jit_checkpoint", "push_to_hub", "hub_token", "hub_private_repo",
-                    "hub_model_id", "hub_strategy", "hub_always_push", "hub_revision",
-                    "restore_callback_states_from_checkpoint"),
-    **_default_only("pass it to GRPOTrainer.train(resume_from_checkpoint=...)", "resume_from_checkpoint"),
-}
-"""Every field of TRL's GRPOConfig (TRL 1.16.0, with transformers' TrainingArguments): how rollwise takes it."""
 
 FIXED_SETTINGS: dict[str, tuple[Any, str]] = {
     "env.name": ("dataset", "train_dataset / eval_dataset rows, the `prompt` column, every other column a reward "
-                            "keyword, as TRL"),
+                            "keyword, as TRL; `env_owned` without a train_dataset (an environment_factory's reset() "
+                            "makes each prompt, env.kwargs.rows = generation_batch_size // num_generations)"),
     "env.chat_template": ("true / false", "true for conversational prompts (message lists), false for standard "
                                           "(text) prompts: TRL applies the chat template to conversational data only"),
     "env.kwargs.answer_key": (None, "no column is special: an `answer` column reaches the rewards as `answer=`"),
@@ -543,9 +372,6 @@ def _check_mapped_values(a: Any) -> None:
     for name in _report_to(a):
         if name not in _LOGGERS:
             raise _refuse("report_to", a.report_to, f"rollwise logs to {', '.join(_LOGGERS)} (and metrics.jsonl)")
-    run_name = a.run_name
-    if run_name is not None and run_name != Path(_output_dir(a)).name and run_name != _output_dir(a):
-        raise _refuse("run_name", run_name, "rollwise names a run after its directory: set output_dir instead")
     if a.use_vllm:
         if _s(a.vllm_mode) != "server":
             raise _refuse("vllm_mode", a.vllm_mode, "rollwise drives vLLM as separate servers (vllm_mode='server'); "
@@ -705,6 +531,8 @@ def translate_args(a: Any, *, num_train_prompts: int | None = None) -> dict[str,
         out["model.device"] = "cpu"
     # logging, saving, evaluation
     out["run.out_dir"] = _output_dir(a)
+    if a.run_name is not None:
+        out["run.run_name"] = str(a.run_name)
     out["run.loggers"] = ["jsonl", *_report_to(a)]
     if _s(a.save_strategy) == "no":
         out["run.checkpoint_every"] = 0
@@ -782,10 +610,19 @@ def _reward_name(fn: Any) -> str:
     return str(getattr(fn, "__name__", None) or type(fn).__name__)
 
 
-def _rewards(reward_funcs: Any, weights: Sequence[float] | None) -> list[dict[str, Any]]:
+def _rewards(reward_funcs: Any, weights: Sequence[float] | None, *, env_scores: bool = False) -> list[dict[str, Any]]:
+    """env.rewards from reward_funcs; none at all only when every environment class has get_reward (`env_scores`)."""
+    if reward_funcs is None:
+        reward_funcs = []
     funcs = list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
     if not funcs:
-        raise TRLArgumentError("GRPOTrainer: reward_funcs is empty; give one or several reward functions")
+        if env_scores:
+            if weights:
+                raise _refuse("reward_weights", list(weights), "there are no reward_funcs to weight (get_reward "
+                                                               "has weight 1, as TRL)")
+            return []
+        raise TRLArgumentError("GRPOTrainer: no reward source: pass reward_funcs, or an environment_factory whose "
+                               "environment defines a get_reward() method")
     for i, fn in enumerate(funcs):
         where = "reward_funcs" if len(funcs) == 1 else f"reward_funcs[{i}]"
         if isinstance(fn, str):
@@ -812,8 +649,9 @@ def _is_module(obj: Any) -> bool:
     return any(c.__name__ in ("Module", "PreTrainedModel") for c in type(obj).__mro__)
 
 
-def _rows(dataset: Any, name: str) -> Any:
-    """A TRL dataset (datasets.Dataset or a list of dicts) as rollwise takes it; refused otherwise."""
+def _rows(dataset: Any, name: str, *, prompt_optional: bool = False) -> Any:
+    """A TRL dataset (datasets.Dataset or a list of dicts) as rollwise takes it; refused otherwise. With an
+    environment (`prompt_optional`), rows without a prompt get an empty user message, which `reset` fills (TRL's)."""
     cls = type(dataset).__name__
     if cls in ("IterableDataset", "IterableDatasetDict"):
         raise TRLArgumentError(f"GRPOTrainer: {name} is an {cls}: rollwise reads the rows into memory; pass a "
@@ -825,6 +663,8 @@ def _rows(dataset: Any, name: str) -> Any:
     if len(dataset) == 0:
         raise TRLArgumentError(f"GRPOTrainer: {name} is empty")
     first = dataset[0]
+    if prompt_optional and isinstance(first, Mapping) and "prompt" not in first:
+        return [{"prompt": [{"role": "user", "content": ""}], **dict(row)} for row in dataset]
     if not isinstance(first, Mapping) or "prompt" not in first:
         cols = ", ".join(map(str, first)) if isinstance(first, Mapping) else type(first).__name__
         raise TRLArgumentError(f"GRPOTrainer: {name} rows need a 'prompt' column, as TRL's (got: {cols})")
@@ -859,33 +699,96 @@ def _lora(peft_config: Any) -> dict[str, Any]:
 def to_rollwise(model: Any, reward_funcs: Any, args: Any, train_dataset: Any, eval_dataset: Any = None, *,
                 peft_config: Any = None, environment_factory: Any = None) -> dict[str, Any]:
     """The whole rollwise run config (dotted keys) a GRPOTrainer's arguments mean; values may be in-memory objects
-    (reward callables, datasets, an environment class) where `rollwise.train` takes them."""
+    (reward callables, datasets, environment classes) where `rollwise.train` takes them."""
     if not isinstance(model, (str, Path)):
         raise TRLArgumentError(f"GRPOTrainer: model is a {type(model).__name__}; rollwise loads the model itself: "
                                "pass its path or name (e.g. 'smollm2-135m' or an HF checkpoint directory)")
+    envs = _environments(environment_factory)
     if train_dataset is None:
-        raise TRLArgumentError("GRPOTrainer: train_dataset is required")
-    train = _rows(train_dataset, "train_dataset")
-    test = _rows(eval_dataset, "eval_dataset") if eval_dataset is not None else train
-    out = translate_args(args, num_train_prompts=len(train))
+        out = _env_owned(args, envs)
+    else:
+        train = _rows(train_dataset, "train_dataset", prompt_optional=envs is not None)
+        test = _rows(eval_dataset, "eval_dataset", prompt_optional=envs is not None) if eval_dataset is not None \
+            else train
+        if isinstance(environment_factory, Mapping):
+            _check_routing(train, "train_dataset", environment_factory)
+            _check_routing(test, "eval_dataset", environment_factory)
+        out = translate_args(args, num_train_prompts=len(train))
+        out["env.name"] = "dataset"
+        out["env.kwargs"] = {"path": train, "test_path": test, "prompt_key": "prompt", "answer_key": None}
+        # an eval_dataset is evaluated whole (as TRL); without one, up to rollwise's default 200 training prompts
+        out["env.eval_size"] = len(test) if eval_dataset is not None else min(len(train), EVAL_ON_TRAIN_PROMPTS)
+        conv = _conversational(train)
+        if eval_dataset is not None and _conversational(test) != conv:
+            raise TRLArgumentError("GRPOTrainer: train_dataset and eval_dataset mix standard (text) and "
+                                   "conversational (message list) prompts")
+        out["env.chat_template"] = conv
     out["model.path"] = str(model)
-    out["env.name"] = "dataset"
-    out["env.kwargs"] = {"path": train, "test_path": test, "prompt_key": "prompt", "answer_key": None}
-    # an eval_dataset is evaluated whole (as TRL); without one, up to rollwise's default 200 training prompts
-    out["env.eval_size"] = len(test) if eval_dataset is not None else min(len(train), EVAL_ON_TRAIN_PROMPTS)
-    conv = _conversational(train)
-    if eval_dataset is not None and _conversational(test) != conv:
-        raise TRLArgumentError("GRPOTrainer: train_dataset and eval_dataset mix standard (text) and conversational "
-                               "(message list) prompts")
-    out["env.chat_template"] = conv
-    out["env.rewards"] = _rewards(reward_funcs, args.reward_weights)
+    env_scores = envs is not None and all(_owns_reward(cls) for cls in envs.values())
+    out["env.rewards"] = _rewards(reward_funcs, args.reward_weights, env_scores=env_scores) or None
     if peft_config is not None:
         out.update(_lora(peft_config))
-    if environment_factory is not None:
-        if not isinstance(environment_factory, type):
-            raise TRLArgumentError("GRPOTrainer: environment_factory must be a class (rollwise builds one per "
-                                   f"episode and calls reset(**row)); got a {type(environment_factory).__name__}")
-        out["env.environment"] = environment_factory
+    if envs is not None:
+        out["env.environment"] = dict(environment_factory) if isinstance(environment_factory, Mapping) else \
+            environment_factory
+    return out
+
+
+def _owns_reward(probe_type: type) -> bool:
+    return inspect.isfunction(getattr(probe_type, "get_reward", None))
+
+
+def _environments(factory: Any) -> dict[str, type] | None:
+    """{name: the class each factory builds} (one probe instance each, as TRL builds one at start); None without one.
+    A factory that is not callable, fails, or builds an object without reset() is refused here."""
+    if factory is None:
+        return None
+    items = list(factory.items()) if isinstance(factory, Mapping) else [("", factory)]
+    if not items:
+        raise TRLArgumentError("GRPOTrainer: environment_factory is an empty dict")
+    out: dict[str, type] = {}
+    for name, f in items:
+        where = f"environment_factory[{name!r}]" if isinstance(factory, Mapping) else "environment_factory"
+        if not callable(f):
+            raise TRLArgumentError(f"GRPOTrainer: {where} is a {type(f).__name__}: pass a class or a zero-argument "
+                                   "factory (rollwise builds instances and calls reset(**row))")
+        try:
+            probe = f()
+        except Exception as e:  # noqa: BLE001 - the user's constructor: one line naming it
+            raise TRLArgumentError(f"GRPOTrainer: {where}() failed: {type(e).__name__}: {e}") from None
+        if not callable(getattr(probe, "reset", None)):
+            raise TRLArgumentError(f"GRPOTrainer: {where} built a {type(probe).__name__} without a reset method "
+                                   "(each environment must define reset(**row))")
+        out[str(name)] = type(probe)
+    return out
+
+
+def _check_routing(rows: Any, name: str, factories: Mapping[str, Any]) -> None:
+    """Every row of a dict environment_factory's dataset names one of its environments (TRL's `environment`)."""
+    for i in range(len(rows)):
+        v = rows[i].get("environment") if isinstance(rows[i], Mapping) else None
+        if v not in factories:
+            raise TRLArgumentError(f"GRPOTrainer: {name}[{i}] has environment={v!r}, which is not among the "
+                                   f"environments passed to environment_factory: {sorted(map(str, factories))}")
+
+
+def _env_owned(args: Any, envs: dict[str, type] | None) -> dict[str, Any]:
+    """No train_dataset: the environment owns the data (`env.name: env_owned`): one generation's worth of empty
+    prompts, which each episode's reset() fills; max_steps sets the length (TRL's rules)."""
+    if envs is None:
+        raise TRLArgumentError("GRPOTrainer: train_dataset is required unless an environment_factory is provided")
+    if len(envs) > 1 or "" not in envs:
+        raise TRLArgumentError("GRPOTrainer: a dict environment_factory needs a train_dataset with an 'environment' "
+                               "column to route each example; provide one, or pass a single environment factory")
+    if not (args.max_steps is not None and args.max_steps > 0):
+        raise _refuse("max_steps", args.max_steps, "without a train_dataset (the environment's reset() makes each "
+                                                   "prompt) set max_steps > 0 to define the training length")
+    rows = batch_shape(args).prompts_per_step
+    out = translate_args(args, num_train_prompts=rows)
+    out["env.name"] = "env_owned"
+    out["env.kwargs"] = {"rows": rows}
+    out["env.eval_size"] = rows
+    out["env.chat_template"] = True  # the placeholder prompts are conversational, as TRL's
     return out
 
 
@@ -930,10 +833,11 @@ class GRPOTrainer:
     """TRL's GRPOTrainer, run by rollwise. Every argument is checked here: one rollwise cannot honour with TRL's
     meaning raises `TRLArgumentError` naming it, before any work."""
 
-    def __init__(self, model: Any, reward_funcs: Any, args: Any = None, train_dataset: Any = None,
+    def __init__(self, model: Any, reward_funcs: Any = None, args: Any = None, train_dataset: Any = None,
                  eval_dataset: Any = None, processing_class: Any = None, reward_processing_classes: Any = None,
-                 callbacks: Any = None, optimizers: tuple[Any, Any] = (None, None), peft_config: Any = None,
-                 environment_factory: Any = None, tools: Any = None, rollout_func: Any = None) -> None:
+                 callbacks: Any = None, optimizers: tuple[Any, Any] = (None, None), quantization_config: Any = None,
+                 peft_config: Any = None, tools: Any = None, rollout_func: Any = None,
+                 environment_factory: Any = None) -> None:
         if args is None:
             name = str(model).rstrip("/").rsplit("/", 1)[-1]
             args = GRPOConfig(output_dir=f"{name}-GRPO")
@@ -948,7 +852,9 @@ class GRPOTrainer:
                              "(environment_factory)"),
                    "rollout_func": (rollout_func, "rollwise generates with its own engines; an agent loop "
                                     "of your own runs as env.agent: fn(client, row) with an openai.OpenAI client "
-                                    "on the policy (docs/agents.md)")}
+                                    "on the policy (docs/agents.md)"),
+                   "quantization_config": (quantization_config, "rollwise loads the model itself "
+                                           "(model.dtype); quantized training is not supported")}
         for name, (value, why) in refused.items():
             if value not in (None, [], ()):
                 raise TRLArgumentError(f"GRPOTrainer: {name} is not supported by rollwise: {why}")
@@ -961,7 +867,8 @@ class GRPOTrainer:
                                      environment_factory=environment_factory)
         self._window = logging_window(args, int(self.overrides["train.steps"]))
         self._updates = batch_shape(args).updates_per_step
-        self._num_prompts = len(train_dataset)
+        self._num_prompts = len(train_dataset) if train_dataset is not None else int(
+            self.overrides["rollout.prompts_per_step"])
         self.state = TRLState(max_steps=int(self.overrides["train.steps"]) * self._updates)
         self.result: Any = None
 
@@ -986,7 +893,7 @@ class GRPOTrainer:
         from rollwise.api import train as rollwise_train
 
         kwargs = cfg["env"]["kwargs"] = dict(cfg["env"]["kwargs"])  # a copy: the trainer's own overrides stay whole
-        rows, test_rows = kwargs.pop("path"), kwargs.pop("test_path")  # dataset rows go through the API's keywords
+        rows, test_rows = kwargs.pop("path", None), kwargs.pop("test_path", None)  # rows go through the API's keywords
         self.result = rollwise_train(cfg, train_dataset=rows, eval_dataset=test_rows)
         self.state.log_history = log_history(read_metrics(self.result.run_dir), window=self._window,
                                              updates_per_step=self._updates,
@@ -1123,9 +1030,12 @@ TRAINER_ARGUMENTS: dict[str, str] = {
     "model": "`model.path`: a path or name rollwise loads (an HF directory, `smollm2-135m`, a .gguf); a model "
              "object is refused",
     "reward_funcs": "`env.rewards` (`fn`, `weight` from reward_weights, `name` = the function's `__name__`); sync or "
-                    "async functions; a reward model (a hub id or a model object) is refused",
+                    "async functions; optional when every environment class has get_reward(); a reward model (a hub "
+                    "id or a model object) is refused",
     "train_dataset": "`env.kwargs.path` (a datasets.Dataset or a list of dicts with a `prompt` column, standard or "
-                     "conversational); an IterableDataset or DatasetDict is refused",
+                     "conversational; with an environment_factory the prompt may be left out: reset() fills it); None "
+                     "with a single environment_factory and max_steps > 0: `env.name: env_owned`; an IterableDataset "
+                     "or DatasetDict is refused",
     "eval_dataset": "`env.kwargs.test_path`, `env.eval_size` (all of it); without it rollwise evaluates on up to "
                     "200 of train_dataset's prompts (it always evaluates before and after training)",
     "GRPOConfig(warmup_ratio=...)": "older transformers' fractional warm-up, taken as warmup_steps below 1",
@@ -1134,8 +1044,14 @@ TRAINER_ARGUMENTS: dict[str, str] = {
     "callbacks": "refused (read metrics.jsonl or trainer.state.log_history)",
     "optimizers": "refused unless (None, None)",
     "peft_config": "`train.lora` (r, lora_alpha, lora_dropout, target_modules as a list); other LoRA options refused",
-    "environment_factory": "`env.environment` (a class; public methods are tools, `reset(**row)`)",
+    "environment_factory": "`env.environment`: a class or zero-argument factory, or a dict of them by name (each row's "
+                           "`environment` column picks one; only its tools are offered, the column is not passed to "
+                           "reset). Instances are pooled and reset per episode; tools are the public functions of the "
+                           "class (sync or async) but `reset` and `get_reward`; `get_reward()` (sync or async) is a "
+                           "reward of weight 1 named after the class; what `reset(**row)` returns is appended to the "
+                           "last user message",
     "tools": "refused (tools are an environment class's methods)",
+    "quantization_config": "refused (rollwise loads the model itself)",
     "rollout_func": "refused (rollwise generates with its own engines); your own agent loop: env.agent",
     "train(resume_from_checkpoint)": "`run.resume` (True, or output_dir / a checkpoint inside it)",
     "save_model(output_dir)": "copies the final checkpoint (HF format)",

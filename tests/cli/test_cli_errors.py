@@ -219,6 +219,8 @@ def cases(p: dict) -> list[tuple[str, list[str], str]]:
         ("convert", ["convert", str(d / "garbage.gguf"), out + "c"], "GGUF"),
         ("convert", ["convert", str(d / "missing.gguf"), out + "c"], "GGUF file not found"),
         ("convert", ["convert", str(d / "garbage.gguf"), str(d / "nonempty")], "not empty"),
+        ("config", ["config", "explain", "algo.beta"], "did you mean 'algo.kl_coef'"),
+        ("config", ["config", "explain", "train.lr.x"], "'train.lr' is not a section"),
         # the top level
         ("", ["no-such-command"], "invalid choice"),
     ]

@@ -258,7 +258,7 @@ def test_turns_are_token_exact_on_the_real_tokenizer_even_mid_word(smol_tok):
     assert tok.decode(tool_ids) == "\n<|im_start|>tool\n42<|im_end|>\n<|im_start|>assistant\n"
     assert ep.score.value == 1.0 and ep.score.info["tool_calls"] == 1 and ep.turns == 2
     # SFT renders a demonstration of the same conversation with the same ids (policy text canonical there)
-    demo = [{"role": "user", "content": "What is 6 * 7?\n\n(numbers: 6 and 7)"},
+    demo = [{"role": "user", "content": "What is 6 * 7?(numbers: 6 and 7)"},  # reset's text appended as it is (TRL)
             {"role": "assistant", "content": "", "tool_calls": [
                 {"type": "function", "function": {"name": "multiply", "arguments": json.dumps({"a": 6, "b": 7})}}]},
             {"role": "tool", "content": "42"}, {"role": "assistant", "content": "6 * 7 = 42"}]

@@ -125,3 +125,52 @@ def test_not_utf8_and_ragged_csv_are_one_line_errors(tmp_path):
     gz.write_bytes(b"\x1f\x8b\x08\x00garbage")
     with pytest.raises(DatasetError, match=r"trunc.jsonl.gz: line 1: cannot read"):
         DatasetEnv(path=str(gz)).load()
+
+
+def _vault_rows(vaults):
+    return [{"prompt": "open the vault", "vault": v, "answer": str(i)} for i, v in enumerate(vaults)]
+
+
+def test_environment_rows_with_the_same_prompt_and_other_state_do_not_warn(tmp_path):
+    train = _jsonl(tmp_path / "train.jsonl", _vault_rows(["a", "b", "c"]))
+    test = _jsonl(tmp_path / "test.jsonl", _vault_rows(["x", "y"]))
+    env = DatasetEnv(path=str(train), test_path=str(test))
+    env.compare_whole_rows()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        env.load("train")
+        env.load("test")
+    # the prompt alone is shared: without a class that reads the rows, that is the overlap
+    plain = DatasetEnv(path=str(train), test_path=str(test))
+    with pytest.warns(DatasetOverlapWarning, match="every held-out prompt is also a training prompt"):
+        plain.load("train")
+        plain.load("test")
+
+
+def test_environment_rows_that_are_identical_warn(tmp_path):
+    rows = _vault_rows(["a", "b", "c"])
+    train = _jsonl(tmp_path / "train.jsonl", rows)
+    test = _jsonl(tmp_path / "test.jsonl", [rows[1], {"prompt": "open the vault", "vault": "z", "answer": "9"}])
+    env = DatasetEnv(path=str(train), test_path=str(test))
+    env.compare_whole_rows()
+    with pytest.warns(DatasetOverlapWarning, match=r"1 of 2 held-out rows also appear in the training data"):
+        env.load("train")
+        env.load("test")
+
+
+def test_an_environment_class_makes_the_check_compare_whole_rows(tmp_path):
+    from rollwise.envs.build import make_env
+
+    (tmp_path / "vault_env.py").write_text(
+        "class Vault:\n"
+        "    def reset(self, **row):\n        self.vault = row['vault']\n        return None\n"
+        "    def peek(self) -> str:\n        \"\"\"The vault's name.\"\"\"\n        return self.vault\n"
+        "def reward(completions, **kw):\n    return [0.0] * len(completions)\n")
+    train = _jsonl(tmp_path / "train.jsonl", _vault_rows(["a", "b"]))
+    test = _jsonl(tmp_path / "test.jsonl", _vault_rows(["x"]))
+    env = make_env("dataset", {"path": str(train), "test_path": str(test)}, reward=f"{tmp_path}/vault_env.py:reward",
+                   environment=f"{tmp_path}/vault_env.py:Vault")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        env.load("train")
+        env.load("test")

@@ -283,3 +283,75 @@ def test_a_real_run_writes_every_progress_key(tmp_path, run_cfg):
     train(run_cfg(out, "train.steps=1", "run.loggers=[jsonl]"), log=lambda s: None)
     lines = read_metrics(out)
     assert lines and all(k in line for line in lines for k, _ in PROGRESS_FIELDS), lines
+
+
+# ------------------------------------------------------------------ run.project and run.run_name
+
+def _wandb_run_record(run_dir: Path, wait_s: float = 30.0):
+    """The `run` record (project, display name) of the offline W&B run under run_dir."""
+    import time
+
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    deadline = time.monotonic() + wait_s
+    while True:
+        _, done = _read_wandb_file(run_dir)
+        if done or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    [path] = list((run_dir / "wandb").glob("offline-run-*/run-*.wandb"))
+    data, pos = path.read_bytes(), 7
+    while pos + 7 <= len(data):  # the run record is small and comes first: no block crossing to handle
+        _, n, _ = struct.unpack("<IHB", data[pos:pos + 7])
+        rec = pb.Record()
+        rec.ParseFromString(data[pos + 7:pos + 7 + n])
+        if rec.WhichOneof("record_type") == "run":
+            return rec.run
+        pos += 7 + n
+    raise AssertionError("no run record")
+
+
+def test_project_and_run_name_are_config_keys():
+    cfg = load_config(None, ["run.project=addition", "run.run_name=lr-3e-4"])
+    assert (cfg.run.project, cfg.run.run_name) == ("addition", "lr-3e-4")
+    assert load_config(None).run.project is None and load_config(None).run.run_name is None
+
+
+def test_wandb_takes_project_and_run_name_from_the_config(tmp_path, wandb_offline, monkeypatch):
+    monkeypatch.setenv("WANDB_PROJECT", "from-env")
+    run = tmp_path / "run"
+    with MetricsLogger(run, loggers=["wandb"], console=_quiet(), project="addition", run_name="lr-3e-4") as log:
+        log.log(1, STEPS[0])
+    rec = _wandb_run_record(run)
+    assert (rec.project, rec.display_name) == ("addition", "lr-3e-4")
+
+
+def test_mlflow_takes_experiment_and_run_name_and_falls_back_to_the_environment(tmp_path, monkeypatch):
+    pytest.importorskip("mlflow", reason="mlflow is not installed (pip install mlflow-skinny)")
+    from mlflow.tracking import MlflowClient
+
+    store = tmp_path / "mlruns"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", store.as_uri())
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", "from-env")
+    client = MlflowClient(tracking_uri=store.as_uri())
+    with MetricsLogger(tmp_path / "a", loggers=["mlflow"], console=_quiet(), project="addition", run_name="first"):
+        pass
+    with MetricsLogger(tmp_path / "b", loggers=["mlflow"], console=_quiet()):  # keys unset: env, then run dir
+        pass
+    for run_dir, experiment, name in ((tmp_path / "a", "addition", "first"), (tmp_path / "b", "from-env", "b")):
+        info = client.get_run((run_dir / "mlflow-run-id").read_text().strip())
+        assert client.get_experiment(info.info.experiment_id).name == experiment
+        assert info.info.run_name == name
+
+
+def test_tensorboard_gets_project_and_run_name_as_text(tmp_path):
+    pytest.importorskip("tensorboard", reason="tensorboard is not installed (pip install tensorboard)")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    with MetricsLogger(tmp_path, loggers=["tensorboard"], console=_quiet(), project="addition", run_name="x") as log:
+        log.log(1, STEPS[0])
+    acc = EventAccumulator(str(tmp_path / "tensorboard"))
+    acc.Reload()
+    [event] = acc.Tensors("run/text_summary")
+    assert event.tensor_proto.string_val[0].decode() == "project: addition, run: x"

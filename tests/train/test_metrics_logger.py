@@ -61,6 +61,9 @@ def test_tensorboard_receives_numeric_scalars(tmp_path, monkeypatch):
         def add_scalar(self, tag, value, global_step):
             calls.append((tag, value, global_step))
 
+        def add_text(self, tag, text, global_step):
+            calls.append(("text", tag, text))
+
         def flush(self):
             pass
 

@@ -31,6 +31,7 @@ COMMANDS: dict[str, str] = {
     "serve": "rollwise.cli.serve",
     "rollouts": "rollwise.cli.rollouts",
     "convert": "rollwise.cli.convert",
+    "config": "rollwise.cli.config",
 }
 
 

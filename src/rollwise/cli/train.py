@@ -6,6 +6,8 @@ agree on every key that changes results (one line names each key that differs). 
 (or `--set run.resume=true`) is the same as `--resume` and gets the same check. The run then checks the config
 against the one its checkpoint was trained under (run/resume.py), which also catches a hand-edited config.yaml.
 The config is parsed and validated before anything heavy is imported, so a bad key fails in a second.
+`--print-config` prints it and exits; `--defaults` starts from every key's documented default instead of the
+embedded recipe (a config to start from, for any model); `--doc` puts each key's description above it.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("train", help="RL training (no config: the embedded default)",
                               description=__doc__.splitlines()[0])
     p.add_argument("config", nargs="?", help="YAML run config (default: the embedded default)")
+    p.add_argument("--config", dest="config_flag", metavar="CONFIG.yaml",
+                   help="the YAML run config, as a flag (as eval and generate take it)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config key, e.g. --set train.lr=5e-5 (repeatable)")
     p.add_argument("--out", help="run directory (overrides run.out_dir)")
@@ -25,14 +29,28 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                    help="continue from the latest checkpoint of RUN_DIR (or of --out / run.out_dir), under the "
                         "run's own config.yaml")
     p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+    p.add_argument("--defaults", action="store_true",
+                   help="start from the documented default of every key instead of the embedded default recipe "
+                        "(with --print-config: a config to start from, loadable for any model.path)")
+    p.add_argument("--doc", action="store_true",
+                   help="with --print-config: each key's description as a comment above it")
 
 
-def resolve_config(config: str | None, overrides: list[str], out: str | None, resume: bool | str | None):
-    """The config to run: as given, or for a resume the run's saved config.yaml (with what was given checked
-    against it: keys that change results must agree)."""
+def resolve_config(config: str | None, overrides: list[str], out: str | None, resume: bool | str | None, *,
+                   defaults: bool = False):
+    """The config to run: as given (`defaults`: from the documented field defaults, not the embedded recipe), or
+    for a resume the run's saved config.yaml (with what was given checked against it: keys that change results
+    must agree)."""
     from rollwise.cli.main import UserError
     from rollwise.config import load_config, resume_conflicts
 
+    if defaults:
+        if config is not None:
+            raise UserError(f"--defaults starts from the documented defaults, {config} from its own keys (and the "
+                            "defaults for the rest): give one")
+        if resume:
+            raise UserError("--defaults starts a new config; --resume continues under the run's own config.yaml")
+        return load_config(None, list(overrides) + ([f"run.out_dir={out}"] if out else []), defaults=True)
     if isinstance(resume, str):
         if out and Path(out).resolve() != Path(resume).resolve():
             raise UserError(f"--resume {resume} and --out {out} name different run directories")
@@ -63,14 +81,25 @@ def resolve_config(config: str | None, overrides: list[str], out: str | None, re
 
 
 def run(args: argparse.Namespace) -> int:
+    from rollwise.cli.main import UserError
     from rollwise.config import dump_config
 
     from rollwise.envs.build import check_env_section
 
-    cfg = resolve_config(args.config, args.overrides, args.out, args.resume)
+    if args.doc and not args.print_config:
+        raise UserError("--doc comments the printed config: use it with --print-config")
+    if args.config and args.config_flag and args.config != args.config_flag:
+        raise UserError(f"two configs given: {args.config} and --config {args.config_flag}")
+    config = args.config or args.config_flag
+    cfg = resolve_config(config, args.overrides, args.out, args.resume, defaults=args.defaults)
     check_env_section(cfg.env.name, cfg.env.kwargs, cfg.env.module)  # env.kwargs typos fail here, before any work
     if args.print_config:
-        print(dump_config(cfg), end="")
+        if args.doc:
+            from rollwise.config_doc import dump_config_doc
+
+            print(dump_config_doc(cfg), end="")
+        else:
+            print(dump_config(cfg), end="")
         return 0
     from transformers.utils import logging as hf_logging
 

@@ -59,6 +59,9 @@ class PendingGroup:
     """Per sample: wall time of the scoring call that scored it (timings['score_s'])."""
     loss_masks: dict[int, list[int]] = field(default_factory=dict)
     """Multi-turn episodes: sample -> loss mask (0 for environment tokens); single-turn samples are all policy."""
+    prompts: dict[int, list[int]] = field(default_factory=dict)
+    """Multi-turn episodes: sample -> its own prompt ids, where the environment's opening (what `reset` returned)
+    made them differ from the group's; the rollout trains on the prompt the episode was generated from."""
     segments: dict[int, list[RolloutSegment]] = field(default_factory=dict)
     """Agent episodes: sample -> its further token sequences (`types.RolloutSegment`)."""
 
@@ -185,6 +188,8 @@ class StepContext:
                                                 "".join(t for role, t in ep.texts if role != "prompt"),
                                                 list(ep.weight_versions))
                 g.loss_masks[j] = list(ep.loss_mask)
+                if ep.prompt_token_ids != g.prompt_token_ids:
+                    g.prompts[j] = list(ep.prompt_token_ids)
                 if ep.segments:
                     g.segments[j] = list(ep.segments)
                 if ep.score is not None:
@@ -210,7 +215,7 @@ def build_group(g: PendingGroup, step: int, max_tokens: int) -> RolloutGroup:
             raise RuntimeError(f"group {g.group_id} sample {j} was never generated")
         t = {k: v for k, v in (("generate_s", g.gen_s[j] if j < len(g.gen_s) else None),
                                ("score_s", g.score_s[j] if j < len(g.score_s) else None)) if v is not None}
-        rollouts.append(make_rollout(g.task, g.group_id, j, g.prompt_token_ids, token_ids=o.token_ids,
+        rollouts.append(make_rollout(g.task, g.group_id, j, g.prompts.get(j, g.prompt_token_ids), token_ids=o.token_ids,
                                      logprobs=o.logprobs, weight_versions=o.weight_versions,
                                      finish_reason=o.finish_reason, text=o.text, score=sc, step=step, seed=g.seed,
                                      max_tokens=max_tokens, timings=t, loss_mask=g.loss_masks.get(j),

@@ -1,7 +1,7 @@
 """rollwise.envs: environments (typed tasks + scoring), the multi-turn runner, and the registry.
 
 `make_env(name, kwargs, reward=, rewards=, module=)` builds what the `env` config section describes (with a user reward).
-`get_env("arithmetic" | "countdown" | "dataset" | "gsm8k" | "humaneval" | "mbpp" | "tool_calc" | "mod:attr" | "file.py:attr", **kw)`.
+`get_env("arithmetic" | "countdown" | "dataset" | "env_owned" | "gsm8k" | "humaneval" | "mbpp" | "tool_calc" | "mod:attr" | "file.py:attr", **kw)`.
 """
 
 from rollwise.envs.base import Environment, EpisodeState, MultiTurnEnvironment, Task

@@ -4,53 +4,60 @@ The config names the class, and how it is named decides how it is used, never it
 be called `step`):
 
     env:
-      name: dataset                                  # the data, as for any environment
+      name: dataset                                  # the data, as for any environment (env_owned: reset() makes it)
       kwargs: {path: data/train.jsonl, test_path: data/test.jsonl}
-      environment: recipes/tools/calculator_env.py:CalculatorEnv     # or "module:Class"
+      environment: recipes/tools/calculator_env.py:CalculatorEnv     # or "module:Class", or {name: spec, ...}
       environment_api: tools                         # (default) or gym
-      reward: recipes/tools/reward.py:correct        # fn(completions, environments, **columns)
+      reward: recipes/tools/reward.py:correct        # fn(completions, environments, **columns); optional with get_reward
 
-`environment_api: tools` (`ToolEnv`). Each episode builds its own instance (`Class()`) and calls
-`reset(**row)` with the dataset row (the prompt under `prompt`, every other column by name, nested values as
-they are; a `reset` without `**kwargs` gets the names it takes). What `reset` returns, when not None, is appended
-to the first user turn. Every public method other than `reset` is a tool: its name, description and JSON-schema
-parameters come from its signature and docstring (`transformers.utils.get_json_schema`: type hints and a Google
-style `Args:` section are required, and a class whose tool lacks them fails at start naming it). The model calls
-tools in the format of `models.tool_calls` (through the chat template when it renders tools); each result comes
-back as a `tool` turn. A turn without a call ends the episode. Rewards get `environments=` (the episode objects,
-in the same order as `completions`), as TRL passes them.
+`environment_api: tools` (`ToolEnv`) follows TRL 1.16's GRPOTrainer. Instances are built once (`Class()`, or any
+zero-argument factory), pooled, and reset for each episode: `reset(**row)` gets the dataset row (the prompt under
+`prompt`, every other column by name, nested values as they are; a `reset` without `**kwargs` gets the names it
+takes). A string `reset` returns is appended to the last user message as it is. The tools are the public functions
+of the class (`inspect.isfunction` on the class, as TRL: inherited, static and async ones included; class methods,
+properties and callable attributes not) other than `reset` and `get_reward`; each one's name, description and
+JSON-schema parameters come from its signature and docstring (`transformers.utils.get_json_schema`: type hints and a
+Google style `Args:` section are required, and a class whose tool lacks them fails at start naming it). An optional
+`get_reward()` (sync or async) scores the episode from the instance's state: a reward of weight 1 named after the
+class, summed with `env.reward`, which it makes optional. With a dict of classes, each row's `environment` column
+picks its class, only that class's tools are offered in its prompt (`tool_sets`, `environment_of`), and the column is
+not passed to `reset`. The model calls tools in the format of `models.tool_calls` (through the chat template when it
+renders tools); each result comes back as a `tool` turn. A turn without a call ends the episode. Rewards get
+`environments=` (the episode objects, in the same order as `completions`), as TRL passes them.
 
 Every bad call is an observation for the model, never a crashed run: malformed JSON, an unknown tool, missing,
 unknown or wrongly typed arguments, a tool that raises (its exception's type and message), one that runs past
 `tool_timeout_s` (abandoned in its thread: it cannot be killed), more than `max_calls` calls in a turn, a result
-longer than `max_result_chars` (cut). Each episode's `tool_calls`, `tool_errors` and `turns` land in its
-rollout's `env_info`; the step's means in metrics.jsonl.
+longer than `max_result_chars` (cut). Each episode's `tool_calls`, `tool_errors`, the first failed call (`tool_error`)
+and `turns` land in its rollout's `env_info`; the step's means in metrics.jsonl. A `get_reward` that raises, runs past
+`tool_timeout_s` or returns None errors that episode's score (`algo.errored_reward` then decides what it counts as).
 
 `environment_api: gym` (`GymEnv`): `reset()` (or `reset(**row)` when it takes the row's names or `**kwargs`)
-returns the first observation (or `(observation, info)`), appended to the first user turn; `step(action_text)`
-returns `(observation, reward, done, info)` or gymnasium's `(observation, reward, terminated, truncated, info)`.
+returns the first observation (or `(observation, info)`), appended to the last user turn; `step(action_text)` returns
+`(observation, reward, done, info)` or gymnasium's `(observation, reward, terminated, truncated, info)`.
 Each observation becomes the next user turn; `done` ends the episode. The episode's reward is the sum of the step
 rewards, or `env.reward` with `environments=` when one is configured.
 
 rollwise's own protocol (`envs.base.MultiTurnEnvironment`: `reset(task)` / `step(state, text)`) is unchanged:
 environments named by `env.name` keep it.
 
-Deliberately left out: async tools, tools as plain functions without a class (wrap them in a class), killing a
-hung tool (its thread is abandoned; the episode's object is not reused).
+Deliberately left out: tools as plain functions without a class (TRL's `tools=`; wrap them in a class), an async
+`reset`, and killing a hung tool (its thread is abandoned; the episode's instance leaves the pool).
 """
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import json
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, ClassVar, Mapping, Sequence
 
 from rollwise.envs.base import Environment, EpisodeState, Task
 from rollwise.models.tool_calls import CallError, ToolCall, parse_tool_calls
-from rollwise.rewards.base import describe
+from rollwise.rewards.base import as_score, describe
 from rollwise.rewards.user import RewardSum, UserReward
 from rollwise.types import Score
 
@@ -67,26 +74,27 @@ class EnvironmentClassError(ValueError):
 
 
 # ------------------------------------------------------------------------------------------------ tools
-def _public_methods(obj: object, skip: Sequence[str] = ("reset",)) -> dict[str, Callable[..., Any]]:
-    out = {}
-    for name in sorted(dir(type(obj))):
-        if name.startswith("_") or name in skip:
-            continue
-        static = inspect.getattr_static(type(obj), name)
-        if isinstance(static, (property,)) or not callable(getattr(obj, name, None)):
-            continue
-        if inspect.isroutine(static) or isinstance(static, (staticmethod, classmethod)):
-            out[name] = getattr(obj, name)
-    return out
+RESERVED_METHODS = ("reset", "get_reward")
+"""Methods of a tool class that are never tools: the episode's start and the environment's own reward."""
 
 
-def tool_schemas(obj: object, where: str) -> tuple[list[dict[str, Any]], dict[str, Callable[..., Any]]]:
-    """(JSON schemas, name -> bound method) of an instance's tools: every public method but `reset`."""
+def _public_methods(obj: object, skip: Sequence[str] = RESERVED_METHODS) -> dict[str, Callable[..., Any]]:
+    """The tools of an instance, chosen as TRL 1.16 chooses them: the plain functions of its class (inherited, async
+    and static ones included; class methods, properties and callable attributes are not), public, minus `skip`."""
+    return {name: getattr(obj, name) for name, _ in inspect.getmembers(type(obj), predicate=inspect.isfunction)
+            if not name.startswith("_") and name not in skip}
+
+
+def tool_schemas(obj: object, where: str, *, allow_none: bool = False
+                 ) -> tuple[list[dict[str, Any]], dict[str, Callable[..., Any]]]:
+    """(JSON schemas, name -> bound method) of an instance's tools: every public method but `reset` and
+    `get_reward` (`_public_methods`). allow_none: a class without tools is fine (TRL's: its episodes are one turn)."""
     from transformers.utils import get_json_schema
 
     methods = _public_methods(obj)
-    if not methods:
-        raise EnvironmentClassError(f"{where}: the class has no public methods besides reset, so no tools")
+    if not methods and not allow_none:
+        raise EnvironmentClassError(f"{where}: the class has no public methods besides reset and get_reward, so no "
+                                    "tools")
     schemas = []
     for name, fn in methods.items():
         try:
@@ -178,64 +186,161 @@ def _score_with_reward(reward: EpisodeReward, states: Sequence[EpisodeState]) ->
 
 
 # ------------------------------------------------------------------------------------------------ tool classes
+ENVIRONMENT_COLUMN = "environment"
+"""With several tool classes (a dict of factories), the row column that names each task's class, as TRL's."""
+
+Factory = Callable[[], Any]
+
+
+def _own_reward(probe: object) -> bool:
+    """Whether a tool class scores its own episodes: a `get_reward` function on the class (TRL's rule)."""
+    return inspect.isfunction(getattr(type(probe), "get_reward", None))
+
+
+def _sum_scores(user: Score | None, own: Score | None) -> Score:
+    """The configured reward plus the environment's own (`get_reward`, weight 1, as TRL sums them)."""
+    if user is None or own is None:
+        got = user or own
+        assert got is not None  # NOTE: set-up refuses a class with neither (ToolEnv.__post_init__)
+        return got
+    errors = [e for e in (user.error, own.error) if e]
+    return Score(user.value + own.value, parts={**user.parts, **own.parts}, error="; ".join(errors) or None,
+                 info=dict(user.info))
+
+
 @dataclass
 class ToolEnv:
-    """A user's tool class as a rollwise multi-turn environment (see the module docstring)."""
+    """A user's tool class, or several by name, as a rollwise multi-turn environment (see the module docstring)."""
 
     data: Environment
     """Where tasks come from (e.g. the `dataset` environment): `load(split, n, seed)`."""
-    factory: Callable[[], Any]
-    """The user's class (called with no arguments, once per episode)."""
+    factory: Factory | Mapping[str, Factory]
+    """The user's class or zero-argument factory, or a dict of them by name (each row's `environment` column picks
+    one, as TRL's dict `environment_factory`)."""
     spec: str
     """How the config named it (for messages)."""
     reward: EpisodeReward | None = None
-    """A `rewards.user` scorer (`score_batch(..., extra={"environments": ...})`)."""
+    """A `rewards.user` scorer (`score_batch(..., extra={"environments": ...})`); optional when every class has
+    `get_reward`."""
     tool_timeout_s: float = 10.0
+    """The longest one tool call (or one `get_reward` call) may run."""
     max_calls: int = 4
     max_result_chars: int = 2000
     turn_budget_s: float = 25.0
     """All of a turn's tool calls together: calls after it is spent are timed out without running."""
     tools: list[dict[str, Any]] = field(default_factory=list)
+    """Every class's tool schemas (one list for one class); a task's own are `tool_sets[environment_of(task)]`."""
     methods: list[str] = field(default_factory=list)
+    opening_sep: ClassVar[str] = ""
+    """NOTE: what `reset` returns is appended to the last user message as it is, as TRL does (envs.multiturn)."""
 
     def __post_init__(self) -> None:
-        self._reward()
-        probe = self._new()
-        if not callable(getattr(probe, "reset", None)):
-            raise EnvironmentClassError(f"{self.spec}: the class has no reset(**row) method")
-        self.tools, methods = tool_schemas(probe, self.spec)
-        self.methods = list(methods)
+        self.multi = isinstance(self.factory, Mapping)
+        self._factories: dict[str | None, Factory] = {}
+        if isinstance(self.factory, Mapping):
+            self._factories.update(self.factory.items())
+        else:
+            self._factories[None] = self.factory
+        if not self._factories:
+            raise EnvironmentClassError(f"env.environment {self.spec}: the dict names no classes")
+        self._lock = threading.Lock()
+        self._pool: dict[str | None, list[Any]] = {}
+        self._schemas: dict[str | None, dict[str, dict[str, Any]]] = {}
+        self._owns_reward: dict[str | None, bool] = {}
+        for name in self._factories:
+            probe = self._build(name)
+            where = self._where(name)
+            if not callable(getattr(probe, "reset", None)):
+                raise EnvironmentClassError(f"{where}: the class has no reset(**row) method")
+            schemas, _ = tool_schemas(probe, where, allow_none=True)
+            self._schemas[name] = {s["function"]["name"]: s for s in schemas}
+            self._owns_reward[name] = _own_reward(probe)
+            self._pool[name] = [probe]  # NOTE: built once, reset for each episode (TRL's pool): the probe seeds it
+        unscored = [self._where(n) for n, own in self._owns_reward.items() if not own]
+        if self.reward is None and unscored:
+            raise EnvironmentClassError(f"env.environment {unscored[0]!r} needs env.reward or env.rewards, or a "
+                                        "get_reward() method: a function that scores episodes, e.g. "
+                                        "fn(completions, environments, **kwargs)")
+        seen: dict[str, dict[str, Any]] = {}
+        for by_name in self._schemas.values():
+            for tool, schema in by_name.items():
+                seen.setdefault(tool, schema)
+        self.tools, self.methods = list(seen.values()), list(seen)
 
-    def _reward(self) -> EpisodeReward:
-        """The configured reward: a tool class's episodes have no score without one."""
-        if self.reward is None:
-            raise EnvironmentClassError(f"env.environment {self.spec!r} needs env.reward or env.rewards: a function "
-                                        "that scores episodes, e.g. fn(completions, environments, **kwargs)")
-        return self.reward
+    def __getstate__(self) -> dict[str, Any]:
+        """Picklable (Ray ships environments to its actors): without the lock and the pooled instances."""
+        state = dict(self.__dict__)
+        state.pop("_lock", None)
+        state["_pool"] = {name: [] for name in self._pool}
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
+    def _where(self, name: str | None) -> str:
+        return self.spec if name is None else f"{self.spec}[{name!r}]"
+
+    def _build(self, name: str | None) -> Any:
+        try:
+            return self._factories[name]()
+        except Exception as e:  # noqa: BLE001 - the user's constructor: one line naming it
+            raise EnvironmentClassError(f"{self._where(name)}: constructing it with no arguments failed: "
+                                        f"{describe(e)}") from None
 
     @property
     def name(self) -> str:
         return getattr(self.data, "name", "environment")
 
-    def _new(self) -> Any:
-        try:
-            return self.factory()
-        except Exception as e:  # noqa: BLE001 - the user's constructor: one line naming it
-            raise EnvironmentClassError(f"{self.spec}: constructing it with no arguments failed: {describe(e)}") from None
+    @property
+    def tool_sets(self) -> dict[str | None, list[dict[str, Any]]]:
+        """Each class's tool schemas by its name (None: the one class)."""
+        return {n: list(s.values()) for n, s in self._schemas.items()}
+
+    def environment_of(self, task: Task) -> str | None:
+        """The name of the class a task runs in (its `environment` column with several; None with one)."""
+        return task.metadata.get(ENVIRONMENT_COLUMN) if self.multi else None
 
     def load(self, split: str = "train", n: int | None = None, seed: int = 0) -> list[Task]:
-        return self.data.load(split=split, n=n, seed=seed)
+        tasks = self.data.load(split=split, n=n, seed=seed)
+        for t in tasks if self.multi else ():
+            if self.environment_of(t) not in self._factories:
+                raise EnvironmentClassError(
+                    f"task {t.id}: {ENVIRONMENT_COLUMN}={t.metadata.get(ENVIRONMENT_COLUMN)!r} is not among "
+                    f"env.environment's names {sorted(map(str, self._factories))} (each row names its class in an "
+                    f"{ENVIRONMENT_COLUMN!r} column)")
+        return tasks
 
     def score(self, task: Task, completion: str) -> Score:
         return Score(0.0, error=f"{self.spec} scores whole episodes (environments=); a single text has no episode")
 
+    # -- the pool ------------------------------------------------------------------------------------
+    def _take(self, name: str | None) -> Any:
+        with self._lock:
+            pool = self._pool[name]
+            if pool:
+                return pool.pop()
+        return self._factories[name]()
+
+    def teardown(self, state: EpisodeState) -> None:
+        """The episode's instance goes back to its pool, unless a tool call of it was abandoned (still running)."""
+        obj = state.data.get("obj")
+        if obj is None or state.data.get("abandoned"):
+            return
+        with self._lock:
+            self._pool[state.data.get("environment")].append(obj)
+
     # -- episode protocol ---------------------------------------------------------------------------
     def reset(self, task: Task) -> EpisodeState:
-        state = EpisodeState(task=task, data={"tool_calls": 0, "tool_errors": 0, "calls": []})
+        name = self.environment_of(task)
+        state = EpisodeState(task=task, data={"tool_calls": 0, "tool_errors": 0, "calls": [], "environment": name})
+        row = _row(task)
+        if self.multi:  # the routing column is the trainer's, not reset's (as TRL)
+            row.pop(ENVIRONMENT_COLUMN, None)
         try:
-            obj = self.factory()
+            obj = self._take(name)
             state.data["obj"] = obj
-            ret = obj.reset(**_call_kwargs(obj.reset, _row(task)))
+            ret = obj.reset(**_call_kwargs(obj.reset, row))
         except Exception as e:  # noqa: BLE001 - the episode is errored with the reason
             state.data["step_error"] = f"(reset) {describe(e)}"
             return state
@@ -251,37 +356,43 @@ class ToolEnv:
         state.turn += 1
         state.transcript.append(("policy", completion))
         obj = state.data.get("obj")
-        calls = parse_tool_calls(completion, max_calls=self.max_calls)
+        schemas = self._schemas.get(state.data.get("environment"), {})
+        calls = parse_tool_calls(completion, max_calls=self.max_calls) if schemas else []
         if not calls or obj is None:
             state.done = True
             return None
         deadline = time.monotonic() + self.turn_budget_s
         replies = []
         for call in calls:
-            ok, text = self._run(obj, call, deadline)
+            ok, text = self._run(obj, schemas, call, deadline, state)
             state.data["tool_calls"] += 1
             state.data["tool_errors"] += 0 if ok else 1
-            state.data["calls"].append({"tool": getattr(call, "name", None), "ok": ok, "result": text[:200]})
-            replies.append({"role": "tool", "content": text})
+            if not ok:
+                state.data.setdefault("tool_error", text[:200])
+            name = getattr(call, "name", None)
+            state.data["calls"].append({"tool": name, "ok": ok, "result": text[:200]})
+            replies.append({"role": "tool", "content": text, **({"name": name} if name else {})})
         state.transcript.append(("env", "\n".join(r["content"] for r in replies)))
         return replies
 
-    def _run(self, obj: Any, call: ToolCall | CallError, deadline: float) -> tuple[bool, str]:
+    def _run(self, obj: Any, schemas: dict[str, dict[str, Any]], call: ToolCall | CallError, deadline: float,
+             state: EpisodeState) -> tuple[bool, str]:
         """(ok, the observation) of one call."""
         if isinstance(call, CallError):
             return False, f"error: {call.reason}"
-        if call.name not in self.methods:
-            return False, f"error: unknown tool {call.name!r}; tools: {', '.join(self.methods)}"
-        schema = next(s for s in self.tools if s["function"]["name"] == call.name)
-        bad = _check_arguments(schema, call.arguments)
+        if call.name not in schemas:
+            return False, f"error: unknown tool {call.name!r}; tools: {', '.join(schemas)}"
+        bad = _check_arguments(schemas[call.name], call.arguments)
         if bad:
             return False, f"error: {call.name}: {bad}"
         budget = min(self.tool_timeout_s, deadline - time.monotonic())
         if budget <= 0:
             return False, f"error: {call.name}: not run, this turn's tool time is used up"
         fn = getattr(obj, call.name)
-        finished, out = _with_timeout(lambda: fn(**call.arguments), budget)
+        args = call.arguments
+        finished, out = _with_timeout(lambda: _result_of(fn(**args)), budget)
         if not finished:  # NOTE: the call's thread is abandoned (it cannot be killed) and may still touch `obj`
+            state.data["abandoned"] = True
             return False, f"error: {call.name}: timed out after {budget:.3g}s"
         if isinstance(out, BaseException):
             return False, f"error: {call.name} raised {type(out).__name__}: {str(out)[:300]}"
@@ -290,11 +401,42 @@ class ToolEnv:
             text = text[: self.max_result_chars] + f"... [cut at {self.max_result_chars} characters]"
         return True, text
 
+    def _own_score(self, state: EpisodeState) -> Score | None:
+        """The episode's `get_reward()` (sync or async) as a Score named after its class; None without one."""
+        name = state.data.get("environment")
+        obj = state.data.get("obj")
+        if not self._owns_reward.get(name) or obj is None:
+            return None
+        label = type(obj).__name__
+        finished, out = _with_timeout(lambda: _result_of(obj.get_reward()), self.tool_timeout_s)
+        if not finished:
+            state.data["abandoned"] = True
+            return Score(0.0, error=f"{label}.get_reward: timed out after {self.tool_timeout_s:g}s")
+        if isinstance(out, BaseException):
+            return Score(0.0, error=f"{label}.get_reward raised {describe(out)}")
+        if out is None:
+            return Score(0.0, error=f"{label}.get_reward returned None (no reward)")
+        sc = as_score(out, where=f"{label}.get_reward")
+        return sc if sc.error else Score(sc.value, parts={label: sc.value})
+
     def score_episodes(self, states: Sequence[EpisodeState]) -> list[Score]:
-        scores = _score_with_reward(self._reward(), states)
-        for s, sc in zip(states, scores):
+        user: list[Score | None] = ([None] * len(states) if self.reward is None
+                                    else list(_score_with_reward(self.reward, states)))
+        out = []
+        for s, u in zip(states, user):
+            sc = _sum_scores(u, self._own_score(s))
             sc.info.update(tool_calls=s.data["tool_calls"], tool_errors=s.data["tool_errors"])
-        return scores
+            if "tool_error" in s.data:
+                sc.info["tool_error"] = s.data["tool_error"]  # the first failed call's observation, for audit
+            if self.multi:
+                sc.info["environment"] = s.data.get("environment")
+            out.append(sc)
+        return out
+
+
+def _result_of(value: Any) -> Any:
+    """A tool's (or get_reward's) result, an async one's coroutine run to its end (in the calling thread)."""
+    return asyncio.run(value) if inspect.iscoroutine(value) else value
 
 
 # ------------------------------------------------------------------------------------------------ gym style
@@ -375,29 +517,43 @@ class GymEnv:
 ENVIRONMENT_APIS: dict[str, type] = {"tools": ToolEnv, "gym": GymEnv}
 
 
-def make_class_env(data: Environment, spec: str | Callable[..., Any], api: str, reward: EpisodeReward | None, *,
-                   tool_timeout_s: float = 10.0, max_calls: int = 4, turn_budget_s: float = 25.0) -> ToolEnv | GymEnv:
-    """The environment `env.environment` / `env.environment_api` name ("file.py:Class", or through the Python API
-    the class itself), over the tasks of `data`."""
+def _resolve_class(spec: str | Callable[..., Any], key: str) -> tuple[Any, str]:
+    """(the class or factory, how messages name it) of one `env.environment` value."""
     from rollwise.in_memory import qualified_name
     from rollwise.rewards.user import load_object
 
+    if not isinstance(spec, str):
+        return spec, qualified_name(spec)
+    try:
+        cls = load_object(spec)
+    except (ValueError, FileNotFoundError) as e:
+        raise EnvironmentClassError(f"{key}: {e}") from None
+    if not callable(cls):
+        raise EnvironmentClassError(f"{key} {spec!r} is a {type(cls).__name__}, not a class")
+    return cls, spec
+
+
+def make_class_env(data: Environment, spec: str | Callable[..., Any] | Mapping[str, str | Callable[..., Any]],
+                   api: str, reward: EpisodeReward | None, *, tool_timeout_s: float = 10.0, max_calls: int = 4,
+                   turn_budget_s: float = 25.0) -> ToolEnv | GymEnv:
+    """The environment `env.environment` / `env.environment_api` name ("file.py:Class", or through the Python API
+    the class or a zero-argument factory itself; with 'tools', also a dict of them by name, each row naming its
+    own in an `environment` column), over the tasks of `data`."""
     if api not in ENVIRONMENT_APIS:
         raise EnvironmentClassError(f"env.environment_api must be one of {sorted(ENVIRONMENT_APIS)}, got {api!r}")
-    if not isinstance(spec, str):
-        cls: Any = spec
-        spec = qualified_name(spec)
-    else:
-        try:
-            cls = load_object(spec)
-        except (ValueError, FileNotFoundError) as e:
-            raise EnvironmentClassError(f"env.environment: {e}") from None
-    if not callable(cls):
-        raise EnvironmentClassError(f"env.environment {spec!r} is a {type(cls).__name__}, not a class")
+    if isinstance(spec, Mapping):
+        if api == "gym":
+            raise EnvironmentClassError("env.environment: environment_api 'gym' takes one class, not a dict of them")
+        resolved = {str(k): _resolve_class(v, f"env.environment.{k}") for k, v in spec.items()}
+        label = "{" + ", ".join(f"{k}: {lab}" for k, (_, lab) in resolved.items()) + "}"
+        return ToolEnv(data, {k: c for k, (c, _) in resolved.items()}, label, reward, tool_timeout_s=tool_timeout_s,
+                       max_calls=max_calls, turn_budget_s=turn_budget_s)
+    cls, label = _resolve_class(spec, "env.environment")
     if api == "gym":
-        return GymEnv(data, cls, spec, reward)
-    return ToolEnv(data, cls, spec, reward, tool_timeout_s=tool_timeout_s, max_calls=max_calls,
+        return GymEnv(data, cls, label, reward)
+    return ToolEnv(data, cls, label, reward, tool_timeout_s=tool_timeout_s, max_calls=max_calls,
                    turn_budget_s=turn_budget_s)
 
 
-__all__ = ["ENVIRONMENT_APIS", "EnvironmentClassError", "GymEnv", "ToolEnv", "make_class_env", "tool_schemas"]
+__all__ = ["ENVIRONMENT_APIS", "ENVIRONMENT_COLUMN", "EnvironmentClassError", "GymEnv", "RESERVED_METHODS", "ToolEnv",
+           "make_class_env", "tool_schemas"]

@@ -7,8 +7,10 @@ reward (`env.reward: "file.py:fn"` or `env.rewards: [{fn, weight}]`), puts it on
 calls a TRL-style reward once per batch. Correctness for any reward is `rewards.base.is_correct(score,
 env.pass_threshold)`.
 
-With `environment` (`env.environment: "file.py:Class"`), the tasks of `name` run as episodes of the user's class
-(`envs.agent`), and the reward gets `environments=`.
+With `environment` (`env.environment: "file.py:Class"`, or a dict of them by name), the tasks of `name` run as
+episodes of the user's class (`envs.agent`), and the reward gets `environments=`; a class with `get_reward()` scores
+its own episodes, so the reward is optional. `env.name: env_owned` gives such a class empty prompts its `reset`
+fills (`envs.env_owned`).
 
 On a registered multi-turn environment (`reset` / `step`) a configured reward replaces its `score_episode`
 (`RewardedEpisodes`): it scores whole episodes and gets `environments=` (the episodes' states).
@@ -17,7 +19,7 @@ On a registered multi-turn environment (`reset` / `step`) a configured reward re
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from rollwise.envs.base import Environment, EpisodeState, MultiTurnEnvironment, Reply, is_multi_turn
 from rollwise.envs.registry import EnvSpecError, check_kwargs, factory_of, get_env, unknown_env_message
@@ -111,7 +113,7 @@ def check_env_section(name: str, kwargs: dict[str, Any] | None = None, module: s
 def make_env(name: str, kwargs: dict[str, Any] | None = None, *, reward: str | Callable[..., Any] | None = None,
              rewards: Sequence[Any] | None = None,
              module: str | None = None, reward_timeout_s: float | None = 30.0, reward_workers: int = 8,
-             environment: str | Callable[..., Any] | None = None, environment_api: str = "tools", tool_timeout_s: float = 10.0,
+             environment: str | Callable[..., Any] | Mapping[str, Any] | None = None, environment_api: str = "tools", tool_timeout_s: float = 10.0,
              max_tool_calls: int = 4, turn_budget_s: float = 25.0) -> Environment:
     """The environment the `env` config section describes (see the module docstring).
 
@@ -134,9 +136,15 @@ def make_env(name: str, kwargs: dict[str, Any] | None = None, *, reward: str | C
         scorer = make_reward(reward, rewards, timeout_s=reward_timeout_s, max_workers=reward_workers)
     except TypeError as e:  # not callable, or a signature neither convention fits: the config's mistake
         raise EnvSpecError(f"env.reward{'s' if rewards else ''}: {e}") from e
+    if name == "env_owned" and not environment:
+        raise ValueError("env.name=env_owned has no prompts of its own: set env.environment to a tool class whose "
+                         "reset() returns each episode's prompt")
     if environment:
         from rollwise.envs.agent import make_class_env
+        from rollwise.envs.dataset import DatasetEnv
 
+        if isinstance(env, DatasetEnv):  # the class reads every column (reset(**row)), not just the prompt
+            env.compare_whole_rows()
         return make_class_env(env, environment, environment_api, scorer, tool_timeout_s=tool_timeout_s,
                               max_calls=max_tool_calls, turn_budget_s=turn_budget_s)
     if scorer is None:

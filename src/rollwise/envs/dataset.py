@@ -19,7 +19,9 @@ ones are held out, so the split does not depend on file order or seed, and rows 
 always land on the same side (the two sides never share a prompt). Without either, a DatasetDict's own
 `test` split is used; otherwise `load("test")` fails saying how to get one. When both splits have been loaded
 from separate sources (`test_path`, a DatasetDict) and they share prompts, a `DatasetOverlapWarning` says how
-many: held-out accuracy on prompts the policy trained on measures memory, not generalisation.
+many: held-out accuracy on prompts the policy trained on measures memory, not generalisation. When an environment
+class reads the whole row (`env.environment`, `compare_whole_rows`), whole rows are compared: the same prompt over
+another state is another problem.
 
 Scoring is not this environment's job: it has no reward of its own (`score` raises, naming `env.reward`);
 `envs.build.make_env` puts the configured reward on it.
@@ -225,6 +227,13 @@ class DatasetEnv:
     name: str = "dataset"
     _cache: dict[str, list[Task]] = field(default_factory=dict, init=False, repr=False)
     _overlap_checked: bool = field(default=False, init=False, repr=False)
+    _overlap_by_row: bool = field(default=False, init=False, repr=False)
+
+    def compare_whole_rows(self) -> None:
+        """The environment reads more of a row than its prompt (an `env.environment` class gets `reset(**row)`):
+        the held-out overlap check compares whole rows, so a held-out row with a training row's prompt but other
+        data (another vault, another state) is a different problem and does not warn."""
+        self._overlap_by_row = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.path, InMemoryDataset) and (not isinstance(self.path, str) or not self.path):
@@ -341,16 +350,24 @@ class DatasetEnv:
         if self._overlap_checked or "train" not in self._cache or "test" not in self._cache or self.test_size is not None:
             return
         self._overlap_checked = True
-        train = {_prompt_key(_strip(t.prompt)) for t in self._cache["train"]}
+        key = self._row_key if self._overlap_by_row else (lambda t: _prompt_key(_strip(t.prompt)))
+        train = {key(t) for t in self._cache["train"]}
         test = self._cache["test"]
-        shared = sum(_prompt_key(_strip(t.prompt)) in train for t in test)
+        shared = sum(key(t) in train for t in test)
         if not shared:
             return
         src = self.test_path or f"the 'test' split of {self.path}"
-        what = ("every held-out prompt is also a training prompt (is the test set the training set?)"
-                if shared == len(test) else f"{shared} of {len(test)} held-out prompts also appear in the training data")
+        unit = "row" if self._overlap_by_row else "prompt"
+        what = (f"every held-out {unit} is also a training {unit} (is the test set the training set?)"
+                if shared == len(test) else f"{shared} of {len(test)} held-out {unit}s also appear in the training data")
         warnings.warn(f"dataset {src}: {what}; held-out accuracy on them measures memory, not generalisation",
                       DatasetOverlapWarning, stacklevel=4)
+
+    @staticmethod
+    def _row_key(task: Task) -> str:
+        """The whole row an environment class reads (`reset(**row)`: the prompt and every other column)."""
+        return json.dumps({**task.metadata, "prompt": _strip(task.prompt)}, sort_keys=True, ensure_ascii=False,
+                          default=str)
 
     def load(self, split: str = "train", n: int | None = None, seed: int = 0) -> list[Task]:
         """All of `split` in file order, or `n` of them in a seed-determined order."""

@@ -246,7 +246,7 @@ class _Opener:
             ids = prompt_ids
             extra = opening(state) if callable(opening) else None
             if extra:  # the environment's opening text joins the first user turn: this episode's own prompt
-                ids = self.encode(with_opening(task, extra))
+                ids = self.encode(with_opening(task, extra, getattr(self.env, "opening_sep", "\n\n")))
             if len(ids) >= self.max_total_tokens:
                 raise ValueError(f"task {task.id}: prompt has {len(ids)} tokens, max_total_tokens is "
                                  f"{self.max_total_tokens}")
@@ -332,14 +332,16 @@ def _score_all(env: MultiTurnEnvironment, episodes: list[Episode]) -> None:
         _teardown(env, ep)
 
 
-def with_opening(task: Task, text: str) -> Task:
-    """`task` with `text` appended to its first user turn (a string prompt is that turn)."""
+def with_opening(task: Task, text: str, sep: str = "\n\n") -> Task:
+    """`task` with `text` appended to its last user turn after `sep` (none when that turn is empty; a string prompt
+    is that turn). A tool class's environment passes sep="" (`envs.agent.ToolEnv.opening_sep`): TRL appends what
+    `reset` returns as it is, so an empty prompt becomes exactly that text."""
     if isinstance(task.prompt, str):
-        return dataclasses.replace(task, prompt=f"{task.prompt}\n\n{text}")
+        return dataclasses.replace(task, prompt=f"{task.prompt}{sep if task.prompt else ''}{text}")
     msgs = [dict(m) for m in task.prompt]
-    for m in msgs:
+    for m in reversed(msgs):
         if m.get("role") == "user":
-            m["content"] = f"{m['content']}\n\n{text}"
+            m["content"] = f"{m['content']}{sep if m['content'] else ''}{text}"
             break
     else:
         msgs.append({"role": "user", "content": text})

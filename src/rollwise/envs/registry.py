@@ -21,6 +21,7 @@ BUILTIN_ENVS: dict[str, str] = {
     "arithmetic": "rollwise.envs.arithmetic:ArithmeticEnv",
     "countdown": "rollwise.envs.countdown:CountdownEnv",
     "dataset": "rollwise.envs.dataset:DatasetEnv",
+    "env_owned": "rollwise.envs.env_owned:EnvOwnedTasks",
     "gsm8k": "rollwise.envs.gsm8k:GSM8KEnv",
     "humaneval": "rollwise.envs.humaneval:HumanEvalEnv",
     "mbpp": "rollwise.envs.mbpp:MBPPEnv",

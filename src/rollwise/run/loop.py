@@ -81,7 +81,8 @@ def _run_steps(run: RunParts, log: Log, stop_after: int | None) -> dict[str, Any
     for note in prepare_resume(run.run_dir, point.step, point.metrics):
         log(note)
     metrics = MetricsLogger(run.run_dir, total_steps=cfg.train.steps, loggers=cfg.run.loggers,
-                            resume_from_step=point.step, run_config=run.resume.config)
+                            resume_from_step=point.step, run_config=run.resume.config,
+                            project=cfg.run.project, run_name=cfg.run.run_name)
     held_out = _held_out(run)
     eval_base = _eval_base(run, held_out, log) if run.base_dir is not None and cfg.sft.eval_base else None
     eval_b = _eval_before(run, engine, held_out, resumed=point.step > 0)

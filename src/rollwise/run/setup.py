@@ -71,8 +71,11 @@ def make_env(env_cfg: EnvConfig) -> Environment:
         data = build(env_cfg.name, kwargs, reward=unwrap(env_cfg.reward), rewards=rewards, module=env_cfg.module,
                      reward_timeout_s=SCORE_TIMEOUT_S, reward_workers=SCORE_WORKERS)
         return UserAgentEnv(data, load_agent(agent), agent if isinstance(agent, str) else getattr(agent, "__name__", "agent"))
+    environment = env_cfg.environment
+    environment = ({k: unwrap(v) for k, v in environment.items()} if isinstance(environment, dict)
+                   else unwrap(environment))
     return build(env_cfg.name, kwargs, reward=unwrap(env_cfg.reward), rewards=rewards, module=env_cfg.module,
-                 reward_timeout_s=SCORE_TIMEOUT_S, reward_workers=SCORE_WORKERS, environment=unwrap(env_cfg.environment),
+                 reward_timeout_s=SCORE_TIMEOUT_S, reward_workers=SCORE_WORKERS, environment=environment,
                  environment_api=env_cfg.environment_api, tool_timeout_s=env_cfg.tool_timeout_s,
                  max_tool_calls=env_cfg.max_tool_calls, turn_budget_s=max(env_cfg.turn_timeout_s - 1.0, 0.5))
 
@@ -87,8 +90,41 @@ def prompt_format(env_cfg: EnvConfig, env: Environment | None = None) -> PromptF
 def prompt_encoder(env_cfg: EnvConfig, tokenizer: Tokenizer | None,
                    env: Environment | None = None) -> Callable[[Task], list[int]]:
     """`encode(task)`: the task's prompt as the model expects it (`env.chat_template`, `env.system_prompt`, the
-    environment's tools); the same in train, eval and generate."""
-    return prompt_format(env_cfg, env).task_encoder(tokenizer)
+    environment's tools); the same in train, eval and generate. With several tool classes (`envs.agent.ToolEnv`
+    over a dict), each task's prompt offers only its own class's tools, as TRL's."""
+    from rollwise.models.prompting import PromptFormat
+
+    tool_sets = getattr(env, "tool_sets", None)
+    environment_of = getattr(env, "environment_of", None)
+    if not isinstance(tool_sets, dict) or len(tool_sets) < 2 or not callable(environment_of):
+        return prompt_format(env_cfg, env).task_encoder(tokenizer)
+    encoders = {name: PromptFormat(env_cfg.chat_template, env_cfg.system_prompt, tools=tools or None
+                                   ).task_encoder(tokenizer) for name, tools in tool_sets.items()}
+    return lambda task: encoders[environment_of(task)](task)
+
+
+def check_served_template(env_cfg: EnvConfig, env: Environment, engine: Engine, tokenizer: Tokenizer | None, log: Log,
+                          *, vllm: bool) -> None:
+    """Each remote server's rendering of the run's probe conversation against rollwise's (`clients.template_check`):
+    a difference is logged, one line per server (rollwise's own rollouts send token ids and stay exact)."""
+    from rollwise.clients.template_check import served_template_problem
+
+    fmt = prompt_format(env_cfg, env)
+    if tokenizer is None or not fmt.uses_template(tokenizer):
+        return
+    for e in getattr(engine, "engines", None) or [engine]:
+        http = getattr(e, "http", None)
+        if http is None:
+            continue
+        checked, problem = served_template_problem(http, getattr(e, "model", None), tokenizer, fmt,
+                                                   tool_turns=bool(fmt.tools))
+        if problem:
+            log(f"chat template: {http.base_url} renders chat messages otherwise than the template rollwise trains "
+                f"with ({problem}); rollouts are unaffected (rollwise sends token ids), but a client sending this "
+                "server messages gets other tokens than training used")
+        elif not checked and vllm:
+            log(f"chat template: {http.base_url} did not render the probe conversation (POST /tokenize); its "
+                "template is not compared with rollwise's")
 
 
 def engine_kwargs(engine_cfg: EngineConfig, seed: int) -> dict[str, Any]:
@@ -444,6 +480,11 @@ def _prepare(cfg: RunConfig, log: Log) -> _Prepared:
     yaml_sha = _write_config(cfg, run_dir)
     init_dir, warm_info = prepare_model(ModelSource.of(cfg), env, train_tasks, run_dir, log)
     tokenizer = _load_tokenizer(cfg.model, init_dir)
+    if multi_turn:  # before any prompt is rendered: a template swapped for its known fix is used throughout
+        from rollwise.models.template_check import ensure_prefix_preserving
+
+        fmt = prompt_format(cfg.env, env)
+        ensure_prefix_preserving(tokenizer, fmt, tool_turns=bool(fmt.tools), log=log)
     encode = prompt_encoder(cfg.env, tokenizer, env)
     prep = _Prepared(run_dir, device, env, train_tasks, eval_tasks, ckpt, init_dir, warm_info, tokenizer, encode,
                      ResumeSpec.of(cfg, run_dir, yaml_sha))
@@ -581,6 +622,8 @@ def _start_workers(cfg: RunConfig, prep: _Prepared, log: Log, closers: list[Call
         if callable(getattr(engine, name, None)):
             closers.append(getattr(engine, name))
             break
+    if E.backend == "remote":
+        check_served_template(cfg.env, prep.env, engine, prep.tokenizer, log, vllm=E.remote_server == "vllm")
     # A prompt the model's context cannot hold fails here naming its row, not at the first request.
     check_prompts_fit(prep.train_tasks + prep.eval_tasks, prep.encode, engine_context(engine) or E.max_model_len)
     fit = getattr(prep.episodes, "fit_context", None)

@@ -129,7 +129,13 @@ def run_sft(stage: SftStage, base_dir: Path, tokenizer: Tokenizer | None, prompt
         return done, info
     if not S.path:
         raise ValueError("sft.path is not set: the SFT stage needs a demonstrations file")
-    demos = render_demos(load_demos(S.path), ChatTurns(tokenizer, prompt_format))
+    raw = load_demos(S.path)
+    from rollwise.models.template_check import ensure_prefix_preserving
+
+    # the demonstrations' shape: a template that re-renders earlier turns is refused (or swapped for a known fix)
+    ensure_prefix_preserving(tokenizer, prompt_format, what="SFT demonstrations", log=log,
+                             tool_turns=bool(prompt_format.tools) or any(m.get("role") == "tool" for d in raw for m in d))
+    demos = render_demos(raw, ChatTurns(tokenizer, prompt_format))
     tokens = [len(d.prompt_ids) + len(d.completion_ids) for d in demos]
     limit = stage.max_model_len
     if limit and max(tokens) > limit:

@@ -8,6 +8,8 @@ and hands every record to each of them; nothing asks at run time which one is on
 - `tensorboard`: scalar events under RUN_DIR/tensorboard.
 - `wandb`: a W&B run with its files under RUN_DIR/wandb (WANDB_MODE=offline writes them there and nothing
   else); its id is kept in RUN_DIR/wandb-run-id, so a resumed run continues the same W&B run.
+  W&B and MLflow take `run.project` (W&B project, MLflow experiment) and `run.run_name` (default: the run
+  directory's name); TensorBoard, which names runs by directory, gets both as a text summary.
 - `mlflow`: an MLflow run at MLFLOW_TRACKING_URI (default: sqlite RUN_DIR/mlflow.db, which needs the full
   `mlflow` package; `mlflow-skinny` needs a server or a file store); id kept in RUN_DIR/mlflow-run-id.
 
@@ -55,6 +57,10 @@ class LoggerContext:
 
     run_dir: Path
     run_name: str
+    """`run.run_name`, else the run directory's name."""
+    project: str | None = None
+    """`run.project`; None = each tracker's environment variable (WANDB_PROJECT, MLFLOW_EXPERIMENT_NAME), else
+    'rollwise'."""
     config: Mapping[str, Any] = field(default_factory=dict)
     """The resolved run config (W&B config, MLflow params); empty outside `rollwise train`."""
     resumed: bool = False
@@ -105,6 +111,8 @@ class TensorBoardLogger:
         except ImportError as e:
             raise LoggerError(f"logger 'tensorboard' cannot start: {e}") from None
         self._writer = SummaryWriter(log_dir=str(ctx.run_dir / "tensorboard"))
+        # TensorBoard names a run by its directory: the project and run name go in as a text summary
+        self._writer.add_text("run", f"project: {ctx.project or 'rollwise'}, run: {ctx.run_name}", global_step=0)
 
     def write(self, step: int, record: Record) -> None:
         for k, v in numeric(record).items():
@@ -116,7 +124,8 @@ class TensorBoardLogger:
 
 
 class WandbLogger:
-    """A W&B run, files under RUN_DIR/wandb; project from WANDB_PROJECT (default 'rollwise'), mode from WANDB_MODE."""
+    """A W&B run, files under RUN_DIR/wandb; project `run.project`, else WANDB_PROJECT, else 'rollwise'; run name
+    `run.run_name` (default: the run directory's name); mode from WANDB_MODE."""
 
     name = "wandb"
 
@@ -126,7 +135,8 @@ class WandbLogger:
 
         id_file = ctx.run_dir / "wandb-run-id"
         run_id = id_file.read_text().strip() if ctx.resumed and id_file.is_file() else None
-        self._run = wandb.init(dir=str(ctx.run_dir), project=os.environ.get("WANDB_PROJECT", "rollwise"),
+        project = ctx.project or os.environ.get("WANDB_PROJECT") or "rollwise"
+        self._run = wandb.init(dir=str(ctx.run_dir), project=project,
                                name=ctx.run_name, config=dict(ctx.config), id=run_id,
                                resume="allow" if run_id else None)
         id_file.write_text(self._run.id + "\n")
@@ -139,7 +149,8 @@ class WandbLogger:
 
 
 class MlflowLogger:
-    """An MLflow run in experiment 'rollwise' (MLFLOW_EXPERIMENT_NAME), at MLFLOW_TRACKING_URI or RUN_DIR/mlflow.db."""
+    """An MLflow run named `run.run_name` (default: the run directory's name) in experiment `run.project` (else
+    MLFLOW_EXPERIMENT_NAME, else 'rollwise'), at MLFLOW_TRACKING_URI or RUN_DIR/mlflow.db."""
 
     name = "mlflow"
 
@@ -153,7 +164,7 @@ class MlflowLogger:
             self._client = MlflowClient(tracking_uri=uri)
             run_id = id_file.read_text().strip() if ctx.resumed and id_file.is_file() else None
             if run_id is None:
-                name = os.environ.get("MLFLOW_EXPERIMENT_NAME", "rollwise")
+                name = ctx.project or os.environ.get("MLFLOW_EXPERIMENT_NAME") or "rollwise"
                 exp = self._client.get_experiment_by_name(name)
                 exp_id = exp.experiment_id if exp is not None else self._client.create_experiment(name)
                 run_id = self._client.create_run(exp_id, run_name=ctx.run_name).info.run_id

@@ -68,12 +68,14 @@ class MetricsLogger:
     def __init__(self, run_dir: str | Path, *, total_steps: int | None = None, loggers: Sequence[str] = ("jsonl",),
                  tensorboard: bool | None = None, console: Any = None,
                  show: Sequence[tuple[str, str]] = PROGRESS_FIELDS, resume_from_step: int | None = None,
-                 run_config: Mapping[str, Any] | None = None) -> None:
+                 run_config: Mapping[str, Any] | None = None, project: str | None = None,
+                 run_name: str | None = None) -> None:
         """run_dir: created if missing. total_steps: length of the progress bar. loggers: `run.loggers` names
         (jsonl is always on); tensorboard: deprecated alias, True adds 'tensorboard', False removes it.
         console: a rich Console (default: stdout); the bar shows only when it is a terminal. show: (metric key,
         label) pairs displayed next to the bar. resume_from_step: keep only lines with step <= this (a resumed
         run re-logs the steps after its checkpoint). run_config: the resolved config, for W&B and MLflow.
+        project, run_name: `run.project` and `run.run_name` for the trackers (run_name None: run_dir's name).
         Raises LoggerError (one line) when a logger cannot start."""
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -83,7 +85,8 @@ class MetricsLogger:
         names = list(loggers)
         if tensorboard is not None:
             names = [n for n in names if n != "tensorboard"] + (["tensorboard"] if tensorboard else [])
-        ctx = LoggerContext(self.run_dir, run_name=self.run_dir.name, config=dict(run_config or {}),
+        ctx = LoggerContext(self.run_dir, run_name=run_name or self.run_dir.name, project=project,
+                            config=dict(run_config or {}),
                             resumed=bool(resume_from_step))
         self.loggers: list[MetricLogger] = open_loggers(names, ctx)  # chosen once, here
         self._t0 = time.time()
