@@ -104,3 +104,31 @@ def test_a_resumed_agent_run_retrains_its_stored_segments_exactly(tmp_path, run_
     a = load_file(full / "checkpoints" / "step-4" / "model.safetensors")
     b = load_file(part / "checkpoints" / "step-4" / "model.safetensors")
     assert max((a[k] - b[k]).abs().max().item() for k in a) < 1e-6
+
+
+def test_the_stored_rollout_is_the_agents_own_prompt_and_calls_token_for_token(tmp_path, run_cfg):
+    """The agent's first prompt is its own (not the task's encoding): the stored rollout starts there, and its ids are
+    the last call's prompt + completion as the endpoint served them."""
+    from rollwise.run.loop import train
+    from rollwise.store.writer import RolloutStore
+
+    log = tmp_path / "served.jsonl"
+    (tmp_path / "own.py").write_text(f'''
+import json
+
+def agent(client, row):
+    text = "  " + row["prompt"]
+    for _ in range(2):
+        r = client.completions.create(model="policy", prompt=text, max_tokens=4)
+        text += r.choices[0].text + " = "
+    with open({str(log)!r}, "a") as f:
+        f.write(json.dumps(r.model_extra["prompt_token_ids"] + r.choices[0].model_extra["token_ids"]) + "\\n")
+    return r.choices[0].text
+''')
+    out = tmp_path / "run"
+    train(run_cfg(out, f"env.agent={tmp_path / 'own.py'}:agent", "train.steps=1", "run.eval_every=0",
+                  "env.eval_size=1"), log=lambda s: None)
+    served = {tuple(json.loads(line)) for line in log.read_text().splitlines()}
+    stored = RolloutStore(out).read()
+    assert stored and all(r.env_info["agent_extended"] == 1 for r in stored)
+    assert {tuple(r.prompt_token_ids + r.completion_token_ids) for r in stored} <= served
