@@ -13,8 +13,8 @@ Everything after that is decided here, and every other module asks here:
   become 'filtered' with a reason, and the group remembers why it was dropped;
 - what trains (`trains`, `select`): kept and truncated rollouts of groups not dropped, and errored ones when
   they are scored as wrong answers;
-- why a step trained nothing (`no_signal`): every reward errored, every group's rewards equal, or the rest
-  filtered; the reason its step line and metrics.jsonl carry.
+- why a step trained nothing (`no_signal`): every reward errored (`all_errored`), every group's rewards equal,
+  or the rest filtered; the reason its step line and metrics.jsonl carry.
 
 Errored rollouts keep their status whatever the rules (they stay loud, counted and shown); the rules only say
 whether they also count as wrong answers in advantages and the loss.
@@ -43,6 +43,8 @@ REPLAYED = "kept"
 FINISHED: tuple[str, ...] = ("stop", "length", "max_turns")
 """Finish reasons of a completion generated in full: the only errored rollouts that may train (an episode whose
 environment step raised ends 'abort' and is left out, as is anything a generation failure may mark errored)."""
+SHOWN: tuple[str, ...] = ("kept", "filtered", "errored")
+"""Statuses every step line and the final summary line show, at 0 too (the others only when there are some)."""
 TOL = 1e-9
 """Rewards closer than this are equal (a zero-variance group)."""
 
@@ -203,6 +205,13 @@ def select(groups: Sequence[RolloutGroup], rules: FilterRules = DEFAULT_RULES) -
     return Selection(trainable(groups, rules), zero_var)
 
 
+def all_errored(rollouts: Sequence[Rollout]) -> bool:
+    """Every finished (not aborted) rollout errored, and there is one: the reward failed on the whole batch, which
+    a broken reward does and a policy's output alone seldom can (`run/guard.py` stops a run on it)."""
+    scored = [r for r in rollouts if r.status != "aborted"]
+    return bool(scored) and all(r.status == "errored" for r in scored)
+
+
 def no_signal(groups: Sequence[RolloutGroup], trained: Sequence[Rollout],
               rules: FilterRules = DEFAULT_RULES) -> str | None:
     """Why a step's update moves nothing (no trained rollout has a non-zero advantage), in one phrase for its step
@@ -214,9 +223,9 @@ def no_signal(groups: Sequence[RolloutGroup], trained: Sequence[Rollout],
     n = len(rollouts)
     if not n:
         return "no rollouts this step"
-    errored = sum(r.status == "errored" for r in rollouts)
-    if errored == n:
-        return f"every sample's reward errored ({n}/{n})"
+    if all_errored(rollouts):
+        k = sum(r.status == "errored" for r in rollouts)
+        return f"every sample's reward errored ({k}/{k})"
     equal = [g for g in groups if zero_variance(g, rules)]
     parts = [f"{len(equal)}/{len(groups)} groups had equal rewards"] if equal else []
     rest = [r for g in groups if not zero_variance(g, rules) for r in g.rollouts if not trains(r, g, rules)]

@@ -6,7 +6,7 @@ sample is another thing: the user's reward is broken (typically the same excepti
 nothing can be learned, and a run that went on would end with "accuracy 0.000 -> 0.000" and exit 0.
 
 NOTE on the rule (`ErroredSteps.observe`, called on each step's own rollouts before the step trains):
-    stop when every scored sample (not aborted) of the step errored, and either it is the run's first step
+    stop when every scored sample (not aborted) of the step errored (`filter.all_errored`), and either it is the run's first step
     (the initial model: no policy has had a chance to learn to break the reward) or it is the
     `run.max_all_errored_steps`-th such step in a row.
 A step with any sample that did not error resets the count, so no output a policy can learn to write stops the
@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from rollwise.filter import all_errored
 from rollwise.types import Rollout
 
 
@@ -46,13 +47,13 @@ class ErroredSteps:
 
     def observe(self, step: int, rollouts: Sequence[Rollout]) -> None:
         """Count `step` (its own rollouts); raise RewardBroken when the rule in the module docstring says stop."""
-        scored = [r for r in rollouts if r.status != "aborted"]
-        if not scored or any(r.status != "errored" for r in scored):
+        if not all_errored(rollouts):
             self.streak = 0
             return
         self.streak += 1
         if step != 1 and self.streak < self.limit:
             return
+        scored = [r for r in rollouts if r.status == "errored"]  # all of them but the aborted ones
         reason, count = Counter(r.status_reason for r in scored).most_common(1)[0]
         when = ("step 1, the run's first" if step == 1 else f"step {step}" if self.streak == 1 else
                 f"{self.streak} steps in a row ({step - self.streak + 1}-{step})")

@@ -173,12 +173,12 @@ class MetricsLogger:
 def rollout_counts(counts: Mapping[str, Any]) -> str:
     """'12 kept, 4 filtered, 0 errored' from rollout counts by status (truncated and aborted too when there are
     any; other keys, such as 'total', ignored); '' when there are none."""
+    from rollwise.filter import SHOWN
     from rollwise.types import ROLLOUT_STATUSES
 
     if not any(s in counts for s in ROLLOUT_STATUSES):
         return ""
-    return ", ".join(f"{int(counts.get(s) or 0)} {s}" for s in ROLLOUT_STATUSES
-                     if s in ("kept", "filtered", "errored") or counts.get(s))
+    return ", ".join(f"{int(counts.get(s) or 0)} {s}" for s in ROLLOUT_STATUSES if s in SHOWN or counts.get(s))
 
 
 def _step_counts(rec: Mapping[str, Any]) -> str:
