@@ -101,6 +101,9 @@ def test_the_bar_is_labelled_while_the_run_evaluates_and_shows_counts_and_why(tm
         assert "evaluating before RL on 8 held-out problems" in tty.file.getvalue()
         log.log(1, {"reward_mean": 0.5, "rollouts": {"kept": 12, "filtered": 4, "errored": 0},
                     "no_signal": "4/4 groups had equal rewards"})
+        log.phase("evaluating after RL on 8 held-out problems")
+        log.phase_done()  # the bar ends on the last step's figures, not on a finished evaluation
+        assert log._progress.tasks[0].description.startswith("reward=0.5  12 kept, 4 filtered, 0 errored")
     out = tty.file.getvalue()
     assert "12 kept, 4 filtered, 0 errored" in out and "no signal: 4/4 groups had equal rewards" in out
     assert printed == []  # a terminal gets the bar, not plain lines

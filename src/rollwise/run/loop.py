@@ -121,6 +121,7 @@ def _run_steps(run: RunParts, log: Log, stop_after: int | None) -> dict[str, Any
         metrics.phase(f"evaluating after RL on {len(run.eval_tasks)} held-out problems", echo=True)
         with source.exclusive() as eng:
             after = held_out(eng)
+        metrics.phase_done()
     finally:
         metrics.close()
     return _finish(run, eval_b, after, store, ckpt_dir, point.wall_s, log, eval_base)

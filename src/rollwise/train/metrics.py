@@ -103,6 +103,7 @@ class MetricsLogger:
         self._task = None
         self._line = line if line_every is not None and not self.console.is_terminal else None
         self._line_every = line_every or 1
+        self._shown = ""  # the last step's description on the bar (`phase_done` puts it back)
         if self.console.is_terminal:
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -125,7 +126,8 @@ class MetricsLogger:
             counts = _step_counts(rec)
             shown += [counts] if counts else []
             shown += [f"no signal: {rec['no_signal']}"] if rec.get("no_signal") else []
-            self._progress.update(self._task, completed=int(step), description="  ".join(shown))
+            self._shown = "  ".join(shown)
+            self._progress.update(self._task, completed=int(step), description=self._shown)
         if self._line is not None and (step % self._line_every == 0 or step == self.total_steps):
             self._line(step_line(rec, self.total_steps))
         self.last = rec
@@ -138,6 +140,11 @@ class MetricsLogger:
             self._progress.update(self._task, description=label)
         elif echo and self._line is not None:
             self._line(label)
+
+    def phase_done(self) -> None:
+        """The bar shows the last step's figures again (after a `phase` that no step line follows)."""
+        if self._progress is not None and self._task is not None:
+            self._progress.update(self._task, description=self._shown)
 
     def print_table(self, title: str, rows: Mapping[str, Any]) -> None:
         """A two-column rich table (e.g. accuracy before/after), on a terminal only."""
