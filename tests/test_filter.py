@@ -166,3 +166,22 @@ def test_generation_time_decisions_see_errored_samples_as_the_loop_will():
     assert score_values(scores) == [1.0, 0.0] and differ(score_values(scores))
     assert score_values(scores, FilterRules(errored_reward=None)) == [1.0]
     assert not differ(score_values(scores, FilterRules(errored_reward=None)))
+
+
+def test_no_signal_says_why_a_step_trained_nothing():
+    def step(groups, rules=room.DEFAULT_RULES):
+        assign_advantages(groups, "grpo", rules=rules)
+        return room.no_signal(groups, select(groups, rules).trainable, rules)
+
+    mixed = RolloutGroup("p", "m", [_ro(0, 1.0, gid="m"), _ro(1, 0.0, gid="m")])
+    assert step([mixed, RolloutGroup("p", "e", [_ro(0, 1.0, gid="e"), _ro(1, 1.0, gid="e")])]) is None
+    equal = [RolloutGroup("p", f"g{i}", [_ro(0, 1.0, gid=f"g{i}"), _ro(1, 1.0, gid=f"g{i}")]) for i in range(3)]
+    assert step(equal) == "3/3 groups had equal rewards"
+    broken = [RolloutGroup("p", "b", [_ro(k, None, "errored", gid="b") for k in range(4)])]
+    assert step(broken) == "every sample's reward errored (4/4)"
+    # An informative group whose rollouts all left the loss (DAPO's overlong filter), beside an equal one.
+    long = RolloutGroup("p", "t", [_ro(0, 1.0, "truncated", "length", gid="t"), _ro(1, 0.0, "truncated", "length", gid="t")])
+    same = RolloutGroup("p", "s", [_ro(0, 0.0, gid="s"), _ro(1, 0.0, gid="s")])
+    why = step([long, same], FilterRules(overlong_filter=True, max_tokens=6))
+    assert why == ("1/2 groups had equal rewards; the other groups' 2 rollouts: 2 filtered "
+                   "(overlong filtering: hit max_tokens=6)")

@@ -173,7 +173,9 @@ def train(config: str | Path | Mapping[str, Any] | RunConfig | None = None, /, *
         the config takes code or data by a string.
 
     Raises `rollwise.config.ConfigError` (one line) for a bad config, key, value or object, before any work; the
-    errors of a run (a bad dataset row, a checkpoint that does not match) are one line too.
+    errors of a run (a bad dataset row, a checkpoint that does not match, `run.guard.RewardBroken` for a reward
+    that errors on every sample) are one line too. A resume of a run that already finished logs one line and
+    returns its result without loading anything.
     """
     from rollwise.envs.build import check_env_section
 

@@ -611,6 +611,14 @@ class RunOptions(_Section):
     directory's name."""
     resume: bool = False
     """Continue from the latest complete checkpoint in out_dir."""
+    max_all_errored_steps: int = Field(3, ge=1)
+    """Stop the run (non-zero exit, one line naming the reward's error and file:line) when the reward errored on
+    every sample of this many consecutive RL steps, or of the run's first step: the reward is broken, not the
+    policy's output. Errors on some samples never stop a run (each is that sample's outcome, `algo.errored_reward`)."""
+    log_every: int = Field(1, ge=1)
+    """When stdout is not a terminal (nohup, SLURM, CI), print a plain progress line every N RL steps (and after
+    the last): step, reward, accuracy, kept / filtered / errored rollouts, step time, tokens/s. A terminal gets the
+    progress bar instead."""
     num_scorers: int = Field(2, ge=1)
     """Scoring actors (verifiers, sandboxes) when engine.backend is 'ray'."""
     ray_address: str | None = None
@@ -1078,6 +1086,7 @@ RESUME_MAY_DIFFER: tuple[str, ...] = (
     "train.steps", "engine.max_num_seqs", "engine.max_num_batched_tokens", "engine.num_kv_blocks",
     "engine.kv_cache_gb", "engine.remote_timeout_s", "warmup.cache", "warmup.cache_dir", "model.device",
     "sft.checkpoint_every",
+    "run.log_every", "run.max_all_errored_steps",  # what is printed; when a broken reward stops the run
     # the same update at any world size (to float reassociation), and a checkpoint holds full, unsharded state
     "train.world_size", "train.parallel", "train.max_restarts", "run.ray_gpus_per_engine",
     "run.ray_gpus_per_trainer_rank",

@@ -12,7 +12,9 @@ Everything after that is decided here, and every other module asks here:
 - how a group or rollout leaves training (`mark`, `drop_zero_variance`, `drop_overlong`): trainable rollouts
   become 'filtered' with a reason, and the group remembers why it was dropped;
 - what trains (`trains`, `select`): kept and truncated rollouts of groups not dropped, and errored ones when
-  they are scored as wrong answers.
+  they are scored as wrong answers;
+- why a step trained nothing (`no_signal`): every reward errored (`all_errored`), every group's rewards equal,
+  or the rest filtered; the reason its step line and metrics.jsonl carry.
 
 Errored rollouts keep their status whatever the rules (they stay loud, counted and shown); the rules only say
 whether they also count as wrong answers in advantages and the loss.
@@ -41,6 +43,8 @@ REPLAYED = "kept"
 FINISHED: tuple[str, ...] = ("stop", "length", "max_turns")
 """Finish reasons of a completion generated in full: the only errored rollouts that may train (an episode whose
 environment step raised ends 'abort' and is left out, as is anything a generation failure may mark errored)."""
+SHOWN: tuple[str, ...] = ("kept", "filtered", "errored")
+"""Statuses every step line and the final summary line show, at 0 too (the others only when there are some)."""
 TOL = 1e-9
 """Rewards closer than this are equal (a zero-variance group)."""
 
@@ -199,3 +203,37 @@ def select(groups: Sequence[RolloutGroup], rules: FilterRules = DEFAULT_RULES) -
     zero_var = drop_zero_variance(groups, rules)
     drop_overlong(groups, rules)
     return Selection(trainable(groups, rules), zero_var)
+
+
+def all_errored(rollouts: Sequence[Rollout]) -> bool:
+    """Every finished (not aborted) rollout errored, and there is one: the reward failed on the whole batch, which
+    a broken reward does and a policy's output alone seldom can (`run/guard.py` stops a run on it)."""
+    scored = [r for r in rollouts if r.status != "aborted"]
+    return bool(scored) and all(r.status == "errored" for r in scored)
+
+
+def no_signal(groups: Sequence[RolloutGroup], trained: Sequence[Rollout],
+              rules: FilterRules = DEFAULT_RULES) -> str | None:
+    """Why a step's update moves nothing (no trained rollout has a non-zero advantage), in one phrase for its step
+    line: 'every sample's reward errored (16/16)', '8/8 groups had equal rewards', or equal groups and the other
+    groups' rollouts filtered / errored / aborted with the first reason. None when something with signal trained."""
+    if any(r.has_signal for r in trained):
+        return None
+    rollouts = [r for g in groups for r in g.rollouts]
+    n = len(rollouts)
+    if not n:
+        return "no rollouts this step"
+    if all_errored(rollouts):
+        k = sum(r.status == "errored" for r in rollouts)
+        return f"every sample's reward errored ({k}/{k})"
+    equal = [g for g in groups if zero_variance(g, rules)]
+    parts = [f"{len(equal)}/{len(groups)} groups had equal rewards"] if equal else []
+    rest = [r for g in groups if not zero_variance(g, rules) for r in g.rollouts if not trains(r, g, rules)]
+    if rest:
+        counts = {s: sum(r.status == s for r in rest) for s in ROLLOUT_STATUSES}
+        first = next((r.status_reason for r in rest if r.status_reason), "")
+        said = ", ".join(f"{k} {s}" for s, k in counts.items() if k)
+        parts.append(f"the other groups' {len(rest)} rollouts: {said}" + (f" ({first})" if first else ""))
+    if not parts:
+        parts.append("no trained rollout had a non-zero advantage")
+    return "; ".join(parts)

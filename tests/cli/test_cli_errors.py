@@ -160,6 +160,8 @@ def cases(p: dict) -> list[tuple[str, list[str], str]]:
         ("train", ["train", p["remote_closed"], "--out", out + "4"], "cannot connect"),
         ("train", ["train", p["remote_garbage"], "--out", out + "5"], "BadStatusLine"),
         ("train", ["train", p["long"], "--out", out + "6"], "long.jsonl:2 is"),
+        ("train", ["train", p["errored"], "--out", out + "7", "--set", "rollout.max_tokens=2"],
+         f"every sample of step 1, the run's first: reward: RuntimeError: reward exploded (at {d}/raises.py:2)"),
         # sft (all fail before a model loads)
         ("sft", ["sft", "--set", "env.name=arithmetic"], "no sft.path"),
         ("sft", ["sft", "--set", f"sft.path={d}/missing.jsonl"], "does not exist"),

@@ -98,6 +98,8 @@ def test_eval_shows_errored_counts(tmp_path, make_checkpoint, capsys):
     line = cap.out.strip().splitlines()[-1]
     assert "accuracy 0.500" in line and "errored 6/12 sampled, 2/4 greedy" in line
     warn = cap.err.strip().splitlines()
-    # the odd rows (file rows 2 and 4) errored; the first in the (seeded) task order is named with its reason
+    # the odd rows (file rows 2 and 4) errored; the first in the (seeded) task order is named with its reason and
+    # the line of the reward that raised it
     assert len(warn) == 1 and re.fullmatch(r"rollwise eval: warning: 8 of 16 samples errored and count as wrong; "
-                                           r"first: task dataset/test/d\.jsonl:[24]: .*odd row", warn[0])
+                                           r"first: task dataset/test/d\.jsonl:[24]: .*odd row \(at .*/r\.py:\d+\)",
+                                           warn[0])

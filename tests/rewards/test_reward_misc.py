@@ -61,16 +61,17 @@ def test_weighted_keeps_parts_and_surfaces_errors():
     s = w(T, "4")
     assert s.value == pytest.approx(1.5) and s.parts == {"correct": 1.0, "format": 1.0, "len": 0.0} and s.error is None
     s = Weighted([("correct", ExactMatch(), 1.0), ("judge", broken, 1.0)])(T, "4")
-    assert s.error == "judge: RuntimeError: judge offline" and s.parts["correct"] == 1.0
+    assert s.error == f"judge: RuntimeError: judge offline (at {__file__}:58)" and s.parts["correct"] == 1.0
     with pytest.raises(ValueError, match="unique"):
         Weighted([("a", ExactMatch(), 1.0), ("a", ExactMatch(), 1.0)])
 
 
 def test_call_reward_turns_failures_into_errored_scores():
+    """An exception raised in the user's code (here, this file) is named with its file and line."""
     assert call_reward(lambda t, c: 1, T, "x") == Score(1.0)
     assert call_reward(lambda t, c: True, T, "x").value == 1.0
     s = call_reward(lambda t, c: 1 / 0, T, "x")
-    assert s.value == 0.0 and s.error == "ZeroDivisionError: division by zero"
+    assert s.value == 0.0 and s.error == f"ZeroDivisionError: division by zero (at {__file__}:73)"
     assert "expected a Score or a number" in call_reward(lambda t, c: "good", T, "x").error
     assert call_reward(lambda t, c: math.nan, T, "x").error
     assert as_score(Score(float("nan"))).error
@@ -89,7 +90,7 @@ def test_score_many_orders_results_and_times_out_per_call():
     out = score_many(fn, items, max_workers=2, timeout_s=0.3)
     assert time.monotonic() - t0 < 2.0  # two hung calls did not hold up the rest
     assert [s.value for s in out] == [1.0, 0.0, 0.5, 0.0, 0.0, 0.0]
-    assert [s.error for s in out] == [None, "timed out after 0.3s", None, "KeyError: 'missing'", "timed out after 0.3s", None]
+    assert [s.error for s in out] == [None, "timed out after 0.3s", None, f"KeyError: 'missing' (at {__file__}:85)", "timed out after 0.3s", None]
     assert score_many(fn, [], max_workers=2) == []
     with pytest.raises(ValueError):
         score_many(fn, items, max_workers=0)
@@ -141,3 +142,20 @@ def test_llm_judge_reads_scores_and_reports_unreadable_replies():
     assert LLMJudge(FakeEngine("Score: 99"))(T, "4").value == 1.0  # clipped to [0, 1]
     with pytest.raises(TypeError, match="generate"):
         LLMJudge(object())
+
+
+def test_a_reward_error_names_the_users_line_not_rollwise_or_a_library(tmp_path):
+    """The innermost frame in the user's own file, past the standard library it called; none when rollwise raised."""
+    from rollwise.rewards.base import describe_at
+
+    (tmp_path / "r.py").write_text("import json\n\ndef reward(task, completion):\n    return json.loads(completion)\n")
+    from rollwise.rewards.user import load_reward
+
+    s = load_reward(f"{tmp_path}/r.py:reward")(T, "not json")
+    assert s.error.startswith("reward: JSONDecodeError: ") and s.error.endswith(f"(at {tmp_path}/r.py:4)")
+    from rollwise.config import load_config
+    from rollwise.rewards.base import describe
+
+    with pytest.raises(ValueError) as raised:
+        load_config(None, ["train.no_such_key=1"])  # raised inside rollwise: its own message, no user line
+    assert describe_at(raised.value) == describe(raised.value) and "(at " not in describe(raised.value)

@@ -93,3 +93,33 @@ def test_terminal_display_only_on_a_tty(tmp_path):
         log.print_table("eval", {"accuracy": 0.9})
     out = tty.file.getvalue()
     assert "reward=0.5" in out and "accuracy" in out
+
+
+def test_the_bar_is_labelled_while_the_run_evaluates_and_shows_counts_and_why(tmp_path):
+    tty = Console(file=io.StringIO(), force_terminal=True, width=200)
+    printed: list[str] = []
+    with MetricsLogger(tmp_path / "t", total_steps=4, console=tty, line_every=1, line=printed.append) as log:
+        log.phase("evaluating before RL on 8 held-out problems", echo=True)
+        log._progress.refresh()
+        assert "evaluating before RL on 8 held-out problems" in tty.file.getvalue()
+        log.log(1, {"reward_mean": 0.5, "rollouts": {"kept": 12, "filtered": 4, "errored": 0},
+                    "no_signal": "4/4 groups had equal rewards"})
+        log.phase("evaluating after RL on 8 held-out problems")
+        log.phase_done()  # the bar ends on the last step's figures, not on a finished evaluation
+        assert log._progress.tasks[0].description.startswith("reward=0.5  12 kept, 4 filtered, 0 errored")
+    out = tty.file.getvalue()
+    assert "12 kept, 4 filtered, 0 errored" in out and "no signal: 4/4 groups had equal rewards" in out
+    assert printed == []  # a terminal gets the bar, not plain lines
+
+
+def test_plain_lines_off_a_terminal_every_n_steps_and_after_the_last(tmp_path):
+    printed: list[str] = []
+    with MetricsLogger(tmp_path / "p", total_steps=5, console=_quiet(), line_every=2, line=printed.append) as log:
+        log.phase("evaluating before RL on 8 held-out problems", echo=True)
+        log.phase("step 1: generating rollouts")  # a label only: no line of its own
+        for step in range(1, 6):
+            log.log(step, {"reward_mean": 0.25, "accuracy": 0.125, "step_s": 1.25, "tokens_per_s": 212.4,
+                           "rollouts": {"kept": 12, "filtered": 2, "errored": 2, "truncated": 0, "aborted": 1}})
+    assert printed[0] == "evaluating before RL on 8 held-out problems"
+    assert printed[1:] == [f"step {s}/5: reward 0.250, acc 0.125; 12 kept, 2 filtered, 2 errored, 1 aborted; 1.2s, "
+                           "212 tok/s" for s in (2, 4, 5)]

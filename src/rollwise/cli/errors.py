@@ -24,8 +24,9 @@ import http.client
 import os
 import sys
 import traceback
-from pathlib import Path
 from typing import TextIO
+
+from rollwise.usercode import user_frame as _user_frame
 
 EXIT_INPUT = 2
 """Exit code of an error the user can fix (input, machine, user code); argparse uses 2 for bad arguments too."""
@@ -48,8 +49,6 @@ EXPECTED_NAMES = frozenset({
 })
 DEBUG_ENV = "ROLLWISE_DEBUG"
 
-_PKG_DIR = Path(__file__).resolve().parents[1]
-"""src/rollwise: frames in here are rollwise's own."""
 
 
 class UserError(Exception):
@@ -62,35 +61,6 @@ def debug_enabled(flag: bool = False) -> bool:
 
 def _qualnames(exc: BaseException) -> set[str]:
     return {f"{c.__module__}.{c.__qualname__}" for c in type(exc).__mro__}
-
-
-def _user_frame(exc: BaseException) -> traceback.FrameSummary | None:
-    """The innermost frame of the traceback when it lies in the user's code: a file outside rollwise, the
-    standard library and installed packages."""
-    frames = traceback.extract_tb(exc.__traceback__)
-    if isinstance(exc, SyntaxError) and exc.filename:  # raised while compiling the user's file, not in a frame
-        return traceback.FrameSummary(exc.filename, exc.lineno or 0, "<module>")
-    for fr in reversed(frames):
-        path = Path(fr.filename)
-        if fr.filename.startswith("<"):
-            continue
-        try:
-            path = path.resolve()
-        except OSError:
-            continue
-        if _PKG_DIR in path.parents:
-            return None  # raised by rollwise (maybe on the user's behalf, but then it is rollwise's message)
-        if any(p in ("site-packages", "dist-packages") for p in path.parts) or _is_stdlib(path):
-            continue  # a library the user's code called: keep looking for the user's own frame
-        return fr
-    return None
-
-
-def _is_stdlib(path: Path) -> bool:
-    import sysconfig
-
-    std = Path(sysconfig.get_paths()["stdlib"]).resolve()
-    return std in path.parents
 
 
 def kind_of(exc: BaseException) -> str:

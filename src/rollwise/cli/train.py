@@ -101,6 +101,12 @@ def run(args: argparse.Namespace) -> int:
         else:
             print(dump_config(cfg), end="")
         return 0
+    from rollwise.run.resume import finished_run
+
+    done = finished_run(cfg)  # a resume of a finished run: one line, nothing loaded, evaluated or rewritten
+    if done is not None:
+        print(done.line())
+        return 0
     from transformers.utils import logging as hf_logging
 
     from rollwise.run.loop import train
@@ -110,6 +116,14 @@ def run(args: argparse.Namespace) -> int:
     summary = train(cfg)
     b, a = summary["eval_before"], summary["eval_after"]
     print(f"done in {summary['wall_s']:.0f}s: held-out accuracy {b['accuracy']:.3f} -> {a['accuracy']:.3f} "
-          f"(sampled), {b['accuracy_greedy']:.3f} -> {a['accuracy_greedy']:.3f} (greedy); "
+          f"(sampled), {b['accuracy_greedy']:.3f} -> {a['accuracy_greedy']:.3f} (greedy); {counts_line(summary)}; "
           f"run directory {summary['run_dir']}")
     return 0
+
+
+def counts_line(summary: dict) -> str:
+    """'64 rollouts: 40 kept, 20 filtered, 4 errored' (truncated and aborted too when there are any)."""
+    from rollwise.train.metrics import rollout_counts
+
+    c = summary.get("rollouts") or {}
+    return f"{c.get('total', 0)} rollouts: {rollout_counts(c)}"

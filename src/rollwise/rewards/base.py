@@ -50,6 +50,15 @@ def describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {msg}" if msg else type(exc).__name__
 
 
+def describe_at(exc: BaseException) -> str:
+    """`describe(exc)`, then ` (at FILE:LINE)` when the exception was raised in the user's own code (a reward
+    file): the one line that tells a broken reward from a broken output (`usercode.raised_at`)."""
+    from rollwise.usercode import raised_at
+
+    where = raised_at(exc)
+    return f"{describe(exc)} (at {where})" if where else describe(exc)
+
+
 def call_reward(fn: Any, task: Task, completion: str) -> Score:
     """Score one completion with an environment (`.score`) or a reward function; never raises."""
     scorer = fn.score if hasattr(fn, "score") else fn
@@ -57,7 +66,7 @@ def call_reward(fn: Any, task: Task, completion: str) -> Score:
     try:
         return as_score(scorer(task, completion), where=str(name))
     except Exception as e:  # noqa: BLE001 - turning failures into data is this function's job
-        return Score(0.0, error=describe(e))
+        return Score(0.0, error=describe_at(e))
 
 
 def is_correct(score: Score, pass_threshold: float = 1.0) -> bool:

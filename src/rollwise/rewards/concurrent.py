@@ -16,7 +16,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from rollwise.rewards.base import call_reward, describe
+from rollwise.rewards.base import call_reward, describe_at
 from rollwise.types import Score, Task
 
 
@@ -28,7 +28,7 @@ def _score_batch(scorer: Any, items: Sequence[tuple]) -> list[Score]:
     try:
         out = list(scorer.score_batch(tasks, completions, None if any(i is None for i in ids) else ids))
     except Exception as e:  # noqa: BLE001 - turning failures into data is this function's job
-        return [Score(0.0, error=describe(e)) for _ in items]
+        return [Score(0.0, error=describe_at(e)) for _ in items]
     if len(out) != len(items):
         return [Score(0.0, error=f"score_batch returned {len(out)} scores for {len(items)} completions") for _ in items]
     return out

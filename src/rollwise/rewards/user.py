@@ -13,7 +13,8 @@ Two calling conventions are recognised from the function's signature:
 - rollwise's per-sample `fn(task, completion) -> Score | float`, called concurrently (`score_many`).
 
 Failures are data, never a silent 0: a `None` for a sample, a NaN, an exception, a call that runs past its
-timeout, or a list of the wrong length all give errored `Score`s whose `error` says why.
+timeout, or a list of the wrong length all give errored `Score`s whose `error` says why (an exception: its class,
+message and the file:line of the user's code it was raised at, `rewards.base.describe_at`).
 
 `make_reward(reward=..., rewards=[{fn, weight, name?}, ...])` builds one scorer: a single `UserReward`, or
 `RewardSum`, a weighted sum whose `Score.parts` keep each part's own value (an errored part makes the sum
@@ -41,7 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from rollwise.rewards.base import as_score, describe
+from rollwise.rewards.base import as_score, describe, describe_at
 from rollwise.types import Score, Task
 
 RESERVED = ("prompts", "completions", "completion_ids")
@@ -226,7 +227,7 @@ class UserReward:
         try:
             return self._call_sample(task, completion)
         except Exception as e:  # noqa: BLE001 - an errored score, never a silent zero
-            return Score(0.0, error=f"{self.name}: {describe(e)}")
+            return Score(0.0, error=f"{self.name}: {describe_at(e)}")
 
     # -- batch --------------------------------------------------------------------------------------
     def _kwargs_for(self, kw: dict[str, Any]) -> dict[str, Any]:
@@ -248,7 +249,7 @@ class UserReward:
         try:
             kw = self._kwargs_for({**trl_arguments(tasks, completions, completion_ids), **(extra or {})})
         except Exception as e:  # noqa: BLE001
-            return errored(describe(e))
+            return errored(describe_at(e))
         box: dict[str, Any] = {}
 
         def target() -> None:
@@ -263,7 +264,7 @@ class UserReward:
         if th.is_alive():
             return errored(f"timed out after {self.timeout_s:g}s")  # the thread is abandoned (cannot be killed)
         if "err" in box:
-            return errored(describe(box["err"]))
+            return errored(describe_at(box["err"]))
         out = box.get("out")
         if hasattr(out, "tolist") and callable(out.tolist):
             out = out.tolist()

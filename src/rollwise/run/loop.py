@@ -1,13 +1,15 @@
 """The RL loop, top to bottom. One step:
 
     batch    = source.next_batch(step)        # select prompts -> generate -> score (the rollout controller)
+    guard    = a reward that errored on every sample (first step, or run.max_all_errored_steps in a row) stops
+               the run here, before the step trains (run/guard.py)
     rescue   = replay: past successes into all-failed groups (optional)
     advantages per group (GRPO & co), then the Filter room (rollwise/filter.py): zero-variance groups and
     overlong samples filtered and counted, trainable = what it selects (+ replayed ones, optional)
     metrics  = trainer.train_step(trainable)  # trainer.version += 1
     source.sync(trainer.weights(), trainer.version)   # weights -> engine(s), under the trainer's version
     evaluate when due; store.write_step(step, every rollout of the step, any status, its write-ahead log record)
-    metrics.log(step, step_metrics(...)); checkpoint when due
+    metrics.log(step, step_metrics(...)); checkpoint when due   # the step line: counts, and why nothing trained
 
 The variants are objects built by `run/setup.py` from the config and handed in: the source (synchronous, or
 asynchronous with staleness K), the engine behind it (local, remote servers, Ray actors), the scorer and the
@@ -51,9 +53,17 @@ def train(cfg: RunConfig, log: Log = print, *, stop_after: int | None = None) ->
 
     stop_after: end this invocation after that many steps as if interrupted (no final eval or summary;
     returns None). Used by the resume tests and by time-boxed jobs; `run.resume` continues later.
+    A resume of a run that already finished says so in one line and returns its summary, doing nothing else
+    (`run.resume.finished_run`). Raises `run.guard.RewardBroken` (one line) when the reward errors on every sample
+    (`run.max_all_errored_steps`).
     """
+    from rollwise.run.resume import finished_run
     from rollwise.run.setup import build_run
 
+    done = finished_run(cfg)
+    if done is not None:
+        log(done.line())
+        return done.summary
     run = build_run(cfg, log)
     try:
         return _run_steps(run, log, stop_after)
@@ -82,10 +92,11 @@ def _run_steps(run: RunParts, log: Log, stop_after: int | None) -> dict[str, Any
         log(note)
     metrics = MetricsLogger(run.run_dir, total_steps=cfg.train.steps, loggers=cfg.run.loggers,
                             resume_from_step=point.step, run_config=run.resume.config,
-                            project=cfg.run.project, run_name=cfg.run.run_name)
+                            project=cfg.run.project, run_name=cfg.run.run_name, line_every=cfg.run.log_every,
+                            line=log)
     held_out = _held_out(run)
-    eval_base = _eval_base(run, held_out, log) if run.base_dir is not None and cfg.sft.eval_base else None
-    eval_b = _eval_before(run, engine, held_out, resumed=point.step > 0)
+    eval_base = _eval_base(run, held_out, log, metrics.phase) if run.base_dir is not None and cfg.sft.eval_base else None
+    eval_b = _eval_before(run, engine, held_out, metrics.phase, resumed=point.step > 0)
     R, K = cfg.rollout, cfg.control.async_staleness
     log(f"held-out accuracy before RL: {eval_b['accuracy']:.3f} sampled (T={R.temperature}), "
         f"{eval_b['accuracy_greedy']:.3f} greedy, on {len(run.eval_tasks)} problems"
@@ -96,19 +107,24 @@ def _run_steps(run: RunParts, log: Log, stop_after: int | None) -> dict[str, Any
                          sync_check=run.sync_check, trainer=trainer)
     steps = _Steps(run, source, store, metrics, replay, held_out, log, prev_wall=point.wall_s)
     ckpt_dir = point.checkpoint
+    metrics.phase(f"step {point.step + 1}: generating rollouts")
     try:
-        for step in range(point.step + 1, last + 1):
-            ckpt_dir = steps.run_step(step) or ckpt_dir
+        try:
+            for step in range(point.step + 1, last + 1):
+                ckpt_dir = steps.run_step(step) or ckpt_dir
+        finally:
+            source.close()
+            requeued = engine.counters().get("requeued")
+            if requeued is not None:
+                log(f"ray: {requeued} generate chunk(s) re-queued after an engine actor died")
+        if last < cfg.train.steps:
+            return None
+        metrics.phase(f"evaluating after RL on {len(run.eval_tasks)} held-out problems", echo=True)
+        with source.exclusive() as eng:
+            after = held_out(eng)
+        metrics.phase_done()
     finally:
-        source.close()
         metrics.close()
-        requeued = engine.counters().get("requeued")
-        if requeued is not None:
-            log(f"ray: {requeued} generate chunk(s) re-queued after an engine actor died")
-    if last < cfg.train.steps:
-        return None
-    with source.exclusive() as eng:
-        after = held_out(eng)
     return _finish(run, eval_b, after, store, ckpt_dir, point.wall_s, log, eval_base)
 
 
@@ -164,6 +180,8 @@ class _Learned:
     train_m: dict[str, float]
     rng_before: dict[str, Any]
     """The RNG just before the update (the write-ahead log re-trains the step under it)."""
+    no_signal: str | None
+    """Why the update moved nothing (`filter.no_signal`), or None."""
 
 
 class _Steps:
@@ -172,12 +190,14 @@ class _Steps:
     def __init__(self, run: RunParts, source: RolloutSource, store: RolloutStore, metrics: MetricsLogger,
                  replay: ReplayBuffer | None, held_out: Callable[[Engine], dict[str, float]], log: Log, *,
                  prev_wall: float) -> None:
+        from rollwise.run.guard import ErroredSteps
         from rollwise.train.overlong import overlong_options
 
         self.run, self.source, self.store, self.metrics, self.replay = run, source, store, metrics, replay
         self.held_out, self.log, self.prev_wall = held_out, log, prev_wall
         self.overlong = overlong_options(run.cfg.algo)  # DAPO's overlong filtering / soft punishment
         self.rules = run.controller.rules  # the Filter room's rules, built once at setup (control uses the same)
+        self.all_errored = ErroredSteps(run.cfg.run.max_all_errored_steps, run.run_dir)  # a broken reward stops here
 
     def run_step(self, step: int) -> Path | None:
         """Run `step`; the checkpoint written after it, if one was due."""
@@ -188,6 +208,7 @@ class _Steps:
         t_step, cpu_step = time.perf_counter(), time.process_time()
         batch = self.source.next_batch(step)  # select prompts -> generate -> score
         t_got = time.perf_counter()
+        self.all_errored.observe(step, [r for g in batch.result.groups for r in g.rollouts])  # before it trains
         learned = self._learn(step, batch)
         sync_s = self.source.sync(trainer.weights(), trainer.version)
         own = [r for g in learned.groups for r in g.rollouts if not is_replayed(r)]  # this step's own rollouts
@@ -200,6 +221,8 @@ class _Steps:
                            staleness_bound=self.source.staleness_bound, engine_counters=run.engine.counters(),
                            useful=_useful_tokens(learned.trainable, is_replayed),
                            pass_threshold=cfg.env.pass_threshold)
+        if learned.no_signal:
+            rec["no_signal"] = learned.no_signal
         wall = self.prev_wall + time.perf_counter() - run.t_start
         state = loop_state(batch.data_position, batch.policy_state, self.replay, wall)
         # NOTE: the shard and its record land in one rename, before the metrics line: a crash between the two
@@ -218,7 +241,7 @@ class _Steps:
         """Rescue, shape, advantages, the Filter room's selection, reuse; then the update (a lost trainer is
         brought back to step - 1 from its checkpoint and the store, and trains the step again)."""
         from rollwise.cluster.trainer_handle import TrainerLost
-        from rollwise.filter import select
+        from rollwise.filter import no_signal, select
         from rollwise.run.resume import recover_trainer, rng_state, set_rng_state
         from rollwise.store.replay import rescue_groups, reuse_rollouts
         from rollwise.train.advantages import assign_advantages
@@ -249,7 +272,8 @@ class _Steps:
             recover_trainer(trainer, self.store, step, run.resume, self.log, lost)
             set_rng_state(rng_before)
             train_m = trainer.train_step(trainable)
-        return _Learned(groups, selection.zero_variance_groups, trainable, replayed, books, train_m, rng_before)
+        return _Learned(groups, selection.zero_variance_groups, trainable, replayed, books, train_m, rng_before,
+                        no_signal(groups, trainable, self.rules))
 
     def _extras(self, own: list[Rollout], learned: _Learned) -> dict[str, Any]:
         """The replay buffer's books and the last sync's log-prob gap, beside the step's metrics."""
@@ -269,6 +293,7 @@ class _Steps:
         if not (cfg.run.eval_every and step % cfg.run.eval_every == 0 and step < cfg.train.steps):
             return 0.0, 0.0
         t_eval, cpu_eval = time.perf_counter(), time.process_time()
+        self.metrics.phase(f"step {step}: evaluating on {len(self.run.eval_tasks)} held-out problems", echo=True)
         with self.source.exclusive() as eng:
             ev = self.held_out(eng)
         extra["eval_accuracy"], extra["eval_accuracy_greedy"] = ev["accuracy"], ev["accuracy_greedy"]
@@ -354,11 +379,13 @@ def _write_json_atomic(path: Path, obj: Any) -> None:
     os.replace(tmp, path)
 
 
-def _eval_base(run: RunParts, held_out: Callable[[Engine], dict[str, float]], log: Log) -> dict[str, float]:
+def _eval_base(run: RunParts, held_out: Callable[[Engine], dict[str, float]], log: Log,
+               phase: Callable[..., None]) -> dict[str, float]:
     """The model before SFT, evaluated once on an in-process engine (kept in RUN_DIR/eval_base.json)."""
     path = run.run_dir / "eval_base.json"
     if path.is_file():
         return json.loads(path.read_text())
+    phase(f"evaluating the base model (before SFT) on {len(run.eval_tasks)} held-out problems", echo=True)
     from rollwise.engine.llm import LLM
     from rollwise.run.setup import engine_kwargs
 
@@ -375,12 +402,14 @@ def _eval_base(run: RunParts, held_out: Callable[[Engine], dict[str, float]], lo
     return res
 
 
-def _eval_before(run: RunParts, engine: Engine, held_out: Callable[[Engine], dict[str, float]], *,
-                 resumed: bool) -> dict[str, float]:
-    """The pre-RL evaluation, computed once and kept in RUN_DIR/eval_before.json for resumed runs."""
+def _eval_before(run: RunParts, engine: Engine, held_out: Callable[[Engine], dict[str, float]],
+                 phase: Callable[..., None], *, resumed: bool) -> dict[str, float]:
+    """The pre-RL evaluation, computed once and kept in RUN_DIR/eval_before.json for resumed runs; `phase` labels
+    the progress bar while it runs (`MetricsLogger.phase`)."""
     path = run.run_dir / "eval_before.json"
     if resumed and path.is_file():
         return json.loads(path.read_text())
+    phase(f"evaluating before RL on {len(run.eval_tasks)} held-out problems", echo=True)
     res = held_out(engine)
     _write_json_atomic(path, res)
     return res

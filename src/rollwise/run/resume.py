@@ -32,6 +32,10 @@ with the current weights (their staleness is 0 where the lost ones' was up to K)
 in its actor, whose RNG is its own: the re-trained steps are exact only when the update draws no random numbers
 (one update per step, the default).
 
+A resume of a run that already finished (`finished_run`: its summary.json says train.steps steps and was written
+after the newest checkpoint, which is at that step) does nothing: one line, no model loaded, no evaluation, no sync
+check, nothing rewritten. A larger train.steps continues it.
+
 The same machinery brings back a trainer that died mid-run (a rank process or a Ray actor: `recover_trainer`):
 fresh ranks, the latest checkpoint, the stored steps since re-trained, then the step in flight again.
 """
@@ -100,6 +104,46 @@ class ResumeSpec:
     def run_info(self) -> dict[str, Any]:
         """What a checkpoint keeps of the run's config: the resolved config and the sha256 of config.yaml."""
         return {"config": self.config, "config_yaml_sha256": self.config_yaml_sha256}
+
+
+@dataclasses.dataclass(frozen=True)
+class FinishedRun:
+    """A run directory whose run did every step and wrote its summary (`finished_run`)."""
+
+    run_dir: Path
+    step: int
+    summary: dict[str, Any]
+    """RUN_DIR/summary.json."""
+
+    def line(self) -> str:
+        return (f"run already finished at step {self.step}: {self.run_dir}; nothing to do (its results are in "
+                "summary.json; a larger train.steps trains further)")
+
+
+def finished_run(cfg: RunConfig) -> FinishedRun | None:
+    """The finished run a resume of `cfg` would find, or None (not a resume, or the run has steps left).
+
+    Finished: RUN_DIR/summary.json reads, says `steps` == train.steps, and was written no earlier than the newest
+    complete checkpoint, which is at train.steps (a summary older than that checkpoint is an earlier run's: this
+    one stopped between its last checkpoint and its summary, and the resume finishes it). Reads files only."""
+    from rollwise.train.checkpoint import MANIFEST, find_latest_checkpoint
+
+    if not cfg.run.resume:
+        return None
+    run_dir = Path(cfg.run.out_dir)
+    path = run_dir / "summary.json"
+    latest = find_latest_checkpoint(run_dir)
+    if latest is None or not path.is_file():
+        return None
+    try:
+        summary = json.loads(path.read_text())
+        ckpt_step = int(json.loads((latest / MANIFEST).read_text())["step"])
+        fresh = path.stat().st_mtime >= (latest / MANIFEST).stat().st_mtime
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # unreadable: the resume proper says what is wrong
+    if not (isinstance(summary, dict) and fresh and summary.get("steps") == cfg.train.steps == ckpt_step):
+        return None
+    return FinishedRun(run_dir, ckpt_step, summary)
 
 
 # ------------------------------------------------------------------------------------------------- RNG as JSON

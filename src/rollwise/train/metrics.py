@@ -7,10 +7,13 @@ line. A resume (`resume_from_step`, `prepare_resume`) drops only that torn last 
 the lines of steps it will log again are moved, byte for byte, to RUN_DIR/quarantine/, never deleted. Non-finite numbers are written as null (JSON has no NaN) and
 tensors / numpy scalars as plain numbers. Nested dicts are flattened with '/' ("time/generate").
 
-The terminal display is a convenience: it stays silent when stdout is not a TTY (CI logs, pipes). Next to the
-bar (which counts steps) it shows `PROGRESS_FIELDS`: reward, accuracy, tokens/s and the log-prob gap between
-the engine and the trainer, read from the keys `run.loop.step_metrics` writes. A logger asked for whose
-package is missing is an error, never a silent skip.
+The display is chosen once, at construction, from whether stdout is a terminal. On a terminal: a rich progress
+bar (which counts steps) showing `PROGRESS_FIELDS` (reward, accuracy, tokens/s and the log-prob gap between the
+engine and the trainer, read from the keys `run.loop.step_metrics` writes), the step's kept / filtered / errored
+rollouts and, for a step that trained nothing, why (`no_signal`); while the run evaluates or waits for its first
+step the bar says so (`phase`). Off a terminal (nohup, SLURM, CI, pipes): with `line_every` set, one plain
+`step_line` every N steps and after the last, through `line` (the run's log). A logger asked for whose package is
+missing is an error, never a silent skip.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from rollwise.train.loggers import LoggerContext, MetricLogger, open_loggers, write_all
 
@@ -69,13 +72,15 @@ class MetricsLogger:
                  tensorboard: bool | None = None, console: Any = None,
                  show: Sequence[tuple[str, str]] = PROGRESS_FIELDS, resume_from_step: int | None = None,
                  run_config: Mapping[str, Any] | None = None, project: str | None = None,
-                 run_name: str | None = None) -> None:
+                 run_name: str | None = None, line_every: int | None = None,
+                 line: Callable[[str], None] = print) -> None:
         """run_dir: created if missing. total_steps: length of the progress bar. loggers: `run.loggers` names
         (jsonl is always on); tensorboard: deprecated alias, True adds 'tensorboard', False removes it.
         console: a rich Console (default: stdout); the bar shows only when it is a terminal. show: (metric key,
         label) pairs displayed next to the bar. resume_from_step: keep only lines with step <= this (a resumed
         run re-logs the steps after its checkpoint). run_config: the resolved config, for W&B and MLflow.
         project, run_name: `run.project` and `run.run_name` for the trackers (run_name None: run_dir's name).
+        line_every: off a terminal, print `step_line` through `line` every N steps and after the last (None: never).
         Raises LoggerError (one line) when a logger cannot start."""
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -96,8 +101,12 @@ class MetricsLogger:
         from rich.console import Console
 
         self.console = console if console is not None else Console()
+        self.total_steps = total_steps
         self._progress = None
         self._task = None
+        self._line = line if line_every is not None and not self.console.is_terminal else None
+        self._line_every = line_every or 1
+        self._shown = ""  # the last step's description on the bar (`phase_done` puts it back)
         if self.console.is_terminal:
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -116,10 +125,29 @@ class MetricsLogger:
         rec.update(flatten_metrics(metrics))
         self.loggers = write_all(self.loggers, int(step), rec)
         if self._progress is not None and self._task is not None:
-            shown = "  ".join(f"{label}={_fmt(rec[k])}" for k, label in self.show if rec.get(k) is not None)
-            self._progress.update(self._task, completed=int(step), description=shown)
+            shown = [f"{label}={_fmt(rec[k])}" for k, label in self.show if rec.get(k) is not None]
+            counts = _step_counts(rec)
+            shown += [counts] if counts else []
+            shown += [f"no signal: {rec['no_signal']}"] if rec.get("no_signal") else []
+            self._shown = "  ".join(shown)
+            self._progress.update(self._task, completed=int(step), description=self._shown)
+        if self._line is not None and (step % self._line_every == 0 or step == self.total_steps):
+            self._line(step_line(rec, self.total_steps))
         self.last = rec
         return rec
+
+    def phase(self, label: str, *, echo: bool = False) -> None:
+        """Say what the run is doing between steps (evaluating, generating the first step): the bar's label on a
+        terminal; off one, a plain line when `echo` and the plain lines are on."""
+        if self._progress is not None and self._task is not None:
+            self._progress.update(self._task, description=label)
+        elif echo and self._line is not None:
+            self._line(label)
+
+    def phase_done(self) -> None:
+        """The bar shows the last step's figures again (after a `phase` that no step line follows)."""
+        if self._progress is not None and self._task is not None:
+            self._progress.update(self._task, description=self._shown)
 
     def print_table(self, title: str, rows: Mapping[str, Any]) -> None:
         """A two-column rich table (e.g. accuracy before/after), on a terminal only."""
@@ -150,6 +178,43 @@ class MetricsLogger:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+def rollout_counts(counts: Mapping[str, Any]) -> str:
+    """'12 kept, 4 filtered, 0 errored' from rollout counts by status (truncated and aborted too when there are
+    any; other keys, such as 'total', ignored); '' when there are none."""
+    from rollwise.filter import SHOWN
+    from rollwise.types import ROLLOUT_STATUSES
+
+    if not any(s in counts for s in ROLLOUT_STATUSES):
+        return ""
+    return ", ".join(f"{int(counts.get(s) or 0)} {s}" for s in ROLLOUT_STATUSES if s in SHOWN or counts.get(s))
+
+
+def _step_counts(rec: Mapping[str, Any]) -> str:
+    """`rollout_counts` of a flattened metrics line (`rollouts/<status>` keys)."""
+    return rollout_counts({k.split("/", 1)[1]: v for k, v in rec.items() if k.startswith("rollouts/")})
+
+
+def step_line(rec: Mapping[str, Any], total: int | None = None) -> str:
+    """One step as a plain line: 'step 2/4: reward 0.250, acc 0.125; 12 kept, 4 filtered, 0 errored; 1.3s,
+    212 tok/s', then '; no signal: WHY' for a step that trained nothing."""
+    step = rec.get("step")
+    head = f"step {step}/{total}" if total else f"step {step}"
+    nums = [f"{label} {rec[k]:.3f}" for k, label in (("reward_mean", "reward"), ("accuracy", "acc"))
+            if isinstance(rec.get(k), (int, float))]
+    head += ": " + ", ".join(nums) if nums else ""
+    tail = [c for c in [_step_counts(rec)] if c]
+    timing = []
+    if isinstance(rec.get("step_s"), (int, float)):
+        timing.append(f"{rec['step_s']:.1f}s")
+    if isinstance(rec.get("tokens_per_s"), (int, float)):
+        timing.append(f"{rec['tokens_per_s']:.0f} tok/s")
+    if timing:
+        tail.append(", ".join(timing))
+    if rec.get("no_signal"):
+        tail.append(f"no signal: {rec['no_signal']}")
+    return "; ".join([head, *tail])
 
 
 def _fmt(v: Any) -> str:
