@@ -23,7 +23,7 @@ from pathlib import Path
 SRC = Path(__file__).resolve().parents[1] / "src" / "rollwise"
 
 LAYERS: dict[str, int] = {
-    "types": 0, "config_yaml": 0, "in_memory": 0, "cache_dir": 0, "trl_names": 0,
+    "types": 0, "config_yaml": 0, "in_memory": 0, "cache_dir": 0, "trl_names": 0, "usercode": 0,
     "config": 1, "filter": 1,
     "models": 2, "config_doc": 2,
     "engine": 3, "train": 3, "sandbox": 3,
