@@ -79,9 +79,9 @@ def rounding_bound(yardstick, floor=1e-5, factor=4.0):
     return max(floor, factor * yardstick)
 
 
-def repacked(spec_):
+def repacked(spec_, micro_batch_tokens=16):
     """The same one-rank run with the micro-batches cut at another token cap: a float-rounding yardstick."""
-    return dataclasses.replace(spec_, train=spec_.train.model_copy(update={"micro_batch_tokens": 16}))
+    return dataclasses.replace(spec_, train=spec_.train.model_copy(update={"micro_batch_tokens": micro_batch_tokens}))
 
 
 @pytest.mark.parametrize("parallel,updates", [("ddp", 1), ("ddp", 2), ("fsdp2", 1)])
@@ -93,7 +93,10 @@ def test_two_ranks_equal_one_rank_after_two_steps(tiny_llama_tied, parallel, upd
     finally:
         ranks.shutdown()
     ms_pack, w_pack = run_two_steps(repacked(spec(tiny_llama_tied, 1, updates_per_step=updates)).build())
-    d, d_pack = max_diff(w1, w2), max_diff(w1, w_pack)
+    # NOTE: one repacking can leave the sums unchanged on a CPU (AVX-512 without AMX: cap 16 rounded exactly as 24
+    # with two updates per step, cap 32 moved the weights by 7e-5, as two ranks did): the yardstick takes two caps.
+    _, w_pack32 = run_two_steps(repacked(spec(tiny_llama_tied, 1, updates_per_step=updates), 32).build())
+    d, d_pack = max_diff(w1, w2), max(max_diff(w1, w_pack), max_diff(w1, w_pack32))
     print(f"{parallel} updates_per_step={updates}: max |w1 - w2| = {d:.2e}; 1 rank repacked: {d_pack:.2e}")
     assert d <= rounding_bound(d_pack)  # float reassociation only (the weights moved by ~1e-2 per step)
     assert max_diff(w1, run_two_steps(spec(tiny_llama_tied, 1).build())[1]) > 1e-3 or updates == 1
@@ -119,7 +122,8 @@ def test_two_ranks_with_a_reference_model_and_proximal_policy(tiny_llama, parall
     finally:
         ranks.shutdown()
     ms_pack, w_pack = run_two_steps(repacked(sp(1)).build())
-    d, d_pack = max_diff(w1, w2), max_diff(w1, w_pack)
+    _, w_pack32 = run_two_steps(repacked(sp(1), 32).build())  # two caps, as above
+    d, d_pack = max_diff(w1, w2), max(max_diff(w1, w_pack), max_diff(w1, w_pack32))
     print(f"{parallel} reference + proximal: max |w1 - w2| = {d:.2e}; 1 rank repacked: {d_pack:.2e}")
     assert d <= rounding_bound(d_pack)
     for a, b, p in zip(ms1, ms2, ms_pack):
