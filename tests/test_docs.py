@@ -14,6 +14,8 @@ What is checked, in inline code spans and fenced code blocks (prose is left alon
   from `rollwise.cli.main.build_parser`. An unknown command followed by flags fails too.
 - **imports**: `import rollwise...`, `from rollwise.x import a, b` and every written `rollwise.x.y` path must
   import (module by module, then attribute by attribute).
+- **files**: a repository path written in code (`bench/serve.py`, `run/loop.py` under src/rollwise) exists, and so
+  does the target of every relative markdown link.
 
 A test feeds the checker a small bad page, so a checker that stops catching typos fails as well.
 """
@@ -310,10 +312,34 @@ def check_flags(snip: Snippet) -> list[str]:
     return out
 
 
+_PATH = re.compile(r"(?<![\w./-])((?:src|tests|bench|recipes|docs|\.ci)/[\w./-]*\w|\w+(?:/[\w.-]+)+\.(?:py|md|yaml|svg))"
+                   r"(?![\w*{<-])")
+GENERATED = ("recipes/data", "RUN_DIR/", "runs/")
+"""Paths the docs name that a command creates (the recipes' data, a run's folder), not files of the repository."""
+
+
+def check_paths(snip: Snippet) -> list[str]:
+    """A repository path written in code (`run/loop.py` is relative to src/rollwise) names a file that exists."""
+    out = []
+    for m in _PATH.finditer(snip.text):
+        path = m.group(1).rstrip(".")
+        if any(c in path for c in "*{<") or path.startswith(GENERATED):
+            continue
+        if not any((base / path).exists() for base in (REPO, REPO / "src", REPO / "src" / "rollwise", REPO / "docs")):
+            out.append(f"{snip.page}:{snip.line}: `{path}` is not a file of the repository")
+    return out
+
+
+def check_links(text: str, page: Path) -> list[str]:
+    """Relative markdown links point at files that exist."""
+    return [f"{page.name}: link to `{t}`, which does not exist" for t in re.findall(r"\]\(([^)#\s]+)", text)
+            if "://" not in t and not (page.parent / t).exists()]
+
+
 def check_text(text: str, page: str = "<text>") -> list[str]:
     problems: list[str] = []
     for snip in snippets(text, page):
-        problems += check_keys(snip) + check_yaml(snip) + check_imports(snip) + check_flags(snip)
+        problems += check_keys(snip) + check_yaml(snip) + check_imports(snip) + check_flags(snip) + check_paths(snip)
     return problems
 
 
@@ -322,7 +348,8 @@ def check_text(text: str, page: str = "<text>") -> list[str]:
 
 @pytest.mark.parametrize("page", PAGES, ids=[p.name for p in PAGES])
 def test_page_names_only_what_exists(page: Path):
-    problems = check_text(page.read_text(), str(page.relative_to(REPO)))
+    text = page.read_text()
+    problems = check_text(text, str(page.relative_to(REPO))) + check_links(text, page)
     assert not problems, "\n".join(problems)
 
 
@@ -343,7 +370,7 @@ from rollwise.trl import GRPOConfig, GRPOTrainerz
 import rollwise.engine.lmm
 ```
 
-and `rollwise.config.RunConfg` in prose.
+and `rollwise.config.RunConfg` in prose, as told in `docs/FINDINGS.md` and `run/lop.py`.
 """
 
 
@@ -351,17 +378,17 @@ def test_checker_catches_misspellings():
     problems = "\n".join(check_text(BAD_PAGE))
     for expected in ("`train.lr_rate`", "`engine.vllm.lanch`", "`train.stepz`", "has no option `--outdir`",
                      "has no option `--fromat`", "`GRPOTrainerz`", "`rollwise.engine.lmm`",
-                     "`rollwise.config.RunConfg`"):
+                     "`rollwise.config.RunConfg`", "`docs/FINDINGS.md` is not", "`run/lop.py` is not"):
         assert expected in problems, f"{expected} not reported in:\n{problems}"
 
 
 GOOD_PAGE = """\
 `model.path: builtin:tiny`, `env.kwargs.path`, `config.yaml`, `summary.json`, `cli/train.py`, `run/loop.py`,
-`run.loop.step_metrics`, `train.metrics`, `result.metrics()[-1]`, `rollwise.train(...)`, `train.lora.r`,
+`run.loop.step_metrics`, `train.metrics`, `result.metrics()[-1]`, `rollwise.train(...)`, `train.lora.r`, `run/loop.py`, `bench/serve.py`, `recipes/data/x.jsonl`,
 `rollwise rollouts counts RUN_DIR`, `rollwise --debug CMD`, `rollwise.schema_version`
 
 ```bash
-rollwise train recipes/x.yaml --set engine.backend=remote \\
+rollwise train recipes/smollm2-addition.yaml --set engine.backend=remote \\
     --set engine.vllm.launch=true   # --not-a-flag in a comment
 rollwise rollouts export RUN_DIR --format csv | head
 ```
