@@ -1,4 +1,5 @@
-"""Math scoring speed on GSM8K model solutions (../shared/data/gsm8k/example_model_solutions.jsonl).
+"""Math scoring speed on GSM8K model solutions (gsm8k/example_model_solutions.jsonl in the data root,
+`rollwise.envs.data.data_root`).
 
 Scores every solution of every model (4 per question) against the question's ground truth with
 `rewards.math.math_reward`, in the main thread and under `score_many` with 8 threads, and prints items/s,

@@ -7,7 +7,7 @@ drift on a shared machine hits them alike:
 
 - `1 rank`: the trainer in this process with `--threads` torch threads (what `train.world_size: 1` runs);
 - `1 rank, 1 thread`: the same at one thread (what each rank gets; on a loaded machine one OpenMP thread per
-  process can beat two: FINDINGS.md);
+  process can beat two: docs/speed.md, "CPU threads");
 - `2 ranks ddp` and `2 ranks fsdp2`: two rank processes with `--threads / 2` threads each (the same cores).
 
 Two ranks on the same cores cannot be faster: this shows the overhead of the split, the gradient all-reduce

@@ -11,7 +11,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def shared_data_dir() -> Path:
-    """../shared/data next to the repository (the real datasets)."""
+    """The real datasets' directory: `shared/data` beside the repository."""
     return REPO.parent / "shared" / "data"
 
 
@@ -20,7 +20,7 @@ def shared_data() -> Path:
     """The real datasets (GSM8K, HumanEval, MBPP); tests that need them skip with the reason when missing."""
     data = shared_data_dir()
     if not data.is_dir():
-        pytest.skip(f"real datasets not found at {data} (expected ../shared/data beside the repository)")
+        pytest.skip(f"real datasets not found at {data} (expected shared/data beside the repository)")
     return data
 
 

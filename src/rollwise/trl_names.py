@@ -118,7 +118,7 @@ TRL_FIELDS: dict[str, Entry] = {
     # ---- vLLM
     "use_vllm": Mapped(("engine.backend", "engine.remote_server"), "True -> remote vLLM servers"),
     "vllm_mode": Mapped(("engine.backend",), "server only (colocate refused): a vLLM OpenAI server rollwise can "
-                                             "reload (README, Engines), not `trl vllm-serve`"),
+                                             "reload (docs/serve.md, Remote engines), not `trl vllm-serve`"),
     "vllm_server_base_url": Mapped(("engine.remote_urls",)),
     "vllm_server_host": Mapped(("engine.remote_urls",), "with vllm_server_port when vllm_server_base_url is None"),
     "vllm_server_port": Mapped(("engine.remote_urls",)),

@@ -1,7 +1,7 @@
 """Where datasets live: an explicit path, else $ROLLWISE_DATA, else the nearest `shared/data` above here.
 
-The project's convention is a `shared/data` directory beside the repository (`../shared/data` from the repo
-root), so both the installed package and a test run from the repo find it without configuration.
+Walking up from the package finds a `shared/data` directory placed above a checkout, so both the installed
+package and a test run from a checkout find the datasets without configuration.
 """
 
 from __future__ import annotations
