@@ -221,6 +221,11 @@ class Rollout:
     def num_generated(self) -> int:
         return int(sum(self.loss_mask)) + sum(int(sum(s.loss_mask)) for s in self.segments or ())
 
+    @property
+    def completion_len(self) -> int:
+        """Completion tokens of every sequence: an agent episode's segments count beside its first."""
+        return len(self.completion_token_ids) + sum(len(s.completion_token_ids) for s in self.segments or ())
+
     def sequences(self) -> list[Rollout]:
         """The token sequences to train on: this rollout alone, or its first sequence and one per segment, each a
         plain Rollout with this rollout's reward, status and advantage (what `train.batch.TrainBatch` lays out)."""

@@ -303,7 +303,7 @@ class _Steps:
 
 
 def _useful_tokens(trainable: Sequence[Rollout], is_replayed: Callable[[Rollout], bool]) -> int:
-    return sum(len(r.completion_token_ids) for r in trainable if r.has_signal and not is_replayed(r))
+    return sum(r.completion_len for r in trainable if r.has_signal and not is_replayed(r))
 
 
 def step_metrics(rollouts: Sequence[Rollout], num_groups: int, zero_var: int, books: Accounting,
@@ -325,7 +325,7 @@ def step_metrics(rollouts: Sequence[Rollout], num_groups: int, zero_var: int, bo
     counts = {s: sum(r.status == s for r in rollouts) for s in ROLLOUT_STATUSES}
     rewards = [r.reward for r in rollouts if r.reward is not None]
     finished = [r for r in rollouts if r.status != "aborted"]
-    lens = [len(r.completion_token_ids) for r in rollouts]
+    lens = [r.completion_len for r in rollouts]
     gen_tokens = books.generated_tokens
     rec: dict[str, Any] = {
         "reward_mean": float(np.mean(rewards)) if rewards else None,

@@ -352,7 +352,7 @@ def trl_metrics(rec: Mapping[str, Any], rollouts: Sequence[Any], shaping: Sequen
     std = _std(rewards)
     if std is not None:
         out["reward_std"] = std
-    lens = [len(r.completion_token_ids) for r in rollouts]
+    lens = [r.completion_len for r in rollouts]
     if lens:
         out["completions/min_length"] = int(min(lens))
     parts: dict[str, list[float]] = {}
