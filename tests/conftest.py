@@ -97,6 +97,18 @@ def smollm2_dir() -> Path:
     return resolve_model("smollm2-135m")
 
 
+@pytest.fixture(scope="module")
+def smol_tiny(tmp_path_factory, smollm2_dir):
+    """A tiny random Llama with SmolLM2's tokenizer and chat template: the real BPE and template's turns, fast."""
+    import shutil
+
+    path = make_tiny_checkpoint(tmp_path_factory.mktemp("smol-tiny") / "m", "llama", vocab=49152)
+    for f in smollm2_dir.iterdir():
+        if f.name.startswith("tokenizer") or f.name.startswith("chat_template") or f.name == "special_tokens_map.json":
+            shutil.copy(f, path / f.name)
+    return path
+
+
 # ------------------------------------------------------------------------------------------------- loop runs
 
 TINY_BUILTIN = ["model.builtin.hidden_size=64", "model.builtin.num_layers=2", "model.builtin.intermediate_size=128",

@@ -8,7 +8,6 @@ import asyncio
 import json
 import random
 import re
-import shutil
 
 import pytest
 
@@ -319,15 +318,6 @@ def smol_tok(smollm2_dir):
 
     return AutoTokenizer.from_pretrained(smollm2_dir)
 
-
-@pytest.fixture(scope="module")
-def smol_tiny(tmp_path_factory, make_checkpoint, smollm2_dir):
-    """A tiny random Llama with SmolLM2's tokenizer and chat template (the real template's turns, fast)."""
-    path = make_checkpoint(tmp_path_factory.mktemp("smol-tiny") / "m", "llama", vocab=49152)
-    for f in smollm2_dir.iterdir():
-        if f.name.startswith("tokenizer") or f.name.startswith("chat_template") or f.name == "special_tokens_map.json":
-            shutil.copy(f, path / f.name)
-    return path
 
 
 class IncrementPolicy:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import math
 import re
-import shutil
 import time
 
 import pytest
@@ -315,15 +314,6 @@ def rewriting_agent(client, row):
         {"role": "user", "content": f"Check this answer: {first}"}], max_tokens=5).choices[0].message.content
     return float(len(second) % 2)
 
-
-@pytest.fixture(scope="module")
-def smol_tiny(tmp_path_factory, make_checkpoint, smollm2_dir):
-    """A tiny random Llama with SmolLM2's tokenizer and chat template (a real BPE and template, fast)."""
-    path = make_checkpoint(tmp_path_factory.mktemp("smol-tiny") / "m", "llama", vocab=49152)
-    for f in smollm2_dir.iterdir():
-        if f.name.startswith("tokenizer") or f.name.startswith("chat_template") or f.name == "special_tokens_map.json":
-            shutil.copy(f, path / f.name)
-    return path
 
 
 def _real_run(path, agent, tasks, calls_box):

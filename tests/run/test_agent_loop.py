@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 
 import pytest
 
@@ -52,15 +51,6 @@ def correct(completions, environments, answer, **kwargs):
     return out
 '''
 
-
-@pytest.fixture(scope="module")
-def smol_tiny(tmp_path_factory, make_checkpoint, smollm2_dir):
-    """A tiny random Llama with SmolLM2's tokenizer and chat template (fast, and the real template's turns)."""
-    path = make_checkpoint(tmp_path_factory.mktemp("smol-tiny") / "m", "llama", vocab=49152)
-    for f in smollm2_dir.iterdir():
-        if f.name.startswith("tokenizer") or f.name.startswith("chat_template") or f.name == "special_tokens_map.json":
-            shutil.copy(f, path / f.name)
-    return path
 
 
 def write_files(tmp_path):
