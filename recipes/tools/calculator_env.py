@@ -33,8 +33,8 @@ class CalculatorEnv:
         return str(a + b)
 
 
-def correct_product(completions, environments, answer, **kwargs):
-    """1.0 when the model's last turn ends with the right product and it used the calculator, else 0.0."""
+def correct_answer(completions, environments, answer, **kwargs):
+    """1.0 when the model's last turn ends with the right number and it used the calculator, else 0.0."""
     out = []
     for turns, env, a in zip(completions, environments, answer):
         final = [t["content"] for t in turns if t["role"] == "assistant"][-1]  # the model's last turn

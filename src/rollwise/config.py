@@ -723,8 +723,9 @@ class SftConfig(_Section):
     """Max global gradient norm; None = no clipping."""
     checkpoint_every: int = Field(25, ge=0)
     """Save a resumable SFT checkpoint every N steps (RUN_DIR/sft/checkpoints/); the last step is always saved."""
-    eval_base: bool = True
-    """Evaluate the model before SFT too (summary.json `eval_base`); `eval_before` is then after SFT, before RL."""
+    eval_base: bool = False
+    """Evaluate the model before SFT too (summary.json `eval_base`), off by default: it costs a whole evaluation;
+    `eval_before` is after SFT, before RL, either way."""
 
 
 PolicyName = Literal["uniform", "dynamic", "adaptive", "early_stop", "partial"]

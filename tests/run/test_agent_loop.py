@@ -126,7 +126,7 @@ def test_a_tool_class_trains_after_sft_with_tools_called_results_masked_and_rewa
     policy = ScriptedPolicy(tok)
     monkeypatch.setattr(setup, "make_engine", lambda *a, **k: policy)
     cfg = agent_config(tmp_path, smol_tiny, f"sft.path={tmp_path / 'demos.jsonl'}", "sft.steps=2", "sft.batch_size=2",
-                       "sft.lr=1e-4")
+                       "sft.lr=1e-4", "sft.eval_base=true")
     summary = train(cfg, log=lambda s: None)
     out = tmp_path / "run"
     # SFT ran first, inside `rollwise train`, and RL started from its model; the base model was evaluated too
