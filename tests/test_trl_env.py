@@ -537,3 +537,66 @@ def test_the_guides_increment_env_runs_unchanged_on_the_real_smollm2(tmp_path, s
     assert out.global_step == 1 and len(rows) == 4
     assert all(r.status in ("kept", "truncated") and r.reward in (0.0, 1.0) for r in rows)
     assert all(set(r.reward_parts) == {"IncrementEnv"} for r in rows)
+
+
+def _thinking_template_copy(src, dst):
+    """smol_tiny with a template that writes a marker in the system turn when `enable_thinking` is false."""
+    import shutil
+
+    shutil.copytree(src, dst)
+    cfg_path = dst / "tokenizer_config.json"
+    cfg = json.loads(cfg_path.read_text())
+    template = cfg.get("chat_template") or (dst / "chat_template.jinja").read_text()
+    marked = "{%- if enable_thinking is defined and not enable_thinking %}{{ '<no_think>' }}{%- endif %}" + template
+    if "chat_template" in cfg:
+        cfg["chat_template"] = marked
+        cfg_path.write_text(json.dumps(cfg))
+    else:
+        (dst / "chat_template.jinja").write_text(marked)
+    return dst
+
+
+def test_chat_template_kwargs_reach_every_rendering_of_the_template(tmp_path, smol_tiny):
+    from transformers import AutoTokenizer
+
+    from rollwise.models.prompting import PromptFormat, with_template_kwargs
+    from rollwise.models.turns import ChatTurns
+
+    tok = AutoTokenizer.from_pretrained(_thinking_template_copy(smol_tiny, tmp_path / "m"))
+    fmt = PromptFormat()
+    plain = tok.decode(fmt.encode(tok, "What is 2 + 2?"))
+    assert "<no_think>" not in plain
+    wrapped = with_template_kwargs(tok, {"enable_thinking": False})
+    assert tok.decode(fmt.encode(wrapped, "What is 2 + 2?")) == "<no_think>" + plain
+    assert with_template_kwargs(tok, {}) is tok  # nothing to add: the tokenizer itself
+    # a tool turn after the prompt still extends it token for token (the probe renders with the variable too)
+    turns = ChatTurns(wrapped, fmt)
+    prompt, ids, mask = turns.render_conversation([{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"},
+                                                   {"role": "tool", "content": "4"}, {"role": "assistant", "content": "b"}])
+    assert tok.decode(prompt).startswith("<no_think>") and sum(mask) < len(mask)
+    wrapped.chat_template = tok.chat_template + " "  # assignment reaches the tokenizer (template swaps do this)
+    assert tok.chat_template.endswith(" ")
+
+
+@pytest.mark.parametrize("bad", [{"tools": []}, {"add_generation_prompt": True}, {"not an identifier": 1}])
+def test_chat_template_kwargs_that_are_not_template_variables_are_refused_in_one_line(bad):
+    from rollwise.config import RunConfig
+
+    with pytest.raises(ValueError, match="chat_template_kwargs"):
+        RunConfig.model_validate({"env": {"chat_template_kwargs": bad}})
+
+
+def test_the_guides_chat_template_kwargs_line_runs_and_renders_with_the_variable(tmp_path, smol_tiny, monkeypatch):
+    import rollwise.run.setup as setup
+    from transformers import AutoTokenizer
+
+    model = _thinking_template_copy(smol_tiny, tmp_path / "m")
+    tok = AutoTokenizer.from_pretrained(model)
+    policy = IncrementPolicy(tok)
+    monkeypatch.setattr(setup, "make_engine", lambda *a, **k: policy)
+    args = _args(tmp_path, chat_template_kwargs={"enable_thinking": False})
+    trainer = GRPOTrainer(model=str(model), args=args, environment_factory=IncrementEnv)
+    assert trainer.config()["env"]["chat_template_kwargs"] == {"enable_thinking": False}
+    trainer.train()
+    assert policy.prompts and all(p.startswith("<no_think>") for p in policy.prompts)
+    assert len(_rollouts(tmp_path / "run")) == 2 * 2 * 2

@@ -245,6 +245,23 @@ class EngineConfig(_Section):
     in RL runs, whose importance ratios need the processed ones)."""
 
 
+# apply_chat_template's own parameters: rollwise sets them per call, so a run-wide template variable may not.
+_TEMPLATE_OWN_ARGS = frozenset({"conversation", "tools", "documents", "chat_template", "add_generation_prompt",
+                                "continue_final_message", "tokenize", "padding", "truncation", "max_length",
+                                "return_tensors", "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs"})
+
+
+def check_template_kwargs(kwargs: Any, where: str = "env.chat_template_kwargs") -> dict[str, Any]:
+    """The dict itself when its keys are template variables (not apply_chat_template's own parameters)."""
+    if not isinstance(kwargs, dict) or not all(isinstance(k, str) and k.isidentifier() for k in kwargs):
+        raise ValueError(f"{where} must be a mapping of template variable names to values, got {str(kwargs)[:80]}")
+    own = sorted(set(kwargs) & _TEMPLATE_OWN_ARGS)
+    if own:
+        raise ValueError(f"{where}: {', '.join(own)} is a parameter of apply_chat_template that rollwise sets itself, "
+                         "not a template variable")
+    return dict(kwargs)
+
+
 class EnvConfig(_Section):
     """The task environment."""
 
@@ -275,6 +292,9 @@ class EnvConfig(_Section):
     with the tokenizer's default special tokens). See `rollwise.models.prompting`."""
     system_prompt: str | None = None
     """System message put before each task's prompt (needs the chat template)."""
+    chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
+    """Extra variables for every rendering of the chat template (TRL's `chat_template_kwargs`), e.g.
+    `{enable_thinking: false}` for Qwen3: prompts, tool and environment turns, demonstrations and template checks."""
     max_turns: int = Field(4, ge=1)
     """Multi-turn environments: most policy turns per episode (then the episode ends 'truncated')."""
     max_episode_tokens: int | None = Field(None, ge=2)
@@ -380,6 +400,10 @@ class EnvConfig(_Section):
                 raise ValueError(f"env.rewards[{i}].weight must be a number, got {w!r}")
         if self.chat_template is False and self.system_prompt:
             raise ValueError("env.system_prompt needs the chat template, but env.chat_template is false")
+        if self.chat_template_kwargs:
+            check_template_kwargs(self.chat_template_kwargs)
+            if self.chat_template is False:
+                raise ValueError("env.chat_template_kwargs needs the chat template, but env.chat_template is false")
         return self
 
 

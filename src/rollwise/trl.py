@@ -164,6 +164,7 @@ class GRPOConfig:
     vllm_importance_sampling_mode: str = "sequence_mask"
     vllm_importance_sampling_clip_max: float | None = 3.0
     vllm_importance_sampling_clip_min: float | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
     other: dict[str, Any] = field(default_factory=dict)
     """The other TRL fields given (each at a value `check_args` accepts)."""
 
@@ -211,7 +212,7 @@ _TRL_DEFAULTS: dict[str, Any] = {
     # TRL 1.16.0's defaults of the fields without a rollwise mapping (checked against the installed TRL by
     # tests/test_trl.py): the value a field must keep to be accepted.
     "min_p": None, "repetition_penalty": 1.0, "generation_kwargs": None, "cache_implementation": None,
-    "num_generations_eval": None, "chat_template_kwargs": None, "vllm_structured_outputs_regex": None,
+    "num_generations_eval": None, "vllm_structured_outputs_regex": None,
     "delta": None, "sapo_temperature_neg": 1.05, "sapo_temperature_pos": 1.0, "vespo_k_pos": 2.0,
     "vespo_lambda_pos": 3.0, "vespo_k_neg": 3.0, "vespo_lambda_neg": 2.0,
     "multi_objective_aggregation": "sum_then_normalize", "sync_ref_model": False, "ref_model_mixup_alpha": 0.6,
@@ -527,6 +528,8 @@ def translate_args(a: Any, *, num_train_prompts: int | None = None) -> dict[str,
     out["train.seed"] = int(a.seed)
     out["train.bf16"] = bool(a.bf16) if a.bf16 is not None else not bool(getattr(a, "fp16", False))
     out["train.gradient_checkpointing"] = bool(a.gradient_checkpointing)
+    if a.chat_template_kwargs:
+        out["env.chat_template_kwargs"] = dict(a.chat_template_kwargs)
     if a.use_cpu:
         out["model.device"] = "cpu"
     # logging, saving, evaluation

@@ -67,6 +67,8 @@ TRL_FIELDS: dict[str, Entry] = {
     "temperature": Mapped(("rollout.temperature",)),
     "top_p": Mapped(("rollout.top_p",)),
     "top_k": Mapped(("rollout.top_k",), "0 (off) -> -1 (off)"),
+    "chat_template_kwargs": Mapped(("env.chat_template_kwargs",), "every rendering of the template: prompts, tool "
+                                                                  "turns, demonstrations, checks"),
     # ---- loss
     "loss_type": Mapped(("algo.loss", "algo.overlong_filter", "algo.overlong_penalty"),
                         "grpo, dr_grpo, dapo; dapo -> algo.loss dapo with algo.overlong_filter = "
@@ -140,7 +142,7 @@ TRL_FIELDS: dict[str, Entry] = {
              "dataloader_multiprocessing_context"),
     # ---- TRL's default only
     **_default_only("TRL's generation knobs rollwise's samplers do not have", "min_p", "repetition_penalty",
-                    "generation_kwargs", "cache_implementation", "num_generations_eval", "chat_template_kwargs",
+                    "generation_kwargs", "cache_implementation", "num_generations_eval",
                     "vllm_structured_outputs_regex"),
     **_default_only("losses and regularisers rollwise does not have", "delta", "sapo_temperature_neg",
                     "sapo_temperature_pos", "vespo_k_pos", "vespo_lambda_pos", "vespo_k_neg", "vespo_lambda_neg",

@@ -160,12 +160,12 @@ def prompting(setup: Setup, env: Any, llm: Any, tasks: list) -> tuple[Any, Any, 
     `env.chat_template` / `env.system_prompt`, episodes for a multi-turn environment; and every task's prompt
     checked against the model's context (one line naming the first that does not fit)."""
     from rollwise.control.episodes import is_multi_turn
-    from rollwise.models.prompting import stop_token_ids
+    from rollwise.models.prompting import stop_token_ids, with_template_kwargs
     from rollwise.run.prompt_fit import check_prompts_fit, engine_context
     from rollwise.envs.user_agent import is_agent_env
     from rollwise.run.setup import make_agent_episodes, make_episode_runner, prompt_encoder
 
-    tok = llm.tokenizer
+    tok = with_template_kwargs(llm.tokenizer, setup.cfg.env.chat_template_kwargs)
     encode = prompt_encoder(setup.cfg.env, tok, env)
     check_prompts_fit(tasks, encode, engine_context(llm))
     runner = make_agent_episodes(setup.cfg.env, setup.cfg.engine.max_model_len, env, tok, encode) \

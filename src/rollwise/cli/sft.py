@@ -26,6 +26,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 def sft_only(cfg, log=print, stop_after: int | None = None):
     """(final model dir or None when stopped early, info) of the config's SFT stage, run on its own."""
     from rollwise.engine.core import load_tokenizer
+    from rollwise.models.prompting import with_template_kwargs
     from rollwise.run.setup import ModelSource, make_env, prepare_model, prompt_format, resolve_device
     from rollwise.run.sft import SftStage, run_sft, set_aside
 
@@ -33,7 +34,8 @@ def sft_only(cfg, log=print, stop_after: int | None = None):
     run_dir.mkdir(parents=True, exist_ok=True)
     env = make_env(cfg.env)
     base, _ = prepare_model(ModelSource.of(cfg), env, env.load("train", n=cfg.env.train_size, seed=cfg.train.seed), run_dir, log)
-    tok = load_tokenizer(Path(cfg.model.tokenizer) if cfg.model.tokenizer else base)
+    tok = with_template_kwargs(load_tokenizer(Path(cfg.model.tokenizer) if cfg.model.tokenizer else base),
+                               cfg.env.chat_template_kwargs)
     if not cfg.run.resume and (aside := set_aside(run_dir)) is not None:
         log(f"{run_dir} held an earlier SFT stage: moved to {aside}")
     return run_sft(SftStage.of(cfg), base, tok, prompt_format(cfg.env, env), run_dir, resolve_device(cfg.model.device), log,

@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Union
 
+from rollwise.config import check_template_kwargs
+
 Messages = list[dict[str, Any]]
 Prompt = Union[str, Messages]
 FALLBACK_ASSISTANT_PREFIX = "assistant: "
@@ -51,6 +53,46 @@ def check_messages(messages: Any, where: str = "prompt") -> Messages:
 def render_fallback(messages: Messages) -> str:
     """The template-less rendering: "{role}: {content}\\n" per message, then "assistant: "."""
     return "".join(f"{m['role']}: {m['content']}\n" for m in messages) + FALLBACK_ASSISTANT_PREFIX
+
+
+class TemplateKwargs:
+    """A tokenizer whose `apply_chat_template` always gets the run's extra template variables (TRL's
+    `chat_template_kwargs`, e.g. `enable_thinking=False`).
+
+    Why a wrapper: prompts, tool turns, demonstrations, the agent endpoint and the template checks all render through
+    the one tokenizer the run loads, so wrapping it once at setup reaches every rendering, and no call site can
+    forget the variables (a prompt rendered without them and a turn rendered with them would not be prefixes of
+    each other). Everything else (encode, decode, attributes, assignment of `chat_template`) is the tokenizer's own.
+    """
+
+    def __init__(self, tokenizer: Any, kwargs: dict[str, Any]) -> None:
+        object.__setattr__(self, "_tokenizer", tokenizer)
+        object.__setattr__(self, "_template_kwargs", check_template_kwargs(kwargs))
+
+    def apply_chat_template(self, conversation: Any, *args: Any, **kwargs: Any) -> Any:
+        return self._tokenizer.apply_chat_template(conversation, *args, **{**self._template_kwargs, **kwargs})
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._tokenizer(*args, **kwargs)
+
+    def __len__(self) -> int:
+        return len(self._tokenizer)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(object.__getattribute__(self, "_tokenizer"), name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self._tokenizer, name, value)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (TemplateKwargs, (self._tokenizer, self._template_kwargs))
+
+
+def with_template_kwargs(tokenizer: Any, kwargs: dict[str, Any] | None) -> Any:
+    """`tokenizer` rendering every chat template with `kwargs` (`TemplateKwargs`); itself when there are none."""
+    if tokenizer is None or not kwargs:
+        return tokenizer
+    return TemplateKwargs(tokenizer, kwargs)
 
 
 @dataclass(frozen=True)

@@ -462,6 +462,7 @@ def _prepare(cfg: RunConfig, log: Log) -> _Prepared:
     initial model and tokenizer, the episode runner, and the SFT stage when `sft.path` is set."""
     from rollwise.envs.base import is_multi_turn
     from rollwise.envs.user_agent import is_agent_env
+    from rollwise.models.prompting import with_template_kwargs
 
     run_dir = _seeded_run_dir(cfg)
     device = resolve_device(cfg.model.device)
@@ -479,7 +480,7 @@ def _prepare(cfg: RunConfig, log: Log) -> _Prepared:
     ckpt = _resume_checkpoint(cfg, run_dir, log)
     yaml_sha = _write_config(cfg, run_dir)
     init_dir, warm_info = prepare_model(ModelSource.of(cfg), env, train_tasks, run_dir, log)
-    tokenizer = _load_tokenizer(cfg.model, init_dir)
+    tokenizer = with_template_kwargs(_load_tokenizer(cfg.model, init_dir), cfg.env.chat_template_kwargs)
     if multi_turn:  # before any prompt is rendered: a template swapped for its known fix is used throughout
         from rollwise.models.template_check import ensure_prefix_preserving
 
