@@ -600,3 +600,77 @@ def test_the_guides_chat_template_kwargs_line_runs_and_renders_with_the_variable
     trainer.train()
     assert policy.prompts and all(p.startswith("<no_think>") for p in policy.prompts)
     assert len(_rollouts(tmp_path / "run")) == 2 * 2 * 2
+
+
+def increment(step: int) -> int:
+    """
+    Increment a counter that starts at zero.
+
+    Args:
+        step: Value to add to the counter.
+
+    Returns:
+        The counter after the increment.
+    """
+    return step
+
+
+async def double(x: int) -> int:
+    """
+    Double a number.
+
+    Args:
+        x: The number.
+    """
+    return 2 * x
+
+
+def reached_target(completions, target, **kwargs):
+    """1.0 when the tool's result is the row's target."""
+    return [float(any(m.get("role") == "tool" and str(m.get("content")) == str(t) for m in c))
+            for c, t in zip(completions, target)]
+
+
+def test_standalone_tools_run_as_trl_runs_them_without_an_environment(tmp_path, smol_tiny, monkeypatch):
+    import rollwise.run.setup as setup
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(smol_tiny)
+    policy = IncrementPolicy(tok)
+    monkeypatch.setattr(setup, "make_engine", lambda *a, **k: policy)
+    data = [{"prompt": [{"role": "user", "content": f"Increment the counter to {i}."}], "target": i} for i in range(1, 7)]
+    trainer = GRPOTrainer(model=str(smol_tiny), args=_args(tmp_path), train_dataset=data, reward_funcs=reached_target,
+                          tools=[increment])
+    trainer.train()
+    assert "increment(step: integer)" in policy.prompts[0]
+    rows = _rollouts(tmp_path / "run")
+    assert len(rows) == 2 * 2 * 2 and all(r.env_info["tool_calls"] == 1 for r in rows)
+    assert {r.reward for r in rows} == {0.0, 1.0}  # the tool's result reached the reward, right or off by one
+
+
+def test_standalone_tools_join_each_environments_methods(tmp_path, smol_tiny, monkeypatch):
+    import pickle
+
+    import rollwise.run.setup as setup
+    from transformers import AutoTokenizer
+
+    from rollwise.trl import with_tools
+
+    tok = AutoTokenizer.from_pretrained(smol_tiny)
+    policy = IncrementPolicy(tok)
+    monkeypatch.setattr(setup, "make_engine", lambda *a, **k: policy)
+    trainer = GRPOTrainer(model=str(smol_tiny), args=_args(tmp_path), environment_factory=IncrementEnv,
+                          tools=[double])
+    trainer.train()
+    assert "increment(step: integer)" in policy.prompts[0] and "double(x: integer)" in policy.prompts[0]
+    rows = _rollouts(tmp_path / "run")
+    assert {r.reward for r in rows} == {0.0, 1.0} and all(set(r.reward_parts) == {"IncrementEnv"} for r in rows)
+    built = with_tools(lambda: IncrementEnv(), [double])()  # a factory function's instances get the tools too
+    assert type(built).__name__ == "IncrementEnv" and isinstance(built, IncrementEnv) and asyncio.run(built.double(x=3)) == 6
+    assert type(pickle.loads(pickle.dumps(built))) is type(built)
+
+
+@pytest.mark.parametrize("bad", [[lambda x: x], [increment, increment], "increment"])
+def test_tools_that_cannot_be_tools_are_refused_in_one_line(tmp_path, bad):
+    with pytest.raises(TRLArgumentError, match="tools"):
+        GRPOTrainer(model="smollm2-135m", args=_args(tmp_path), environment_factory=IncrementEnv, tools=bad)

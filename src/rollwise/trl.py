@@ -737,6 +737,61 @@ def to_rollwise(model: Any, reward_funcs: Any, args: Any, train_dataset: Any, ev
     return out
 
 
+def with_tools(factory: Any, tools: Any) -> Any:
+    """`environment_factory` with TRL's standalone `tools=` functions added to every environment's tools (TRL offers
+    `tools + methods`); without a factory, a class whose only tools are the functions. Each environment class gets a
+    subclass holding the functions as static methods (rollwise's tools are the public functions of the class), and
+    its instances are the factory's own, re-typed to it."""
+    if tools in (None, [], ()):
+        return factory
+    if not isinstance(tools, (list, tuple)) or not all(inspect.isfunction(t) or inspect.isbuiltin(t) for t in tools):
+        raise TRLArgumentError("GRPOTrainer: tools must be a list of functions (each tool is a function with type "
+                               "hints and a docstring, as TRL's)")
+    names = [t.__name__ for t in tools]
+    bad = sorted({n for n in names if not n.isidentifier() or n.startswith("_") or n in ("reset", "get_reward") or names.count(n) > 1})
+    if bad:
+        raise TRLArgumentError(f"GRPOTrainer: tools {bad} cannot be tools (private, reserved or given twice)")
+    from transformers.utils import get_json_schema
+
+    for t in tools:
+        try:
+            get_json_schema(t)
+        except Exception as e:  # noqa: BLE001 - transformers' DocstringParsingException / TypeHintParsingException
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            raise TRLArgumentError(f"GRPOTrainer: tools: {t.__name__!r} cannot be described ({first}); give it type "
+                                   "hints and a docstring with an Args: section") from None
+    members = {t.__name__: staticmethod(t) for t in tools}
+    if factory is None:
+        return _registered(type("Tools", (), {"__doc__": "The standalone tools.", "reset": _no_reset, **members}))
+    if isinstance(factory, Mapping):
+        return {name: with_tools(f, tools) for name, f in factory.items()}
+    if inspect.isclass(factory):
+        return _registered(type(factory.__name__, (factory,), members))
+
+    def build() -> Any:  # a factory function: its instances, re-typed to a subclass that has the tools too
+        obj = factory()
+        sub = _TOOL_SUBCLASSES.get(type(obj))
+        if sub is None:
+            sub = _TOOL_SUBCLASSES[type(obj)] = _registered(type(type(obj).__name__, (type(obj),), members))
+        obj.__class__ = sub
+        return obj
+
+    _TOOL_SUBCLASSES: dict[type, type] = {}
+    return build
+
+
+def _no_reset(self: Any, **row: Any) -> None:
+    """Start an episode: standalone tools keep no state."""
+
+
+def _registered(cls: type) -> type:
+    """`cls` findable by pickle (in this process and its forks): a module attribute of its own unique name."""
+    qual = f"_tools_{cls.__name__}_{id(cls):x}"
+    cls.__module__, cls.__qualname__ = __name__, qual
+    globals()[qual] = cls
+    return cls
+
+
 def _owns_reward(probe_type: type) -> bool:
     return inspect.isfunction(getattr(probe_type, "get_reward", None))
 
@@ -851,8 +906,6 @@ class GRPOTrainer:
                                                  "which rollwise does not run"),
                    "callbacks": (callbacks, "rollwise runs no transformers TrainerCallback; read "
                                  "RUN_DIR/metrics.jsonl or trainer.state.log_history"),
-                   "tools": (tools, "rollwise's tools are the public methods of an environment class "
-                             "(environment_factory)"),
                    "rollout_func": (rollout_func, "rollwise generates with its own engines; an agent loop "
                                     "of your own runs as env.agent: fn(client, row) with an openai.OpenAI client "
                                     "on the policy (docs/agents.md)"),
@@ -867,7 +920,7 @@ class GRPOTrainer:
         self.args = args
         self.model = model
         self.overrides = to_rollwise(model, reward_funcs, args, train_dataset, eval_dataset, peft_config=peft_config,
-                                     environment_factory=environment_factory)
+                                     environment_factory=with_tools(environment_factory, tools))
         self._window = logging_window(args, int(self.overrides["train.steps"]))
         self._updates = batch_shape(args).updates_per_step
         self._num_prompts = len(train_dataset) if train_dataset is not None else int(
@@ -1053,7 +1106,8 @@ TRAINER_ARGUMENTS: dict[str, str] = {
                            "class (sync or async) but `reset` and `get_reward`; `get_reward()` (sync or async) is a "
                            "reward of weight 1 named after the class; what `reset(**row)` returns is appended to the "
                            "last user message",
-    "tools": "refused (tools are an environment class's methods)",
+    "tools": "functions (sync or async, type hints and a docstring) offered as tools beside each environment's "
+             "methods, as TRL's `tools + methods`; without environment_factory, they are the only tools",
     "quantization_config": "refused (rollwise loads the model itself)",
     "rollout_func": "refused (rollwise generates with its own engines); your own agent loop: env.agent",
     "train(resume_from_checkpoint)": "`run.resume` (True, or output_dir / a checkpoint inside it)",
