@@ -152,3 +152,22 @@ def test_policies_on_a_shared_vllm(policy, server, smollm2_dir, data, tmp_path):
         assert sum(m["control_generated_tokens"] for m in lines) > 0
         assert c["total"] == sum(c[s] for s in ("kept", "filtered", "errored", "truncated", "aborted"))
 
+
+
+def test_a_live_vllm_renders_the_run_s_probe_conversation_as_rollwise_does(server, smollm2_dir):
+    """The served-template check against vLLM's own `/tokenize`: SmolLM2's template with a system prompt, the tool
+    list, a tool call and its result renders to the same ids (and a template rollwise changed is caught)."""
+    from rollwise.clients.http_client import HttpClient
+    from rollwise.clients.template_check import served_template_problem
+    from rollwise.engine.core import load_tokenizer
+    from rollwise.models.prompting import PromptFormat
+
+    tok = load_tokenizer(smollm2_dir)
+    tools = [{"type": "function", "function": {"name": "add", "description": "Add two integers.", "parameters": {
+        "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"]}}}]
+    fmt = PromptFormat(system_prompt="You add numbers.", tools=tools)
+    http = HttpClient(server)
+    assert served_template_problem(http, str(smollm2_dir), tok, fmt, tool_turns=True) == (True, None)
+    tok.chat_template = tok.chat_template.replace("<|im_start|>", "<|im_start|> ")  # rollwise's side changed
+    checked, problem = served_template_problem(http, str(smollm2_dir), tok, fmt, tool_turns=True)
+    assert checked and problem and problem.startswith("at token")

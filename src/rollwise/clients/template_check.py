@@ -62,6 +62,8 @@ def served_template_problem(http: Any, model: str | None, tokenizer: Any, fmt: P
         payload["model"] = model
     if renders:
         payload["tools"] = fmt.tools
+    if template_kwargs := getattr(tokenizer, "template_kwargs", None):  # the run's env.chat_template_kwargs
+        payload["chat_template_kwargs"] = template_kwargs
     try:
         data = http.json("POST", "/tokenize", payload, deadline_s=timeout_s)
     except (RemoteEngineError, OSError, ValueError):

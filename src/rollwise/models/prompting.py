@@ -69,6 +69,11 @@ class TemplateKwargs:
         object.__setattr__(self, "_tokenizer", tokenizer)
         object.__setattr__(self, "_template_kwargs", check_template_kwargs(kwargs))
 
+    @property
+    def template_kwargs(self) -> dict[str, Any]:
+        """The variables every rendering gets (a server rendering the same template needs them too)."""
+        return dict(self._template_kwargs)
+
     def apply_chat_template(self, conversation: Any, *args: Any, **kwargs: Any) -> Any:
         return self._tokenizer.apply_chat_template(conversation, *args, **{**self._template_kwargs, **kwargs})
 
