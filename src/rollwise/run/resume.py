@@ -139,7 +139,7 @@ def finished_run(cfg: RunConfig) -> FinishedRun | None:
         summary = json.loads(path.read_text())
         ckpt_step = int(json.loads((latest / MANIFEST).read_text())["step"])
         fresh = path.stat().st_mtime >= (latest / MANIFEST).stat().st_mtime
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):
         return None  # unreadable: the resume proper says what is wrong
     if not (isinstance(summary, dict) and fresh and summary.get("steps") == cfg.train.steps == ckpt_step):
         return None
