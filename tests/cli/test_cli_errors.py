@@ -312,3 +312,40 @@ def test_warnings_print_as_one_line(monkeypatch, capsys):
         assert main(["report", "anything"]) == 0
         assert warnings.showwarning is before  # main() puts back the hook it installed
     assert capsys.readouterr().err == "rollwise report: warning: first line; second line\n"
+
+
+ESCAPE = "\x1b]0;owned\x07\x1b[2J\x9b31m\u202e"
+"""A terminal title change, a screen clear, a C1 CSI and a right-to-left override, all in one file name."""
+
+
+def _raw_controls(text: str) -> list[str]:
+    return [c for c in text if (ord(c) < 0x20 and c not in "\n\t") or 0x7F <= ord(c) <= 0x9F or c == "\u202e"]
+
+
+def test_control_characters_from_a_path_reach_the_terminal_escaped(tmp_path, capsys):
+    """A path holding terminal escape sequences was printed raw (in an error line, in "wrote PATH"): the
+    terminal acted on them. Now every line the CLI prints with outside text shows them as escapes instead."""
+    assert main(["report", str(tmp_path / f"run{ESCAPE}")]) == 2
+    err = capsys.readouterr().err
+    assert not _raw_controls(err) and "run\\x1b]0;owned\\x07\\x1b[2J\\x9b31m\\u202e does not exist" in err
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text('{"step": 1, "reward_mean": 0.5}\n')
+    out = tmp_path / f"page{ESCAPE}.html"
+    assert main(["report", str(run), "--output", str(out)]) == 0
+    printed = capsys.readouterr()
+    assert out.is_file() and "wrote " in printed.out and "page\\x1b]0;owned" in printed.out
+    assert not _raw_controls(printed.out + printed.err)
+
+
+def test_every_kind_of_error_line_and_warning_escapes_control_characters(capsys):
+    import io
+
+    for exc, code in ((ValueError(f"bad file{ESCAPE}"), cli_errors.EXIT_INPUT),
+                      (RuntimeError(f"bug{ESCAPE}"), cli_errors.EXIT_BUG)):
+        buf = io.StringIO()
+        assert cli_errors.report("report", exc, debug=True, stream=buf) == code
+        assert "\\x1b]0;owned" in buf.getvalue() and not _raw_controls(buf.getvalue())
+    cli_errors.one_line_warnings("report")(f"file{ESCAPE}", UserWarning, "f.py", 1)
+    err = capsys.readouterr().err
+    assert "file\\x1b]0;owned" in err and not _raw_controls(err)

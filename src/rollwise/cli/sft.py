@@ -23,10 +23,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--resume", action="store_true", help="continue from the newest SFT checkpoint of the run directory")
 
 
-def sft_only(cfg, log=print, stop_after: int | None = None):
+def sft_only(cfg, log=None, stop_after: int | None = None):
     """(final model dir or None when stopped early, info) of the config's SFT stage, run on its own."""
+    from rollwise.cli.terminal import say
     from rollwise.run.rundir import check_run_dir, lock_run_dir
 
+    log = log if log is not None else say
     run_dir = Path(cfg.run.out_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     lock = lock_run_dir(run_dir)  # a live `rollwise train` or `rollwise sft` in RUN_DIR keeps it
@@ -69,6 +71,8 @@ def run(args: argparse.Namespace) -> int:
 
     hf_logging.disable_progress_bar()
     path, info = sft_only(cfg)
-    print(f"sft done: {info['steps']} steps on {info['demos']} demonstrations, final loss {info['final_loss']}; "
-          f"model {path}")
+    from rollwise.cli.terminal import say
+
+    say(f"sft done: {info['steps']} steps on {info['demos']} demonstrations, final loss {info['final_loss']}; "
+        f"model {path}")
     return 0
