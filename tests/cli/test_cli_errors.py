@@ -73,6 +73,9 @@ def inputs(tmp_path_factory):
                                num_kv_heads=1, intermediate_size=64, max_position_embeddings=64)
     (d / "bad.yaml").write_text("train: [1, 2\n")
     (d / "baddemo.jsonl").write_text("not json\n")
+    (d / "deepdemo.jsonl").write_text('{"messages": ' + "[" * 100_000 + "]" * 100_000 + "}\n")
+    (d / "calldemo.jsonl").write_text('{"messages": [{"role": "user", "content": "x"}, {"role": "assistant", '
+                                      '"tool_calls": [null]}]}\n')
     (d / "badkey.yaml").write_text("train:\n  lr_rate: 1\n")
     (d / "badvalue.yaml").write_text("train:\n  lr: fast\n")
     (d / "digitz.yaml").write_text("env:\n  kwargs: {digitz: 3}\n")
@@ -166,6 +169,8 @@ def cases(p: dict) -> list[tuple[str, list[str], str]]:
         ("sft", ["sft", "--set", "env.name=arithmetic"], "no sft.path"),
         ("sft", ["sft", "--set", f"sft.path={d}/missing.jsonl"], "does not exist"),
         ("sft", ["sft", "--set", f"sft.path={d}/baddemo.jsonl"], "baddemo.jsonl: line 1: not valid JSON"),
+        ("sft", ["sft", "--set", f"sft.path={d}/deepdemo.jsonl"], "deepdemo.jsonl: line 1: nested more than 64"),
+        ("sft", ["sft", "--set", f"sft.path={d}/calldemo.jsonl"], "calldemo.jsonl: line 1: assistant message 1: tool"),
         # eval: the model
         ("eval", [*ev, "--model", str(d / "missing"), "--env", "arithmetic"], "model directory not found"),
         ("eval", [*ev, "--model", str(d / "badjson_model"), "--env", "arithmetic"], "not valid JSON"),

@@ -80,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({**m, "samples": res.samples.get("", 0), "samples_greedy": res.samples.get("_greedy", 0)}))
     else:
-        print(f"{cfg.env.name} [{args.split}, {len(tasks)} problems]: accuracy {m['accuracy']:.3f} "
-              f"(T={temperature}, {samples} samples each), greedy {m['accuracy_greedy']:.3f}; "
-              f"{errored_line(res, 'sampled')}")
+        say(f"{cfg.env.name} [{args.split}, {len(tasks)} problems]: accuracy {m['accuracy']:.3f} "
+            f"(T={temperature}, {samples} samples each), greedy {m['accuracy_greedy']:.3f}; "
+            f"{errored_line(res, 'sampled')}")
     return 0
