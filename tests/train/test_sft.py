@@ -222,3 +222,20 @@ def test_a_demonstration_over_the_models_context_is_refused_at_load_naming_its_l
     text = str(info.value)
     assert text.startswith(f"{demos}: line 8: ") and "over the model's context" in text and "of 512 tokens" in text
     assert not (tmp_path / "run" / "sft" / "checkpoints").exists()
+
+
+def test_a_resumed_stage_never_writes_through_a_hard_link_to_its_metrics(tmp_path, smol_tiny):
+    """The stage's metrics.jsonl was rewritten and appended to in place on resume: a hard link made elsewhere saw
+    every change. Now the resumed stage writes a file of its own."""
+    import os
+
+    from rollwise.cli.sft import sft_only
+
+    out = tmp_path / "run"
+    sft_only(_cfg(tmp_path, smol_tiny, out), lambda s: None, stop_after=2)
+    other = tmp_path / "elsewhere.jsonl"
+    os.link(out / "sft" / "metrics.jsonl", other)
+    before = other.read_bytes()
+    sft_only(_cfg(tmp_path, smol_tiny, out, "run.resume=true"), lambda s: None)
+    assert other.read_bytes() == before
+    assert [json.loads(x)["step"] for x in (out / "sft" / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3, 4]

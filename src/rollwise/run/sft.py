@@ -167,7 +167,8 @@ def set_aside(run_dir: Path) -> Path | None:
 
 
 def _keep_metrics_through(path: Path, step: int) -> None:
-    """Drop metrics lines after `step` (and a torn last line): a resumed stage logs those steps again."""
+    """Drop metrics lines after `step` (and a torn last line): a resumed stage logs those steps again. The file is
+    replaced, not rewritten in place, so the stage appends to a file of its own (never through a hard link)."""
     if not path.is_file():
         return
     keep = []
@@ -177,7 +178,9 @@ def _keep_metrics_through(path: Path, step: int) -> None:
                 keep.append(line)
         except (ValueError, KeyError, TypeError, RecursionError):
             continue
-    path.write_text("".join(x + "\n" for x in keep))
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text("".join(x + "\n" for x in keep))
+    os.replace(tmp, path)
 
 
 def run_sft(stage: SftStage, base_dir: Path, tokenizer: Tokenizer | None, prompt_format: PromptFormat, run_dir: Path,
