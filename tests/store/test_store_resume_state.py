@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import shutil
 
+import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
@@ -53,8 +54,16 @@ def _negate(t):
     return t.set_column(i, "advantage", pc.negate(t.column("advantage")))
 
 
+def _halve_logprobs(t):
+    i = t.schema.get_field_index("logprobs")
+    rows = t.column("logprobs").to_pylist()
+    rows[-1] = [v / 2 for v in rows[-1]]
+    return t.set_column(i, t.schema.field("logprobs"), pa.array(rows, type=t.schema.field("logprobs").type))
+
+
 @pytest.mark.parametrize("attack, reason", [
     ("copy", "it holds step 1's rows and record, not step 2's"),
+    ("halve log-probs", "its rows do not match the sha256 sealed with its write-ahead log record"),
     ("negate record", "its write-ahead log record does not match the sha256 sealed with it"),
     ("drop trained", "its write-ahead log record does not match the sha256 sealed with it"),
     ("negate rows", "its rows do not match the sha256 sealed with its write-ahead log record"),
@@ -76,6 +85,8 @@ def test_a_record_is_sealed_to_its_shard_by_step_and_hash(tmp_path, rollouts_for
         _rewrite(p, edit_record=lambda rec: rec.pop("trained"))
     elif attack == "negate rows":
         _rewrite(p, edit_table=_negate)
+    elif attack == "halve log-probs":
+        _rewrite(p, edit_table=_halve_logprobs)
     else:
         t = pq.read_table(p)
         pq.write_table(t.replace_schema_metadata({k: v for k, v in t.schema.metadata.items()

@@ -101,12 +101,29 @@ class StepJournal:
 
 
 def rows_sha256(table: pa.Table) -> str:
-    """sha256 of a shard's rows, column by column in schema order as canonical JSON: the same for the table a
-    shard is written from and the one `read_shard` reads back (about 70 ms for 128 rollouts of 512 tokens)."""
+    """sha256 of a shard's rows, column by column in schema order: the same for the table a shard is written from
+    and the one `read_shard` reads back. Lists of numbers (token ids, log-probs: most of a shard) are hashed as
+    their raw values and list lengths, the other columns as canonical JSON (about 25 ms for 128 rollouts of 512
+    tokens with per-token texts, on one CPU thread)."""
+    import numpy as np
+
     h = hashlib.sha256()
     for name in COLUMNS:
-        values = table.column(name).to_pylist() if name in table.column_names else None
-        h.update(json.dumps([name, values], separators=(",", ":"), default=str).encode())
+        h.update(name.encode() + b"\0")
+        if name not in table.column_names:
+            h.update(b"absent\0")
+            continue
+        col = table.column(name).combine_chunks()
+        kind = col.type
+        if pa.types.is_list(kind) and (pa.types.is_integer(kind.value_type) or pa.types.is_floating(kind.value_type)):
+            offsets = col.offsets.to_numpy().astype(np.int64)
+            values = col.flatten().to_numpy(zero_copy_only=False)
+            h.update(str(kind).encode() + b"\0")
+            h.update(np.packbits(col.is_null().to_numpy(zero_copy_only=False)).tobytes())
+            h.update((offsets - offsets[0]).tobytes())
+            h.update(np.ascontiguousarray(values, dtype=np.float64 if values.dtype.kind == "f" else np.int64).tobytes())
+        else:
+            h.update(json.dumps(col.to_pylist(), separators=(",", ":"), default=str).encode())
     return h.hexdigest()
 
 
