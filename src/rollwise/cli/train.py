@@ -118,8 +118,8 @@ def run(args: argparse.Namespace) -> int:
     summary = train(cfg, log=say)  # its log lines name paths: control characters in them are escaped
     b, a = summary["eval_before"], summary["eval_after"]
     say(f"done in {summary['wall_s']:.0f}s: held-out accuracy {b['accuracy']:.3f} -> {a['accuracy']:.3f} "
-          f"(sampled), {b['accuracy_greedy']:.3f} -> {a['accuracy_greedy']:.3f} (greedy); {counts_line(summary)}; "
-          f"run directory {summary['run_dir']}")
+        f"(sampled), {b['accuracy_greedy']:.3f} -> {a['accuracy_greedy']:.3f} (greedy); {counts_line(summary)}; "
+        f"run directory {summary['run_dir']}")
     return 0
 
 
