@@ -38,7 +38,7 @@ REPO = Path(__file__).resolve().parents[1]
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 
 # Strings that look like a rollwise path but are data, not Python: the Parquet key-value metadata keys of a shard.
-NOT_PYTHON = {"rollwise.schema_version", "rollwise.journal"}
+NOT_PYTHON = {"rollwise.schema_version", "rollwise.journal", "rollwise.journal_seal"}
 
 FILE_SUFFIXES = {"py", "yaml", "yml", "json", "jsonl", "md", "html", "parquet", "csv", "txt", "toml", "gguf",
                  "safetensors", "log", "pt", "sh"}

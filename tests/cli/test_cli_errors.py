@@ -73,6 +73,9 @@ def inputs(tmp_path_factory):
                                num_kv_heads=1, intermediate_size=64, max_position_embeddings=64)
     (d / "bad.yaml").write_text("train: [1, 2\n")
     (d / "baddemo.jsonl").write_text("not json\n")
+    (d / "deepdemo.jsonl").write_text('{"messages": ' + "[" * 100_000 + "]" * 100_000 + "}\n")
+    (d / "calldemo.jsonl").write_text('{"messages": [{"role": "user", "content": "x"}, {"role": "assistant", '
+                                      '"tool_calls": [null]}]}\n')
     (d / "badkey.yaml").write_text("train:\n  lr_rate: 1\n")
     (d / "badvalue.yaml").write_text("train:\n  lr: fast\n")
     (d / "digitz.yaml").write_text("env:\n  kwargs: {digitz: 3}\n")
@@ -166,6 +169,8 @@ def cases(p: dict) -> list[tuple[str, list[str], str]]:
         ("sft", ["sft", "--set", "env.name=arithmetic"], "no sft.path"),
         ("sft", ["sft", "--set", f"sft.path={d}/missing.jsonl"], "does not exist"),
         ("sft", ["sft", "--set", f"sft.path={d}/baddemo.jsonl"], "baddemo.jsonl: line 1: not valid JSON"),
+        ("sft", ["sft", "--set", f"sft.path={d}/deepdemo.jsonl"], "deepdemo.jsonl: line 1: nested more than 64"),
+        ("sft", ["sft", "--set", f"sft.path={d}/calldemo.jsonl"], "calldemo.jsonl: line 1: assistant message 1: tool"),
         # eval: the model
         ("eval", [*ev, "--model", str(d / "missing"), "--env", "arithmetic"], "model directory not found"),
         ("eval", [*ev, "--model", str(d / "badjson_model"), "--env", "arithmetic"], "not valid JSON"),
@@ -312,3 +317,40 @@ def test_warnings_print_as_one_line(monkeypatch, capsys):
         assert main(["report", "anything"]) == 0
         assert warnings.showwarning is before  # main() puts back the hook it installed
     assert capsys.readouterr().err == "rollwise report: warning: first line; second line\n"
+
+
+ESCAPE = "\x1b]0;owned\x07\x1b[2J\x9b31m\u202e"
+"""A terminal title change, a screen clear, a C1 CSI and a right-to-left override, all in one file name."""
+
+
+def _raw_controls(text: str) -> list[str]:
+    return [c for c in text if (ord(c) < 0x20 and c not in "\n\t") or 0x7F <= ord(c) <= 0x9F or c == "\u202e"]
+
+
+def test_control_characters_from_a_path_reach_the_terminal_escaped(tmp_path, capsys):
+    """A path holding terminal escape sequences was printed raw (in an error line, in "wrote PATH"): the
+    terminal acted on them. Now every line the CLI prints with outside text shows them as escapes instead."""
+    assert main(["report", str(tmp_path / f"run{ESCAPE}")]) == 2
+    err = capsys.readouterr().err
+    assert not _raw_controls(err) and "run\\x1b]0;owned\\x07\\x1b[2J\\x9b31m\\u202e does not exist" in err
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text('{"step": 1, "reward_mean": 0.5}\n')
+    out = tmp_path / f"page{ESCAPE}.html"
+    assert main(["report", str(run), "--output", str(out)]) == 0
+    printed = capsys.readouterr()
+    assert out.is_file() and "wrote " in printed.out and "page\\x1b]0;owned" in printed.out
+    assert not _raw_controls(printed.out + printed.err)
+
+
+def test_every_kind_of_error_line_and_warning_escapes_control_characters(capsys):
+    import io
+
+    for exc, code in ((ValueError(f"bad file{ESCAPE}"), cli_errors.EXIT_INPUT),
+                      (RuntimeError(f"bug{ESCAPE}"), cli_errors.EXIT_BUG)):
+        buf = io.StringIO()
+        assert cli_errors.report("report", exc, debug=True, stream=buf) == code
+        assert "\\x1b]0;owned" in buf.getvalue() and not _raw_controls(buf.getvalue())
+    cli_errors.one_line_warnings("report")(f"file{ESCAPE}", UserWarning, "f.py", 1)
+    err = capsys.readouterr().err
+    assert "file\\x1b]0;owned" in err and not _raw_controls(err)

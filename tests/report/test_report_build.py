@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import json
 import re
 import subprocess
@@ -63,6 +64,57 @@ def test_rollout_text_cannot_break_out_of_the_page(tmp_path, run_dir):
     assert page.count("</script>") == 2  # the data block's and the script's own
     data = _embedded(page)
     assert any((g["prompt"] or "").startswith("</script><img") for g in data["groups"] if g["step"] == 18)
+
+
+class _Markup:
+    """Every element and attribute of a page, as a browser's tokenizer sees them."""
+
+    def __init__(self, page: str) -> None:
+        from html.parser import HTMLParser
+
+        self.tags: list[str] = []
+        self.attrs: list[tuple[str, str | None]] = []
+        outer = self
+
+        class P(HTMLParser):
+            def handle_starttag(self, tag, attrs):
+                outer.tags.append(tag)
+                outer.attrs.extend(attrs)
+
+        P().feed(page)
+
+
+HOSTILE = '"><img src=x onerror=alert(1)><b x="'
+
+
+def _no_markup_from_the_run(page: str) -> None:
+    markup = _Markup(page)
+    assert not [a for a, _ in markup.attrs if a.startswith("on")], "an event handler from the run folder"
+    assert "img" not in markup.tags and markup.tags.count("script") == 2
+
+
+def test_a_metrics_key_cannot_add_markup_to_the_report(run_dir):
+    """A metrics key landed unescaped in its plot's id= and data-plot= attributes: a live onmouseover. Now every
+    string the report did not write itself is escaped; the plot is still drawn, under its escaped key."""
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    hostile_key = 'x" onmouseover="alert(1)'
+    with open(run_dir / "metrics.jsonl", "w") as f:
+        for r in [json.loads(x) for x in lines[:-1]]:
+            f.write(json.dumps({**r, hostile_key: 1.0, HOSTILE: 2.0}) + "\n")
+    page = write_report(run_dir).read_text()
+    _no_markup_from_the_run(page)
+    assert f'data-plot="extra-{html.escape(hostile_key)}"' in page
+
+
+def test_summary_strings_cannot_add_markup_to_the_report(run_dir):
+    """The card's counts from summary.json landed raw in its table (and a string count stopped the report with a
+    TypeError); version and checkpoint names are escaped too."""
+    summary = json.loads((run_dir / "summary.json").read_text())
+    summary["rollouts"] = {"total": HOSTILE, "kept": HOSTILE, HOSTILE: 3}
+    summary["versions"] = {HOSTILE: HOSTILE}
+    summary["checkpoints"] = {HOSTILE: {HOSTILE: HOSTILE}}
+    (run_dir / "summary.json").write_text(json.dumps(summary))
+    _no_markup_from_the_run(write_report(run_dir).read_text())
 
 
 def test_missing_summary_and_metrics(tmp_path, run_dir):

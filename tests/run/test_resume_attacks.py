@@ -212,6 +212,69 @@ def test_a_weight_changed_in_place_is_refused_with_one_line(tmp_path, run_cfg, c
     assert len(err.splitlines()) == 1 and "sha256" in err and "Traceback" not in err
 
 
+def _edit_record(path, edit):
+    """Rewrite a shard's write-ahead log record as an editing tool would (rows and the rest of the metadata kept)."""
+    import pyarrow.parquet as pq
+
+    t = pq.read_table(path)
+    meta = dict(t.schema.metadata)
+    rec = json.loads(meta[b"rollwise.journal"])
+    edit(rec)
+    meta[b"rollwise.journal"] = json.dumps(rec).encode()
+    pq.write_table(t.replace_schema_metadata(meta), path)
+
+
+def _negate_advantages(rec):
+    rec["trained"] = [[g, i, -a] for g, i, a in rec["trained"]]
+
+
+@pytest.mark.parametrize("attack, reason", [
+    ("copy", "holds step 1's rows and record, not step 2's"),
+    ("negate", "write-ahead log record does not match the sha256 sealed with it"),
+    ("drop trained", "write-ahead log record does not match the sha256 sealed with it"),
+])
+def test_a_write_ahead_log_record_that_is_not_its_steps_is_refused(tmp_path, run_cfg, capsys, attack, reason):
+    """The write-ahead log was trusted: step 1's shard copied over step 2's re-trained as step 2, a record with
+    negated advantages re-trained the other way (both exit 0), a record missing `trained` was a traceback. Each
+    record is now sealed to its shard by step and hash; a resume refuses a mismatch with one line and exit 2."""
+    register_env("parity_arith_resume", _ParityArithmetic, overwrite=True)  # mixed groups: non-zero advantages
+    out = tmp_path / "run"
+    args = ("train.steps=3", "env.name=parity_arith_resume")
+    train(run_cfg(out, *args), stop_after=2, **QUIET)  # no checkpoint: a resume re-trains 1..2
+    p = RolloutStore(out).shard_path(2)
+    assert any(a != 0 for _, _, a in RolloutStore(out).read_journal(2)["trained"])  # a negation changes the update
+    if attack == "copy":
+        shutil.copyfile(RolloutStore(out).shard_path(1), p)
+    else:
+        _edit_record(p, _negate_advantages if attack == "negate" else lambda rec: rec.pop("trained"))
+    before = shard_hashes(out)
+    with pytest.raises(ResumeError, match=reason):
+        train(run_cfg(out, *args, "run.resume=true"), **QUIET)
+    capsys.readouterr()
+    assert main(["train", "--resume", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and reason in err and "step-000002.parquet" in err, err
+    assert shard_hashes(out) == before and not list((out / "checkpoints").glob("step-*"))  # nothing trained on it
+
+
+def test_a_sealed_record_of_the_wrong_shape_is_refused_with_one_line(tmp_path, run_cfg):
+    """A record sealed as written but missing what a re-train needs (or naming another step) is refused naming the
+    shard, never a KeyError traceback."""
+    out = tmp_path / "run"
+    train(run_cfg(out, "train.steps=3"), stop_after=2, **QUIET)
+    store = RolloutStore(out)
+    rec = store.read_journal(2)
+    rows = store.read(steps=[2])
+    for bad, reason in (({k: v for k, v in rec.items() if k != "trained"}, "its 'trained' is missing"),
+                        ({**rec, "step": 1}, "it names step 1, not 2"),
+                        ({**rec, "trained": [["g", 0]]}, "trained entry 0 is not [group_id, sample_index, advantage]")):
+        store.write_step(2, rows, journal=bad)  # sealed: only the record's shape is wrong
+        with pytest.raises(ResumeError) as info:
+            train(run_cfg(out, "train.steps=3", "run.resume=true"), **QUIET)
+        assert "step-000002.parquet: its write-ahead log record is malformed" in str(info.value)
+        assert reason in str(info.value) and "\n" not in str(info.value)
+
+
 def test_a_manifest_whose_step_disagrees_with_its_folder_is_refused(tmp_path, run_cfg):
     out = tmp_path / "run"
     train(run_cfg(out, "train.steps=3", "run.checkpoint_every=2"), stop_after=2, **QUIET)

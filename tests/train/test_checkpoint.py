@@ -162,6 +162,32 @@ def test_damaged_checkpoints_fail_with_one_line_naming_the_file(tiny_llama, tmp_
         load_checkpoint(tmp_path / "nope")
 
 
+@pytest.mark.parametrize("files, version", [
+    ({"model.safetensors": 5}, 2),                         # a v2 entry given as a number
+    ({"model.safetensors": None}, 2),
+    ({"model.safetensors": ["x"]}, 2),
+    ({"model.safetensors": {"size": "5", "sha256": "ab"}}, 2),
+    ({"model.safetensors": {"size": 5}}, 2),
+    ({"model.safetensors": {"size": 5, "sha256": "ab"}}, 1),  # a v1 entry is a size
+])
+def test_a_manifest_entry_of_the_wrong_shape_is_one_line_naming_the_file(tmp_path, files, version):
+    """An edited manifest whose file entry is a number, null, a list or a half object used to end in an
+    AttributeError traceback; now it is a CheckpointError naming the manifest and the file."""
+    from rollwise.train.checkpoint import verify_checkpoint
+
+    path = tmp_path / "checkpoints" / "step-1"
+    path.mkdir(parents=True)
+    (path / "model.safetensors").write_bytes(b"12345")
+    (path / "checkpoint.json").write_text(json.dumps({"format_version": version, "step": 1, "files": files}))
+    with pytest.raises(CheckpointError) as info:
+        verify_checkpoint(path)
+    msg = str(info.value)
+    assert "checkpoint.json" in msg and "'model.safetensors'" in msg and "\n" not in msg
+    (path / "checkpoint.json").write_text('{"files": ' + "[" * 100_000 + "]" * 100_000 + "}")  # nested past any stack
+    with pytest.raises(CheckpointError, match="corrupt checkpoint manifest"):
+        verify_checkpoint(path)
+
+
 def test_lora_resume(tiny_llama, tmp_path):
     pytest.importorskip("peft")
     cfg = TrainConfig(lr=1e-2, lora=LoraConfig(enabled=True, r=4))

@@ -99,3 +99,143 @@ def test_sft_interrupted_in_the_middle_resumes_to_the_same_weights(tmp_path, smo
     # a finished stage is not run again
     again, info = sft_only(_cfg(tmp_path, smol_tiny, tmp_path / "b", "run.resume=true"), quiet)
     assert again == resumed and info["steps"] == 4
+
+
+_DEEP = "[" * 100_000 + "]" * 100_000
+
+
+@pytest.mark.parametrize("line, msg", [
+    ('{"messages": ' + _DEEP + "}", "line 1: nested more than 64 levels deep"),  # past the JSON parser's stack
+    ('{"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "", "tool_calls": [{"function": '
+     '{"name": "f", "arguments": ' + "[" * 500 + "]" * 500 + "}}]}]}", "line 1: nested more than 64 levels deep"),
+    ('{"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "tool_calls": "add(1, 2)"}]}',
+     "assistant message 1: tool_calls must be a list of calls, not a JSON string"),
+    ('{"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "tool_calls": [null]}]}',
+     "assistant message 1: tool call 0 must be an object with a function, not null"),
+    ('{"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "tool_calls": {"name": "f"}}]}',
+     "tool_calls must be a list of calls, not a JSON object"),
+    ('{"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "tool_calls": [{"function": "f"}]}]}',
+     "tool call 0: its function must be an object with a name, not string"),
+    ('{"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "tool_calls": [{"function": {"name": 3}}]}]}',
+     "tool call 0 needs a function name"),
+    ('{"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "tool_calls": [{"function": {"name": "f", '
+     '"arguments": 5}}]}]}', "tool call 0 arguments must be an object or a JSON string, not number"),
+    ('{"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": ["hi"]}]}',
+     "assistant message 1 content must be a string, not array"),
+])
+def test_hostile_demonstration_lines_are_one_line_errors_naming_file_and_line(tmp_path, line, msg):
+    """Deeply nested JSON and tool_calls of the wrong shape used to surface as RecursionError or AttributeError
+    tracebacks (at load, or later while rendering); each is now refused at load, naming the file and the line."""
+    p = tmp_path / "d.jsonl"
+    p.write_text(line + "\n")
+    with pytest.raises(DemoError) as info:
+        load_demos(p)
+    text = str(info.value)
+    assert text.startswith(f"{p}: line 1: ") and msg in text and "\n" not in text
+
+
+def _hold_lock(run_dir):
+    import subprocess
+    import sys
+
+    holder = subprocess.Popen([sys.executable, "-c", "import time; from rollwise.run.rundir import lock_run_dir; "
+                               f"lock_run_dir({str(run_dir)!r}); print('locked', flush=True); time.sleep(60)"],
+                              stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "locked"
+    return holder
+
+
+def test_sft_into_a_live_runs_folder_is_refused_and_moves_nothing(tmp_path, smol_tiny):
+    """`rollwise sft` took no lock: run into the folder of a live `rollwise train`, it moved that run's SFT stage
+    aside and wrote its own. Now it is refused with one line naming the holder; nothing in the folder moves."""
+    from rollwise.cli.sft import sft_only
+    from rollwise.run.rundir import RunDirError
+
+    out = tmp_path / "run"
+    (out / "sft").mkdir(parents=True)
+    (out / "sft" / "metrics.jsonl").write_text('{"step": 1, "loss": 1.0}\n')
+    holder = _hold_lock(out)
+    try:
+        with pytest.raises(RunDirError, match=rf"in use by another rollwise run \(pid {holder.pid}\)"):
+            sft_only(_cfg(tmp_path, smol_tiny, out), lambda s: None)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert (out / "sft" / "metrics.jsonl").read_text() == '{"step": 1, "loss": 1.0}\n'
+    assert not (out / "quarantine").exists()
+
+
+def test_sft_folder_linked_outside_the_run_is_refused(tmp_path, smol_tiny):
+    """RUN_DIR/sft as a symbolic link out of RUN_DIR was followed: the stage's metrics and checkpoints landed
+    outside. Now the link is refused before anything is written."""
+    from rollwise.cli.sft import sft_only
+    from rollwise.run.rundir import RunDirError
+
+    out, victim = tmp_path / "run", tmp_path / "victim"
+    out.mkdir()
+    victim.mkdir()
+    (out / "sft").symlink_to(victim)
+    with pytest.raises(RunDirError, match=r"sft is a symbolic link to .*outside the run directory"):
+        sft_only(_cfg(tmp_path, smol_tiny, out, "run.resume=true"), lambda s: None)
+    assert list(victim.iterdir()) == []
+
+
+def test_a_finished_sft_model_changed_in_place_is_refused_on_resume(tmp_path, smol_tiny):
+    """A resume used the finished stage's model as it found it. Now it is verified by hash: a weight changed in
+    place is refused, and so is one whose checkpoint manifest was rewritten to match (done.json keeps the
+    manifest's sha256). Each is one line naming the file."""
+    from rollwise.cli.sft import sft_only
+    from rollwise.run.sft import SftStageError
+    from rollwise.train.checkpoint import file_sha256
+
+    out = tmp_path / "run"
+    final, _ = sft_only(_cfg(tmp_path, smol_tiny, out), lambda s: None)
+    weights = final / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-8:] = bytes(8)  # the last weights zeroed, size unchanged
+    weights.write_bytes(bytes(data))
+    resume = _cfg(tmp_path, smol_tiny, out, "run.resume=true")
+    with pytest.raises(SftStageError) as info:
+        sft_only(resume, lambda s: None)
+    assert "model.safetensors does not match the sha256" in str(info.value) and "\n" not in str(info.value)
+    manifest = final / "checkpoint.json"
+    man = json.loads(manifest.read_text())
+    man["files"]["model.safetensors"]["sha256"] = file_sha256(weights)
+    manifest.write_text(json.dumps(man))
+    with pytest.raises(SftStageError, match=r"checkpoint.json does not match the sha256 .*done.json recorded"):
+        sft_only(resume, lambda s: None)
+
+
+def test_a_demonstration_over_the_models_context_is_refused_at_load_naming_its_line(tmp_path, smol_tiny):
+    """With engine.max_model_len unset, a demonstration longer than the model's context (its config.json's
+    max_position_embeddings, 512 here) trained silently. Now it is refused before any training, naming the file
+    and the line."""
+    from rollwise.cli.sft import sft_only
+    from rollwise.train.sft import DemoError
+
+    cfg = _cfg(tmp_path, smol_tiny, tmp_path / "run")
+    demos = tmp_path / "demos.jsonl"
+    long = {"messages": [{"role": "user", "content": "count"}, {"role": "assistant", "content": " ".join(["7"] * 700)}]}
+    demos.write_text(demos.read_text() + "\n" + json.dumps(long) + "\n")  # a blank line: the line is 8, the demo 7th
+    with pytest.raises(DemoError) as info:
+        sft_only(cfg, lambda s: None)
+    text = str(info.value)
+    assert text.startswith(f"{demos}: line 8: ") and "over the model's context" in text and "of 512 tokens" in text
+    assert not (tmp_path / "run" / "sft" / "checkpoints").exists()
+
+
+def test_a_resumed_stage_never_writes_through_a_hard_link_to_its_metrics(tmp_path, smol_tiny):
+    """The stage's metrics.jsonl was rewritten and appended to in place on resume: a hard link made elsewhere saw
+    every change. Now the resumed stage writes a file of its own."""
+    import os
+
+    from rollwise.cli.sft import sft_only
+
+    out = tmp_path / "run"
+    sft_only(_cfg(tmp_path, smol_tiny, out), lambda s: None, stop_after=2)
+    other = tmp_path / "elsewhere.jsonl"
+    os.link(out / "sft" / "metrics.jsonl", other)
+    before = other.read_bytes()
+    sft_only(_cfg(tmp_path, smol_tiny, out, "run.resume=true"), lambda s: None)
+    assert other.read_bytes() == before
+    assert [json.loads(x)["step"] for x in (out / "sft" / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3, 4]

@@ -24,5 +24,7 @@ def run(args: argparse.Namespace) -> int:
 
     t0 = time.perf_counter()
     out = convert_gguf(args.src, args.out_dir)
-    print(f"wrote {out} ({time.perf_counter() - t0:.1f} s)")
+    from rollwise.cli.terminal import say
+
+    say(f"wrote {out} ({time.perf_counter() - t0:.1f} s)")
     return 0

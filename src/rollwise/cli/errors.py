@@ -26,6 +26,7 @@ import sys
 import traceback
 from typing import TextIO
 
+from rollwise.cli.terminal import shown
 from rollwise.usercode import user_frame as _user_frame
 
 EXIT_INPUT = 2
@@ -122,23 +123,28 @@ def report(cmd: str, exc: BaseException, *, debug: bool = False, stream: TextIO 
     kind = kind_of(exc)
     prog = f"rollwise {cmd}" if cmd else "rollwise"
     if kind == "input":
-        print(f"{prog}: error: {message(exc)}", file=out)
+        print(shown(f"{prog}: error: {message(exc)}"), file=out)
         code = EXIT_INPUT
     elif kind == "user code":
         fr = _user_frame(exc)
         where = f"{fr.filename}:{fr.lineno}" if fr is not None else "your code"
         hint = "" if debug_enabled(debug) else f" ({DEBUG_ENV}=1 prints the traceback)"
-        print(f"{prog}: error: in your code at {where}: {type(exc).__name__}: {message(exc, typed=False)}{hint}", file=out)
+        print(shown(f"{prog}: error: in your code at {where}: {type(exc).__name__}: {message(exc, typed=False)}{hint}"),
+              file=out)
         code = EXIT_INPUT
     else:
-        print(f"{prog}: internal error: {type(exc).__name__}: {message(exc, typed=False)} (a bug in rollwise, not in your "
-              "input: please report it with the traceback below)", file=out)
-        traceback.print_exception(type(exc), exc, exc.__traceback__, file=out)
+        print(shown(f"{prog}: internal error: {type(exc).__name__}: {message(exc, typed=False)} (a bug in rollwise, not "
+                    "in your input: please report it with the traceback below)"), file=out)
+        _print_traceback(exc, out)
         return EXIT_BUG
     if debug_enabled(debug):
-        traceback.print_exception(type(exc), exc, exc.__traceback__, file=out)
+        _print_traceback(exc, out)
     out.flush()
     return code
+
+
+def _print_traceback(exc: BaseException, out: TextIO) -> None:
+    print(shown("".join(traceback.format_exception(type(exc), exc, exc.__traceback__))), end="", file=out)
 
 
 def one_line_warnings(cmd: str):
@@ -146,6 +152,6 @@ def one_line_warnings(cmd: str):
 
     def show(message, category, filename, lineno, file=None, line=None):  # noqa: ANN001 - the warnings signature
         text = "; ".join(ln.strip() for ln in str(message).splitlines() if ln.strip())
-        print(f"rollwise {cmd}: warning: {text}", file=file or sys.stderr)
+        print(shown(f"rollwise {cmd}: warning: {text}"), file=file or sys.stderr)
 
     return show

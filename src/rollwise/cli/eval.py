@@ -19,6 +19,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from rollwise.cli.envargs import TRAIN_EVAL_SEED_OFFSET, add_env_args, positive
+from rollwise.cli.terminal import say
 
 if TYPE_CHECKING:
     from rollwise.run.evaluate import EvalResult
@@ -73,13 +74,13 @@ def run(args: argparse.Namespace) -> int:
                         f"first: task {tid}: {err}")
     if bad:
         tid, err = bad[0]
-        print(f"rollwise eval: warning: {len(bad)} of {total} samples errored and count as wrong; first: task {tid}: "
-              f"{err}", file=sys.stderr)
+        say(f"rollwise eval: warning: {len(bad)} of {total} samples errored and count as wrong; first: task {tid}: "
+            f"{err}", file=sys.stderr)
     m = res.metrics
     if args.json:
         print(json.dumps({**m, "samples": res.samples.get("", 0), "samples_greedy": res.samples.get("_greedy", 0)}))
     else:
-        print(f"{cfg.env.name} [{args.split}, {len(tasks)} problems]: accuracy {m['accuracy']:.3f} "
-              f"(T={temperature}, {samples} samples each), greedy {m['accuracy_greedy']:.3f}; "
-              f"{errored_line(res, 'sampled')}")
+        say(f"{cfg.env.name} [{args.split}, {len(tasks)} problems]: accuracy {m['accuracy']:.3f} "
+            f"(T={temperature}, {samples} samples each), greedy {m['accuracy_greedy']:.3f}; "
+            f"{errored_line(res, 'sampled')}")
     return 0

@@ -17,6 +17,7 @@ import json
 import sys
 
 from rollwise.cli.envargs import add_env_args, positive
+from rollwise.cli.terminal import say
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -69,8 +70,8 @@ def run(args: argparse.Namespace) -> int:
     counts = store.counts_by_status()
     total, errored = counts.get("total", 0), counts.get("errored", 0)
     if total and errored == total:
-        print(f"rollwise generate: warning: every rollout's scoring errored ({errored} of {total}); their rewards "
-              f"mean nothing (see the `error` column: rollwise rollouts export {store.dir.parent})", file=sys.stderr)
+        say(f"rollwise generate: warning: every rollout's scoring errored ({errored} of {total}); their rewards "
+            f"mean nothing (see the `error` column: rollwise rollouts export {store.dir.parent})", file=sys.stderr)
     elif errored:
         print(f"rollwise generate: warning: {errored} of {total} rollouts errored in scoring", file=sys.stderr)
     print(json.dumps({"rollouts": counts, "out": str(store.dir)}))

@@ -17,6 +17,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from rollwise.cli.paths import output_file, run_dir
+    from rollwise.cli.terminal import say
 
     run_dir(args.run_dir)
     output_file(args.output)
@@ -24,6 +25,6 @@ def run(args: argparse.Namespace) -> int:
 
     limits = ReportLimits(max_steps=args.max_steps, max_rows=args.max_rows, max_tokens=args.max_tokens)
     path = write_report(args.run_dir, output=args.output, limits=limits,
-                        warn=lambda line: print(f"rollwise report: {line}", file=sys.stderr))
-    print(f"wrote {path} ({path.stat().st_size / 1e6:.2f} MB)")
+                        warn=lambda line: say(f"rollwise report: {line}", file=sys.stderr))
+    say(f"wrote {path} ({path.stat().st_size / 1e6:.2f} MB)")
     return 0

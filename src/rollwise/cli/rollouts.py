@@ -14,6 +14,8 @@ import json
 import sys
 from pathlib import Path
 
+from rollwise.cli.terminal import say
+
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("rollouts", help="export or count the rollouts stored in a run directory")
@@ -55,7 +57,7 @@ def _tables(store, skip_bad: bool, columns=None):
         except ShardError as err:
             if not skip_bad:
                 raise
-            print(f"rollwise rollouts: skipping unreadable shard: {err}", file=sys.stderr)
+            say(f"rollwise rollouts: skipping unreadable shard: {err}", file=sys.stderr)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -83,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
             Path(args.output).unlink(missing_ok=True)
         raise
     if args.output:
-        print(f"wrote {n} rollouts to {args.output}", file=sys.stderr)
+        say(f"wrote {n} rollouts to {args.output}", file=sys.stderr)
     return 0
 
 
@@ -91,7 +93,7 @@ def _verify(store) -> int:
     shards = store.shards()
     errors = store.verify(strict=False)
     for err in errors:
-        print(f"rollwise rollouts: bad shard: {err}", file=sys.stderr)
+        say(f"rollwise rollouts: bad shard: {err}", file=sys.stderr)
     if errors:
         print(f"{len(errors)} of {len(shards)} shards unreadable; the others verified")
         return 1

@@ -146,6 +146,7 @@ def run(args: argparse.Namespace) -> int:
     if not os.path.isfile(args.input):
         raise UserError(f"--input {args.input!r}: " + ("a directory, not a file" if os.path.isdir(args.input) else "no such file"))
     from rollwise.cli.paths import output_file
+    from rollwise.cli.terminal import say
 
     output_file(args.output)  # before scoring, not after
     kwargs = {"path": args.data} if args.data and args.env in ("gsm8k", "humaneval", "mbpp") else {}
@@ -155,13 +156,13 @@ def run(args: argparse.Namespace) -> int:
     items = read_items(args.input, env, args.env, problems)
     for it in items:
         if it.problem:
-            print(f"{args.input}:{it.line}: {it.problem}", file=sys.stderr)
+            say(f"{args.input}:{it.line}: {it.problem}", file=sys.stderr)
     good = [it for it in items if it.problem is None]
     scores = score_many(env, [(it.task, it.completion) for it in good], max_workers=args.workers, timeout_s=args.timeout)
     by_line = {it.line: s for it, s in zip(good, scores)}
     errored = [(it.line, s.error) for it, s in zip(good, scores) if s.error]
     for line, err in errored:
-        print(f"{args.input}:{line}: scoring error: {err}", file=sys.stderr)
+        say(f"{args.input}:{line}: scoring error: {err}", file=sys.stderr)
     if args.output:
         with open(args.output, "w") as fh:
             for it in items:

@@ -17,6 +17,8 @@ import sys
 import threading
 from typing import Any
 
+from rollwise.cli.terminal import say
+
 
 def add_parser(subparsers: Any) -> None:
     p = subparsers.add_parser("serve", help="OpenAI-compatible completions server with log-probs",
@@ -105,8 +107,8 @@ def run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, _stop)
     signal.signal(signal.SIGTERM, _stop)
     admin = "admin routes on" if key else "admin routes off (no --admin-key)"
-    print(f"rollwise serve: {server.info.name} on {server.url} (max_model_len={server.info.max_model_len}, "
-          f"{admin})", file=sys.stderr, flush=True)
+    say(f"rollwise serve: {server.info.name} on {server.url} (max_model_len={server.info.max_model_len}, {admin})",
+        file=sys.stderr, flush=True)
     server.serve_forever()
     server.shutdown(drain_s=args.drain)  # waits for the signal handler's shutdown when it started one
     return 0

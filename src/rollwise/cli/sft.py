@@ -23,15 +23,29 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--resume", action="store_true", help="continue from the newest SFT checkpoint of the run directory")
 
 
-def sft_only(cfg, log=print, stop_after: int | None = None):
+def sft_only(cfg, log=None, stop_after: int | None = None):
     """(final model dir or None when stopped early, info) of the config's SFT stage, run on its own."""
+    from rollwise.cli.terminal import say
+    from rollwise.run.rundir import check_run_dir, lock_run_dir
+
+    log = log if log is not None else say
+    run_dir = Path(cfg.run.out_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    lock = lock_run_dir(run_dir)  # a live `rollwise train` or `rollwise sft` in RUN_DIR keeps it
+    try:
+        check_run_dir(run_dir)  # RUN_DIR/sft (or anything in it) leading outside RUN_DIR is refused
+        return _sft_in(cfg, run_dir, log, stop_after)
+    finally:
+        lock.release()
+
+
+def _sft_in(cfg, run_dir: Path, log, stop_after: int | None):
+    """`sft_only` inside the locked, checked RUN_DIR."""
     from rollwise.engine.core import load_tokenizer
     from rollwise.models.prompting import with_template_kwargs
     from rollwise.run.setup import ModelSource, make_env, prepare_model, prompt_format, resolve_device
     from rollwise.run.sft import SftStage, run_sft, set_aside
 
-    run_dir = Path(cfg.run.out_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
     env = make_env(cfg.env)
     base, _ = prepare_model(ModelSource.of(cfg), env, env.load("train", n=cfg.env.train_size, seed=cfg.train.seed), run_dir, log)
     tok = with_template_kwargs(load_tokenizer(Path(cfg.model.tokenizer) if cfg.model.tokenizer else base),
@@ -59,6 +73,8 @@ def run(args: argparse.Namespace) -> int:
 
     hf_logging.disable_progress_bar()
     path, info = sft_only(cfg)
-    print(f"sft done: {info['steps']} steps on {info['demos']} demonstrations, final loss {info['final_loss']}; "
-          f"model {path}")
+    from rollwise.cli.terminal import say
+
+    say(f"sft done: {info['steps']} steps on {info['demos']} demonstrations, final loss {info['final_loss']}; "
+        f"model {path}")
     return 0

@@ -103,9 +103,11 @@ def run(args: argparse.Namespace) -> int:
         return 0
     from rollwise.run.resume import finished_run
 
+    from rollwise.cli.terminal import say
+
     done = finished_run(cfg)  # a resume of a finished run: one line, nothing loaded, evaluated or rewritten
     if done is not None:
-        print(done.line())
+        say(done.line())
         return 0
     from transformers.utils import logging as hf_logging
 
@@ -113,11 +115,11 @@ def run(args: argparse.Namespace) -> int:
 
     hf_logging.disable_progress_bar()  # "Loading weights" bars on every engine/trainer load drown the run's own output
 
-    summary = train(cfg)
+    summary = train(cfg, log=say)  # its log lines name paths: control characters in them are escaped
     b, a = summary["eval_before"], summary["eval_after"]
-    print(f"done in {summary['wall_s']:.0f}s: held-out accuracy {b['accuracy']:.3f} -> {a['accuracy']:.3f} "
-          f"(sampled), {b['accuracy_greedy']:.3f} -> {a['accuracy_greedy']:.3f} (greedy); {counts_line(summary)}; "
-          f"run directory {summary['run_dir']}")
+    say(f"done in {summary['wall_s']:.0f}s: held-out accuracy {b['accuracy']:.3f} -> {a['accuracy']:.3f} "
+        f"(sampled), {b['accuracy_greedy']:.3f} -> {a['accuracy_greedy']:.3f} (greedy); {counts_line(summary)}; "
+        f"run directory {summary['run_dir']}")
     return 0
 
 

@@ -185,6 +185,11 @@ def _acc(d: Any) -> str:
     return "–"
 
 
+def _count(v: Any) -> int:
+    """A rollout count from summary.json: a non-negative int, else 0 (a hand-edited file is not trusted)."""
+    return v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else 0
+
+
 def render_card(summary: dict[str, Any], rollouts: RolloutData) -> str:
     """The rollout card section: counts by status, accuracy definition, seeds, hashes, versions."""
     counts = summary.get("rollouts") if isinstance(summary.get("rollouts"), dict) else None
@@ -197,9 +202,9 @@ def render_card(summary: dict[str, Any], rollouts: RolloutData) -> str:
         source = "the rollout store (summary.json has none)"
     rows = []
     if counts:
-        total = counts.get("total") or 0
+        total = _count(counts.get("total"))
         cells = "".join(
-            f"<tr><th>{html.escape(k)}</th><td>{counts.get(k, 0)}</td><td>{(100 * counts.get(k, 0) / total if total else 0):.1f}%</td></tr>"
+            f"<tr><th>{html.escape(k)}</th><td>{_count(counts.get(k))}</td><td>{(100 * _count(counts.get(k)) / total if total else 0):.1f}%</td></tr>"
             for k in ("total", *ROLLOUT_STATUSES)
         )
         rows.append(f"<h3>Rollouts by status <span class='muted'>(from {html.escape(source)})</span></h3><table class='card' id='status-counts'>{cells}</table>")
@@ -258,7 +263,7 @@ def render_trees(trees: TreeData | None) -> str:
                f"{len(t.copies)} {'copy' if len(t.copies) == 1 else 'copies'}), {t.generated} tokens generated for "
                f"{t.independent} of completions")
         figures.append(f'<figure class="plot tree" id="tree-{k}" data-tree-group="{html.escape(d.group_id)}" '
-                       f'data-step="{d.step}" data-leaves="{t.leaves}"><figcaption>{html.escape(cap)}</figcaption>'
+                       f'data-step="{int(d.step)}" data-leaves="{int(t.leaves)}"><figcaption>{html.escape(cap)}</figcaption>'
                        f'{svg.tree_chart(t, caption=cap)}</figure>')
     desc = ("A group's samples grow as a tree: a child shares its parent's tokens before its branch point and "
             "generates its own from there; a copy is a child whose parent ended before its branch point. "
@@ -279,9 +284,11 @@ def render(run: Path, summary: dict[str, Any], metrics: Metrics, rollouts: Rollo
     ]
     if isinstance(last.get("reward_mean"), (int, float)):
         kpis.append(_kpi("last reward mean", f"{last['reward_mean']:.3f}"))
+    # NOTE: a plot's key can be a metrics.jsonl key (its extra plots): escaped in attributes like every string the
+    # report did not write itself.
     figures = "".join(
-        f'<figure class="plot" id="plot-{p.key}" data-plot="{p.key}"><figcaption>{html.escape(p.title)}</figcaption>'
-        f'<div class="desc">{html.escape(p.desc)}</div>{p.svg}</figure>'
+        f'<figure class="plot" id="plot-{html.escape(p.key)}" data-plot="{html.escape(p.key)}"><figcaption>'
+        f'{html.escape(p.title)}</figcaption><div class="desc">{html.escape(p.desc)}</div>{p.svg}</figure>'
         for p in plots
     )
     notes_html = ("<ul class='notes'>" + "".join(f"<li>{html.escape(n)}</li>" for n in notes) + "</ul>") if notes else ""

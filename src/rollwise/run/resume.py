@@ -15,14 +15,16 @@ those the interrupted run had after step N (bit for bit on CPU; on a GPU as far 
 deterministic: a re-trained step whose loss differs from the logged one is reported). The loop continues at N+1
 from step N's state. Nothing stored is deleted: only the step in flight is lost.
 
-What a resume refuses, with one line: a config that differs from the one the checkpoint or a stored step was
+What a resume refuses, with one line: a shard whose record is not its own (the seal binding the record to its
+shard's step, rows and bytes does not match: a shard copied over another step's, a record or its rows edited) or
+is malformed; a config that differs from the one the checkpoint or a stored step was
 trained under in a key that changes results (every such key is named; `config.RESUME_MAY_DIFFER` lists the
 harmless ones: where the run writes, how often it checkpoints and evaluates, train.steps, engine sizing),
 also when config.yaml was edited by hand (its sha256 is kept with each checkpoint, so the edit is named as
 such); a train.steps below the checkpoint's step.
 
 What it moves aside, into RUN_DIR/quarantine/ (never deleted): shards it cannot re-train from (after a missing
-step, unreadable, or without a record: written by an older rollwise) and every shard after them; metrics lines
+step, unreadable, or without a sealed record: written by an older rollwise) and every shard after them; metrics lines
 of steps it will log again (train/metrics.py `prepare_resume`).
 
 What is regenerated, not restored: with control.async_staleness K > 0, batches the producer generated ahead
@@ -63,7 +65,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from rollwise.train.checkpoint import Checkpoint
     from rollwise.types import Task, Tokenizer
 
-RECORD_VERSION = 1
+RECORD_VERSION = 2
+"""2: sealed to its shard (`store.writer.SEAL_KEY`); records of version 1 are re-generated, not re-trained."""
 Log = Callable[[str], None]
 
 
@@ -139,7 +142,7 @@ def finished_run(cfg: RunConfig) -> FinishedRun | None:
         summary = json.loads(path.read_text())
         ckpt_step = int(json.loads((latest / MANIFEST).read_text())["step"])
         fresh = path.stat().st_mtime >= (latest / MANIFEST).stat().st_mtime
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):
         return None  # unreadable: the resume proper says what is wrong
     if not (isinstance(summary, dict) and fresh and summary.get("steps") == cfg.train.steps == ckpt_step):
         return None
@@ -314,19 +317,39 @@ class ReplayedSteps:
     quarantined: list[int]
 
 
-def _rebuild(store: RolloutStore, step: int, trained: list[Any]) -> list[Rollout]:
-    rows = {(r.group_id, r.sample_index): r for r in store.read(steps=[step])}
+_RECORD_PARTS = {"trained": list, "rng_before_train": dict, "state": dict, "metrics": dict, "config": dict}
+
+
+def _record_problem(rec: Mapping[str, Any], step: int) -> str | None:
+    """Why a step's record cannot be re-trained from (a key missing or of the wrong type, another step's), or None."""
+    if rec.get("step") != step:
+        return f"it names step {rec.get('step')!r}, not {step}"
+    for key, kind in _RECORD_PARTS.items():
+        if not isinstance(rec.get(key), kind):
+            return f"its {key!r} is missing or not a JSON {'array' if kind is list else 'object'}"
+    return None
+
+
+def _rebuild(table: Any, path: Path, trained: list[Any]) -> list[Rollout]:
+    """The batch a record says its step trained on, from the shard's rows (`table`) and replayed copies."""
+    import math
+
+    from rollwise.store.schema import table_to_rollouts
+
+    rows = {(r.group_id, r.sample_index): r for r in table_to_rollouts(table)}
     out = []
-    for ref in trained:
-        if isinstance(ref, dict):
+    for k, ref in enumerate(trained):
+        if isinstance(ref, dict) and isinstance(ref.get("copy"), dict):
             out.append(Rollout(**ref["copy"]))
             continue
+        if not (isinstance(ref, list) and len(ref) == 3 and isinstance(ref[0], str) and isinstance(ref[1], int)
+                and isinstance(ref[2], (int, float)) and not isinstance(ref[2], bool) and math.isfinite(ref[2])):
+            raise ValueError(f"trained entry {k} is not [group_id, sample_index, advantage] or {{\"copy\": ...}}")
         gid, idx, adv = ref
-        r = rows.get((gid, int(idx)))
+        r = rows.get((gid, idx))
         if r is None:
-            raise ResumeError(f"{store.shard_path(step)}: its record trained rollout {gid}/{idx}, which the shard "
-                              "does not hold")
-        r.advantage = adv
+            raise ResumeError(f"{path}: its record trained rollout {gid}/{idx}, which the shard does not hold")
+        r.advantage = float(adv)
         out.append(r)
     return out
 
@@ -335,7 +358,7 @@ def replay_stored_steps(store: RolloutStore, trainer: TrainerHandle, from_step: 
                         log: Log) -> ReplayedSteps:
     """Re-train the steps after `from_step` (the restored checkpoint's; 0 = the initial model) from their shards,
     in order, while each has a record; move every shard after the last usable one to RUN_DIR/quarantine/."""
-    from rollwise.store.writer import ShardError
+    from rollwise.store.writer import JournalMismatch, ShardError
 
     now, run_dir = spec.config, spec.run_dir
     done: list[int] = []
@@ -350,27 +373,46 @@ def replay_stored_steps(store: RolloutStore, trainer: TrainerHandle, from_step: 
         if s > spec.train_steps:
             raise ResumeError(f"cannot resume {run_dir}: train.steps={spec.train_steps} is below the {s} steps its "
                               "rollout store holds")
+        path = store.shard_path(s)
+
+        def refuse(what: object, path: Path = path, s: int = s) -> ResumeError:
+            return ResumeError(f"cannot resume {run_dir}: {what}; move {path.name} out of {path.parent} to run step "
+                               f"{s} and the steps after it again")
+
         try:
-            rec = store.read_journal(s)
-            if rec is not None:
-                batch = _rebuild(store, s, rec["trained"])
+            journal = store.read_step_journal(s)  # the record, checked against the seal binding it to this shard
+        except JournalMismatch as e:
+            raise refuse(e) from None
         except ShardError as e:
             why = str(e)
             break
-        if rec is None or rec.get("version") != RECORD_VERSION:
-            why = f"{store.shard_path(s)} has no write-ahead log record this rollwise reads (an older rollwise wrote it)"
+        if journal is None or not journal.sealed or journal.record.get("version") != RECORD_VERSION:
+            why = f"{path} has no write-ahead log record this rollwise reads (an older rollwise wrote it)"
             break
-        diffs = config_diffs(rec["config"], now)
+        rec = journal.record
+        try:
+            problem = _record_problem(rec, s)
+            if problem is not None:
+                raise ValueError(problem)
+            batch = _rebuild(journal.table, path, rec["trained"])
+            diffs = config_diffs(rec["config"], now)
+            if not diffs:
+                set_rng_state(rec["rng_before_train"])
+        except (ValueError, TypeError, KeyError, IndexError, AttributeError, RuntimeError) as e:
+            if isinstance(e, ResumeError):
+                raise
+            raise refuse(f"{path}: its write-ahead log record is malformed "
+                         f"({' '.join(str(e).split()) or type(e).__name__})") from None
         if diffs:
             raise ResumeError(f"cannot resume {run_dir}: the config differs from the one step {s} (stored in "
                               f"{store.shard_path(s).name}) was trained under in {len(diffs)} key(s) that change "
                               f"results: {'; '.join(diffs)} (saved -> now)")
-        set_rng_state(rec["rng_before_train"])
         m = trainer.train_step(batch)
         if trainer.version != s:
             raise ResumeError(f"re-training step {s} left the trainer at version {trainer.version}")
         logged = rec["metrics"].get("loss")
-        if logged is not None and m.get("loss") is not None and abs(float(m["loss"]) - float(logged)) > 1e-5 * max(1.0, abs(float(logged))):
+        if isinstance(logged, (int, float)) and m.get("loss") is not None and \
+                abs(float(m["loss"]) - float(logged)) > 1e-5 * max(1.0, abs(float(logged))):
             log(f"resume: re-trained step {s} has loss {float(m['loss']):.6g}, the run logged {float(logged):.6g} "
                 "(the update is not bit-deterministic on this device, or a changed train.steps re-planned the LR)")
         done.append(s)

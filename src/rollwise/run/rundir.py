@@ -2,7 +2,7 @@
 what a crash left half-done is cleaned away.
 
 `check_run_dir(run_dir)` refuses, with one line, a path the run owns (config.yaml, metrics.jsonl, checkpoints/,
-rollouts/, quarantine/, ...) or anything inside its folders that is a symbolic link resolving outside RUN_DIR,
+rollouts/, quarantine/, sft/, ...) or anything inside its folders that is a symbolic link resolving outside RUN_DIR,
 and a file the run appends to or overwrites in place that has another hard link (the write would land in the
 other name too). A resume writes config.yaml, appends to metrics.jsonl, renames shards into quarantine/ and
 deletes old checkpoints: through such a link each of those would reach a file that is not the run's. Links that
@@ -15,8 +15,9 @@ data, so deleting them loses nothing.
 `set_aside_previous_run(run_dir)`: a fresh (not resumed) run in a used RUN_DIR moves the earlier run's
 checkpoints and rollout shards into RUN_DIR/quarantine/previous-<time>/ instead of overwriting them step by step.
 
-`lock_run_dir(run_dir)`: one run per RUN_DIR at a time. A second `rollwise train` into a live run's folder would
-set the live run's checkpoints and shards aside and clean its temp files under it; it is refused with one line
+`lock_run_dir(run_dir)`: one run per RUN_DIR at a time (`rollwise train` and `rollwise sft` alike). A second run
+into a live run's folder would set the live run's checkpoints, shards or SFT stage aside and clean its temp files
+under it; it is refused with one line
 naming the holder's pid instead. The lock is an flock on RUN_DIR/.lock, so the kernel drops it when the holder
 dies however it dies (a SIGKILLed run can be resumed at once), and re-taking it in the process that holds it is a
 no-op (a resume inside the same process).
@@ -31,7 +32,7 @@ import os
 from pathlib import Path
 
 OWNED = ("config.yaml", "metrics.jsonl", "summary.json", "eval_before.json", "report.html", "checkpoints",
-         "rollouts", "quarantine", "init_model", "tensorboard", ".lock")
+         "rollouts", "quarantine", "init_model", "tensorboard", "sft", ".lock")
 """The names a run writes under RUN_DIR (see docs/loop.md)."""
 _WRITTEN_IN_PLACE = ("config.yaml", "metrics.jsonl")
 _TEMP_FILES = ("metrics.jsonl.tmp", "summary.json.tmp", "eval_before.json.tmp")

@@ -19,6 +19,8 @@ held-out set, as `eval_base` and `eval_before`), and SFT on a Ray trainer (it ru
 from __future__ import annotations
 
 import json
+import os
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,11 +31,13 @@ import torch
 if TYPE_CHECKING:  # pragma: no cover
     from rollwise.config import RunConfig, SftConfig, TrainConfig
     from rollwise.models.prompting import PromptFormat
+    from rollwise.train.sft import DemoFile, RenderedDemo
     from rollwise.types import Tokenizer
 
 Log = Callable[[str], None]
 SFT_DIR = "sft"
 DONE = "done.json"
+_STEP_NAME = re.compile(r"step-\d+")
 
 
 def batch_indices(n: int, batch_size: int, step: int, seed: int) -> list[int]:
@@ -75,13 +79,80 @@ class SftStage:
                    cfg.engine.max_model_len, cfg.model.tokenizer)
 
 
+class SftStageError(ValueError):
+    """A finished SFT stage whose record or model cannot be trusted; one line naming the file."""
+
+
 def finished_sft(run_dir: Path) -> Path | None:
-    """The final SFT model of a run whose stage finished, else None."""
-    done = run_dir / SFT_DIR / DONE
+    """The final SFT model of a run whose stage finished, verified, else None (the stage has not finished).
+
+    The model is verified by hash before a resume uses it: every file against its checkpoint manifest, and the
+    manifest against the sha256 `done.json` recorded when the stage finished, so a model changed in place (or a
+    manifest rewritten to match it) is refused with one line instead of silently becoming the start of RL."""
+    from rollwise.train.checkpoint import MANIFEST, CheckpointError, file_sha256, verify_checkpoint
+
+    root = run_dir / SFT_DIR
+    done = root / DONE
     if not done.is_file():
         return None
-    p = Path(json.loads(done.read_text())["model"])
-    return p if (p / "config.json").is_file() else None
+    fix = f"move {root} aside to run the SFT stage again"
+    try:
+        info = json.loads(done.read_text())
+    except (ValueError, RecursionError):
+        raise SftStageError(f"{done} is not valid JSON ({fix})") from None
+    name = info.get("checkpoint") if isinstance(info, dict) else None
+    if not isinstance(name, str) or _STEP_NAME.fullmatch(name) is None:
+        if isinstance(info, dict) and isinstance(info.get("model"), str) and "checkpoint" not in info:
+            name = Path(info["model"]).name  # written before done.json named its checkpoint: the folder's name
+        if not isinstance(name, str) or _STEP_NAME.fullmatch(name) is None:
+            raise SftStageError(f"{done} names no SFT checkpoint (checkpoint: step-N) ({fix})")
+    path = root / "checkpoints" / name
+    if not (path / "config.json").is_file():
+        return None
+    try:
+        verify_checkpoint(path)
+    except CheckpointError as e:
+        raise SftStageError(f"the finished SFT model was changed after the stage ended: {e} ({fix})") from None
+    want = info.get("manifest_sha256")
+    if want is not None and file_sha256(path / MANIFEST) != want:
+        raise SftStageError(f"the finished SFT model was changed after the stage ended: {path / MANIFEST} does not "
+                            f"match the sha256 {done} recorded ({fix})")
+    return path
+
+
+def model_context(model_dir: Path) -> int | None:
+    """The longest sequence the model's config says it takes (`max_position_embeddings` or its equivalents, also
+    under `text_config`), or None when its config.json does not say."""
+    try:
+        cfg = json.loads((Path(model_dir) / "config.json").read_text())
+    except (OSError, ValueError, RecursionError):
+        return None
+    for section in (cfg, cfg.get("text_config") if isinstance(cfg, dict) else None):
+        if not isinstance(section, dict):
+            continue
+        for key in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
+            n = section.get(key)
+            if isinstance(n, int) and not isinstance(n, bool) and n > 0:
+                return n
+    return None
+
+
+def _check_context(demos: DemoFile, rendered: list[RenderedDemo], max_model_len: int | None, base_dir: Path) -> None:
+    """Refuse, naming its file and line, a demonstration longer than the model's context: `engine.max_model_len`
+    when set, else what the model's config.json says (a longer one would train on positions the model has no
+    place for, silently)."""
+    from rollwise.train.sft import DemoError
+
+    limit = max_model_len or model_context(base_dir)
+    if not limit:
+        return
+    tokens = [len(d.prompt_ids) + len(d.completion_ids) for d in rendered]
+    over = [i for i, n in enumerate(tokens) if n > limit]
+    if over:
+        what = "engine.max_model_len" if max_model_len else f"the model's context ({base_dir / 'config.json'})"
+        more = f"; {len(over) - 1} more demonstration(s) are over it too" if len(over) > 1 else ""
+        raise DemoError(f"{demos.where(over[0])}: the demonstration is {tokens[over[0]]} tokens as rendered for "
+                        f"the model, over {what} of {limit} tokens: shorten it or drop the line{more}")
 
 
 def set_aside(run_dir: Path) -> Path | None:
@@ -96,7 +167,8 @@ def set_aside(run_dir: Path) -> Path | None:
 
 
 def _keep_metrics_through(path: Path, step: int) -> None:
-    """Drop metrics lines after `step` (and a torn last line): a resumed stage logs those steps again."""
+    """Drop metrics lines after `step` (and a torn last line): a resumed stage logs those steps again. The file is
+    replaced, not rewritten in place, so the stage appends to a file of its own (never through a hard link)."""
     if not path.is_file():
         return
     keep = []
@@ -104,9 +176,11 @@ def _keep_metrics_through(path: Path, step: int) -> None:
         try:
             if int(json.loads(line)["step"]) <= step:
                 keep.append(line)
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, RecursionError):
             continue
-    path.write_text("".join(x + "\n" for x in keep))
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text("".join(x + "\n" for x in keep))
+    os.replace(tmp, path)
 
 
 def run_sft(stage: SftStage, base_dir: Path, tokenizer: Tokenizer | None, prompt_format: PromptFormat, run_dir: Path,
@@ -114,8 +188,16 @@ def run_sft(stage: SftStage, base_dir: Path, tokenizer: Tokenizer | None, prompt
     """Run (or resume, or skip when finished) the SFT stage; (final model dir, info). With `stop_after`, stop after
     that many steps of this invocation as if interrupted (returns (None, info))."""
     from rollwise.models.turns import ChatTurns
-    from rollwise.train.checkpoint import find_latest_checkpoint, load_checkpoint, restore_checkpoint, save_checkpoint
-    from rollwise.train.sft import demo_rollouts, load_demos, render_demos, sft_loss
+    from rollwise.train.checkpoint import (
+        MANIFEST,
+        clean_stale_temp,
+        file_sha256,
+        find_latest_checkpoint,
+        load_checkpoint,
+        restore_checkpoint,
+        save_checkpoint,
+    )
+    from rollwise.train.sft import demo_rollouts, read_demos, render_demos, sft_loss
     from rollwise.train.batch import TrainBatch
     from rollwise.train.losses import LossConfig
     from rollwise.train.trainer import Trainer
@@ -129,23 +211,20 @@ def run_sft(stage: SftStage, base_dir: Path, tokenizer: Tokenizer | None, prompt
         return done, info
     if not S.path:
         raise ValueError("sft.path is not set: the SFT stage needs a demonstrations file")
-    raw = load_demos(S.path)
+    raw = read_demos(S.path)
     from rollwise.models.template_check import ensure_prefix_preserving
 
     # the demonstrations' shape: a template that re-renders earlier turns is refused (or swapped for a known fix)
     ensure_prefix_preserving(tokenizer, prompt_format, what="SFT demonstrations", log=log,
-                             tool_turns=bool(prompt_format.tools) or any(m.get("role") == "tool" for d in raw for m in d))
+                             tool_turns=bool(prompt_format.tools) or any(m.get("role") == "tool" for d in raw.messages for m in d))
     demos = render_demos(raw, ChatTurns(tokenizer, prompt_format))
-    tokens = [len(d.prompt_ids) + len(d.completion_ids) for d in demos]
-    limit = stage.max_model_len
-    if limit and max(tokens) > limit:
-        raise ValueError(f"sft.path: demonstration {tokens.index(max(tokens)) + 1} has {max(tokens)} tokens, over "
-                         f"engine.max_model_len {limit}")
+    _check_context(raw, demos, stage.max_model_len, base_dir)
     rollouts = demo_rollouts(demos)
     t0 = time.perf_counter()
     trainer = Trainer(base_dir, stage.train, device=device, temperature=1.0, total_steps=S.steps,
                       tokenizer_path=stage.tokenizer_path)
     start = 0
+    clean_stale_temp(root)  # temp folders of a save a crash cut short
     latest = find_latest_checkpoint(root)
     if latest is not None:
         ckpt = load_checkpoint(latest)
@@ -177,11 +256,16 @@ def run_sft(stage: SftStage, base_dir: Path, tokenizer: Tokenizer | None, prompt
     info = {"steps": S.steps, "demos": len(demos), "final_loss": m.get("loss"), "sft_s": time.perf_counter() - t0,
             "model": str(path) if path is not None else None}
     del trainer
-    if last < S.steps:
+    if last < S.steps or path is None:
         return None, info
-    (root / DONE).write_text(json.dumps(info, indent=1))
+    # what a resume checks the final model against (`finished_sft`)
+    info.update(checkpoint=path.name, manifest_sha256=file_sha256(path / MANIFEST))
+    tmp = root / f".{DONE}.{os.getpid()}.tmp"
+    tmp.write_text(json.dumps(info, indent=1))
+    os.replace(tmp, root / DONE)  # a crash leaves the stage unfinished (resumable), never a torn done.json
     log(f"sft: done in {info['sft_s']:.0f}s; RL starts from {path}")
     return path, info
 
 
-__all__ = ["SftStage", "batch_indices", "finished_sft", "run_sft", "set_aside", "sft_train_config"]
+__all__ = ["SftStage", "SftStageError", "batch_indices", "finished_sft", "model_context", "run_sft", "set_aside",
+           "sft_train_config"]

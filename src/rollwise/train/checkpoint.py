@@ -264,6 +264,21 @@ def find_latest_checkpoint(run_dir: str | Path) -> Path | None:
     return found[-1][1] if found else None
 
 
+def _manifest_entry(entry: Any, version: int, mf: Path, name: str) -> tuple[int, str | None]:
+    """(size, sha256) of one manifest entry: an int size in format 1, {"size": int, "sha256": str} in format 2; any
+    other shape is a one-line CheckpointError naming the manifest and the file."""
+    if version == 1:
+        if isinstance(entry, int) and not isinstance(entry, bool):
+            return entry, None
+    elif isinstance(entry, dict):
+        size, digest = entry.get("size"), entry.get("sha256")
+        if isinstance(size, int) and not isinstance(size, bool) and isinstance(digest, str):
+            return size, digest
+    want = "a size in bytes" if version == 1 else '{"size": bytes, "sha256": hex digest}'
+    got = json.dumps(entry)[:60] if entry is None or isinstance(entry, (int, float, str)) else f"a JSON {type(entry).__name__}"
+    raise CheckpointError(f"corrupt checkpoint manifest: {mf} gives file {name!r} as {got}, not {want}")
+
+
 def verify_checkpoint(path: str | Path) -> dict[str, Any]:
     """Check the manifest against the folder's name and the files on disk (size, then sha256); return the
     manifest. Any mismatch is a one-line CheckpointError naming the file."""
@@ -278,7 +293,7 @@ def verify_checkpoint(path: str | Path) -> dict[str, Any]:
         step = int(manifest["step"])
         if not isinstance(files, dict):
             raise TypeError
-    except (json.JSONDecodeError, KeyError, TypeError, ValueError, UnicodeDecodeError):
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError, UnicodeDecodeError, RecursionError):
         raise CheckpointError(f"corrupt checkpoint manifest: {mf}") from None
     m = _STEP_RE.match(path.name)
     if m and int(m.group(1)) != step:
@@ -293,7 +308,7 @@ def verify_checkpoint(path: str | Path) -> dict[str, Any]:
             raise CheckpointError(f"corrupt checkpoint manifest: {mf} names a file outside its folder ({name!r})")
         if not f.is_file():
             raise CheckpointError(f"corrupt checkpoint: missing file {f}")
-        size, digest = (entry, None) if version == 1 else (entry.get("size"), entry.get("sha256"))
+        size, digest = _manifest_entry(entry, version, mf, name)
         actual = f.stat().st_size
         if actual != size:
             raise CheckpointError(f"corrupt checkpoint: {f} is {actual} bytes, expected {size} (truncated?)")

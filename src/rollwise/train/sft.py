@@ -37,12 +37,95 @@ class DemoError(ValueError):
     """A demonstration file or line that cannot be used; one line naming the file and the line."""
 
 
-def load_demos(path: str | Path) -> list[DemoMessages]:
-    """Every demonstration's messages, in file order (one-line errors name the file and line)."""
+def _render_errors() -> tuple[type[BaseException], ...]:
+    """What rendering a demonstration raises on a bad one: the renderer's own errors and the chat template's."""
+    errors: tuple[type[BaseException], ...] = (ValueError, KeyError, TypeError)
+    try:
+        from jinja2 import TemplateError  # the chat template's `raise_exception`, a template that cannot render it
+    except ImportError:  # pragma: no cover - transformers brings jinja2
+        return errors
+    return (*errors, TemplateError)
+
+
+_RENDER_ERRORS: tuple[type[BaseException], ...] = (*_render_errors(), RecursionError)
+
+
+MAX_DEPTH = 64
+"""How deeply a demonstration line may nest (lists and objects); a chat message needs a handful of levels, and a
+line nested thousands deep would take down the JSON parser or the chat template with a RecursionError."""
+
+
+@dataclass
+class DemoFile:
+    """The demonstrations of one file, in file order, with the line each came from (for errors naming it)."""
+
+    path: Path
+    messages: list[DemoMessages]
+    lines: list[int]
+    """1-based line number of each demonstration in `path`."""
+
+    def where(self, i: int) -> str:
+        """'FILE: line N' of demonstration i (0-based)."""
+        return f"{self.path}: line {self.lines[i]}"
+
+
+def _too_deep(value: Any, limit: int) -> bool:
+    """Whether `value` nests lists/objects more than `limit` levels (iterative: safe at any depth)."""
+    stack = [(value, 1)]
+    while stack:
+        v, d = stack.pop()
+        if isinstance(v, (list, dict)):
+            if d > limit:
+                return True
+            stack.extend((x, d + 1) for x in (v.values() if isinstance(v, dict) else v))
+    return False
+
+
+def _tool_call_problem(calls: Any) -> str | None:
+    """Why an assistant message's `tool_calls` is unusable, or None: a list of {"function": {"name", "arguments"}}
+    objects (or the flat {"name", "arguments"}), arguments an object or a JSON string."""
+    if not isinstance(calls, list):
+        return f"tool_calls must be a list of calls, not a JSON {_json_type(calls)}"
+    for k, call in enumerate(calls):
+        if not isinstance(call, dict):
+            return f"tool call {k} must be an object with a function, not {_json_type(call)}"
+        fn = call.get("function", call)
+        if not isinstance(fn, dict):
+            return f"tool call {k}: its function must be an object with a name, not {_json_type(fn)}"
+        if not isinstance(fn.get("name"), str) or not fn["name"]:
+            return f"tool call {k} needs a function name (a string)"
+        if "arguments" in fn and not isinstance(fn["arguments"], (dict, str)):
+            return f"tool call {k} arguments must be an object or a JSON string, not {_json_type(fn['arguments'])}"
+    return None
+
+
+def _json_type(v: Any) -> str:
+    return {dict: "object", list: "array", str: "string", bool: "boolean", type(None): "null"}.get(
+        type(v), "number" if isinstance(v, (int, float)) else type(v).__name__)
+
+
+def _message_problem(i: int, m: Any) -> str | None:
+    """Why message i of a demonstration is unusable, or None."""
+    if not isinstance(m, dict) or m.get("role") not in _ROLES:
+        return f"message {i} needs a role in {list(_ROLES)}"
+    if m["role"] != "assistant":
+        return None if isinstance(m.get("content"), str) else f"message {i} ({m['role']}) needs string content"
+    if m.get("content") is not None and not isinstance(m["content"], str):
+        return f"assistant message {i} content must be a string, not {_json_type(m['content'])}"
+    calls = m.get("tool_calls")
+    if calls is not None and (problem := _tool_call_problem(calls)) is not None:
+        return f"assistant message {i}: {problem}"
+    if not (isinstance(m.get("content"), str) or calls):
+        return f"assistant message {i} needs content or tool_calls"
+    return None
+
+
+def read_demos(path: str | Path) -> DemoFile:
+    """Every demonstration of a JSONL file with its line number (one-line errors name the file and line)."""
     p = Path(path)
     if not p.is_file():
         raise DemoError(f"sft.path {str(p)!r} does not exist")
-    out = []
+    out, lines = [], []
     with open(p, encoding="utf-8-sig") as fh:
         for lineno, line in enumerate(fh, 1):
             if not line.strip():
@@ -52,20 +135,26 @@ def load_demos(path: str | Path) -> list[DemoMessages]:
                 rec = json.loads(line)
             except json.JSONDecodeError as e:
                 raise DemoError(f"{where}: not valid JSON ({e.msg})") from None
+            except RecursionError:
+                raise DemoError(f"{where}: nested more than {MAX_DEPTH} levels deep") from None
+            if _too_deep(rec, MAX_DEPTH):
+                raise DemoError(f"{where}: nested more than {MAX_DEPTH} levels deep")
             msgs = rec.get("messages") if isinstance(rec, dict) else None
             if not isinstance(msgs, list) or not msgs:
                 raise DemoError(f'{where}: expected {{"messages": [...]}} with a non-empty message list')
             for i, m in enumerate(msgs):
-                if not isinstance(m, dict) or m.get("role") not in _ROLES:
-                    raise DemoError(f"{where}: message {i} needs a role in {list(_ROLES)}")
-                if m["role"] != "assistant" and not isinstance(m.get("content"), str):
-                    raise DemoError(f"{where}: message {i} ({m['role']}) needs string content")
-                if m["role"] == "assistant" and not (isinstance(m.get("content"), str) or m.get("tool_calls")):
-                    raise DemoError(f"{where}: assistant message {i} needs content or tool_calls")
+                if (problem := _message_problem(i, m)) is not None:
+                    raise DemoError(f"{where}: {problem}")
             out.append(msgs)
+            lines.append(lineno)
     if not out:
         raise DemoError(f"{p}: no demonstrations")
-    return out
+    return DemoFile(p, out, lines)
+
+
+def load_demos(path: str | Path) -> list[DemoMessages]:
+    """Every demonstration's messages, in file order (one-line errors name the file and line)."""
+    return read_demos(path).messages
 
 
 @dataclass
@@ -83,14 +172,19 @@ class ConversationRenderer(Protocol):
     def render_conversation(self, messages: DemoMessages) -> tuple[list[int], list[int], list[int]]: ...
 
 
-def render_demos(demos: list[DemoMessages], turns: ConversationRenderer, where: str = "sft.path") -> list[RenderedDemo]:
-    """Each demonstration through `turns` (`models.turns.ChatTurns`); an error names the demonstration."""
+def render_demos(demos: list[DemoMessages] | DemoFile, turns: ConversationRenderer,
+                 where: str = "sft.path") -> list[RenderedDemo]:
+    """Each demonstration through `turns` (`models.turns.ChatTurns`); an error names the demonstration (its file
+    and line when given a `DemoFile`)."""
+    msgs_list = demos.messages if isinstance(demos, DemoFile) else demos
     out = []
-    for i, msgs in enumerate(demos):
+    for i, msgs in enumerate(msgs_list):
         try:
             p, ids, mask = turns.render_conversation(msgs)
-        except (ValueError, KeyError, TypeError) as e:
-            raise DemoError(f"{where}: demonstration {i + 1}: {e}") from None
+        except _RENDER_ERRORS as e:
+            at = demos.where(i) if isinstance(demos, DemoFile) else f"{where}: demonstration {i + 1}"
+            text = " ".join(str(e).split()) or type(e).__name__
+            raise DemoError(f"{at}: {text}") from None
         out.append(RenderedDemo(p, ids, mask))
     return out
 
@@ -123,4 +217,4 @@ def sft_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: tor
     return loss, metrics
 
 
-__all__ = ["DemoError", "RenderedDemo", "demo_rollouts", "load_demos", "render_demos", "sft_loss"]
+__all__ = ["DemoError", "DemoFile", "RenderedDemo", "demo_rollouts", "load_demos", "read_demos", "render_demos", "sft_loss"]
