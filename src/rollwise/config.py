@@ -498,7 +498,7 @@ class CorrectionConfig(_Section):
     """Upper bound on rho (needed by tis and sequence_truncate); None = no upper bound (icepop: 1 / low)."""
     sequence_ratio: Literal["product", "geometric"] = "product"
     """The sequence modes' rho: the product of the token ratios (TRL's, verl's 'sequence') or their geometric mean
-    (verl's 'geometric': length-independent, so bounds sit much closer to 1, e.g. [0.999, 1.001])."""
+    (verl's 'geometric': independent of length, so its bounds sit much closer to 1, e.g. high 1.001)."""
 
     @model_validator(mode="after")
     def _bounds(self) -> CorrectionConfig:

@@ -153,9 +153,9 @@ def _icepop(low: float | None, high: float | None, ratio: Ratio) -> Correction:
     """Two-sided by construction: one bound given, the other is its reciprocal; none, the report's [0.5, 5]."""
     if low is None and high is None:
         low, high = ICEPOP_BOUNDS
-    elif low is None:
-        low = 1.0 / high  # type: ignore[operator]  # high is set here
-    elif high is None:
+    elif low is None and high is not None:
+        low = 1.0 / high
+    elif high is None and low is not None:
         high = 1.0 / low
     return TokenRule("icepop", low, high, truncate=False)
 
