@@ -511,6 +511,11 @@ class CorrectionConfig(_Section):
             raise ValueError(f"algo.correction.mode {self.mode} needs a bound: set algo.correction.high and/or .low")
         if self.low is not None and self.high is not None and self.low > self.high:
             raise ValueError(f"algo.correction.low ({self.low}) is above algo.correction.high ({self.high})")
+        one_high = self.low is None and self.high is not None and self.high < 1.0
+        one_low = self.high is None and self.low is not None and self.low > 1.0
+        if self.mode == "icepop" and (one_high or one_low):
+            raise ValueError("algo.correction.mode icepop with one bound k masks outside [1/k, k]: give high >= 1 "
+                             "or low <= 1, or both bounds")
         return self
 
 
@@ -992,8 +997,8 @@ _APPLIES_WHEN: list[tuple[str, Any, str]] = [
     ("replay.capacity", lambda c: c.replay.enabled, "replay.enabled is true"),
     ("algo.reinforce_baseline", lambda c: c.algo.advantage == "reinforce_pp", "algo.advantage is 'reinforce_pp'"),
     ("algo.kl_estimator", lambda c: c.algo.kl_coef > 0, "algo.kl_coef > 0"),
-    ("algo.correction.low", lambda c: c.algo.correction.mode != "none", "algo.correction.mode is not 'none'"),
-    ("algo.correction.high", lambda c: c.algo.correction.mode != "none", "algo.correction.mode is not 'none'"),
+    ("algo.correction.low", lambda c: c.algo.correction.mode != "none", "algo.correction.mode is set"),
+    ("algo.correction.high", lambda c: c.algo.correction.mode != "none", "algo.correction.mode is set"),
     ("algo.correction.sequence_ratio", lambda c: c.algo.correction.mode in ("sequence_truncate", "sequence_mask"),
      "algo.correction.mode is sequence_truncate or sequence_mask"),
     ("algo.max_length", lambda c: c.algo.loss == "dr_grpo" or c.algo.advantage == "dr_grpo",

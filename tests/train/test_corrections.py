@@ -239,6 +239,7 @@ def test_config_builds_the_rule():
                      (["algo.tis_cap=2", "algo.correction.mode=icepop"], "set one of them"),
                      (["algo.correction.mode=tis", "algo.correction.high=2", "algo.correction.sequence_ratio=geometric"],
                       "no effect"),
-                     (["algo.correction.low=0.5"], "no effect")]:
+                     (["algo.correction.low=0.5"], "no effect"),
+                     (["algo.correction.mode=icepop", "algo.correction.high=0.5"], "high >= 1")]:
         with pytest.raises(Exception, match=why):
             load_config(None, bad)
