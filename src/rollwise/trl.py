@@ -384,8 +384,8 @@ def _check_mapped_values(a: Any) -> None:
                               f"expected one of {', '.join(_TRL_CORRECTION_MODES)}")
             lo, hi = a.vllm_importance_sampling_clip_min, a.vllm_importance_sampling_clip_max
             if mode.endswith("_truncate") and hi is None:
-                raise _refuse("vllm_importance_sampling_clip_max", None, f"{mode} needs an upper bound (rollwise "
-                                                                         "never lets an importance weight grow unbounded)")
+                raise _refuse("vllm_importance_sampling_clip_max", None,
+                              f"{mode} needs an upper bound (a truncated weight is never left unbounded)")
             if lo is None and hi is None:
                 raise _refuse("vllm_importance_sampling_clip_max", None, f"{mode} with neither bound masks nothing: "
                                                                          "set a bound or "

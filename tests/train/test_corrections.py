@@ -237,8 +237,8 @@ def test_config_builds_the_rule():
     assert c.algo.tis_cap is None and c.algo.correction.mode == "token_mask"
     for bad, why in [(["algo.correction.mode=tis"], "set algo.correction.high"),
                      (["algo.tis_cap=2", "algo.correction.mode=icepop"], "set one of them"),
-                     (["algo.correction.mode=tis", "algo.correction.high=2", "algo.correction.sequence_ratio=geometric"],
-                      "no effect"),
+                     (["algo.correction.mode=tis", "algo.correction.high=2",
+                       "algo.correction.sequence_ratio=geometric"], "no effect"),
                      (["algo.correction.low=0.5"], "no effect"),
                      (["algo.correction.mode=icepop", "algo.correction.high=0.5"], "high >= 1")]:
         with pytest.raises(Exception, match=why):

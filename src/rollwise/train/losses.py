@@ -25,10 +25,11 @@ those, and summing the losses of the micro-batches gives exactly the full-batch 
 NOTE on the anchor of the ratio. Plain PPO clips pi_theta / pi_behav, the engine's log-probs. The engine and
 trainer never compute identical numbers (kernels, dtype), so with `cfg.decoupled` (Hilton et al. 2022, as AReaL
 uses it) or `cfg.correction` (truncated importance sampling, Yao et al. 2025, and its masked and sequence-level
-variants) the ratio is taken against a proximal policy pi_prox (the trainer's own log-probs before this update: `prox_logprobs`, or `logprobs.detach()` when not
-given, which is exact for a single update per batch), and the token term is multiplied by the detached behaviour
-weight w = pi_prox / pi_behav, reshaped by `cfg.correction` (`train/corrections.py`: truncated per token, as
-`tis_cap` sets it, or per sequence, or masked to 0 outside its bounds per token or per sequence).
+variants) the ratio is taken against a proximal policy pi_prox (the trainer's own log-probs before this update:
+`prox_logprobs`, or `logprobs.detach()` when not given, which is exact for a single update per batch), and the
+token term is multiplied by the detached behaviour weight w = pi_prox / pi_behav, reshaped by `cfg.correction`
+(`train/corrections.py`: truncated per token, as `tis_cap` sets it, or per sequence, or masked to 0 outside its
+bounds per token or per sequence).
 
 Deliberately left out: value-function losses (no critic), dual-clip, entropy bonuses, sequence masking by reward
 or status (the controller's job: a rollout that should not train is masked before it gets here; masking by the
