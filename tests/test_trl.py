@@ -108,9 +108,14 @@ def test_the_real_trl_grpoconfig_translates_like_ours():
 
 REFUSED_CONFIGS = [
     ({"use_vllm": True, "vllm_mode": "colocate"}, "vllm_mode"),
-    ({"use_vllm": True, "vllm_mode": "server"}, "vllm_importance_sampling_mode"),
+    ({"use_vllm": True, "vllm_mode": "server", "vllm_importance_sampling_mode": "token_clip"},
+     "vllm_importance_sampling_mode"),
     ({"use_vllm": True, "vllm_mode": "server", "vllm_importance_sampling_mode": "token_truncate",
-      "vllm_importance_sampling_clip_min": 0.5}, "vllm_importance_sampling_clip_min"),
+      "vllm_importance_sampling_clip_max": None}, "vllm_importance_sampling_clip_max"),
+    ({"use_vllm": True, "vllm_mode": "server", "vllm_importance_sampling_mode": "token_mask",
+      "vllm_importance_sampling_clip_max": None}, "vllm_importance_sampling_clip_max"),
+    ({"use_vllm": True, "vllm_mode": "server", "vllm_importance_sampling_clip_min": 4.0},
+     "vllm_importance_sampling_clip_min"),
     ({"num_iterations": 2}, "num_iterations"),
     ({"loss_type": "bnpo"}, "loss_type"),
     ({"loss_type": "cispo"}, "loss_type"),
@@ -285,10 +290,33 @@ def test_loss_and_vllm_mapping():
     v = translate_args(GRPOConfig(use_vllm=True, vllm_mode="server", vllm_server_host="10.0.0.2", vllm_server_port=8001,
                                   vllm_importance_sampling_mode="token_truncate", max_steps=2))
     assert v["engine.backend"] == "remote" and v["engine.remote_server"] == "vllm"
-    assert v["engine.remote_urls"] == ["http://10.0.0.2:8001"] and v["algo.tis_cap"] == 3.0
+    assert v["engine.remote_urls"] == ["http://10.0.0.2:8001"]
+    assert (v["algo.correction.mode"], v["algo.correction.low"], v["algo.correction.high"]) == ("tis", None, 3.0)
     v2 = translate_args(GRPOConfig(use_vllm=True, vllm_mode="server", vllm_server_base_url="http://h:9/",
                                    vllm_importance_sampling_correction=False, max_steps=2))
-    assert v2["engine.remote_urls"] == ["http://h:9"] and "algo.tis_cap" not in v2
+    assert v2["engine.remote_urls"] == ["http://h:9"] and not any(k.startswith("algo.correction") for k in v2)
+    # without use_vllm no correction applies, whatever the mode (TRL's rule)
+    assert not any(k.startswith("algo.correction") for k in translate_args(GRPOConfig(max_steps=2)))
+
+
+@pytest.mark.parametrize("mode, low, high, want", [
+    ("sequence_mask", None, 3.0, "sequence_mask"),  # TRL's default
+    ("token_truncate", 0.5, 2.0, "tis"),
+    ("token_mask", 0.5, None, "token_mask"),
+    ("sequence_truncate", None, 4.0, "sequence_truncate"),
+])
+def test_vllm_importance_sampling_modes_map_onto_corrections(mode, low, high, want):
+    from rollwise.config import load_config
+    from rollwise.train.corrections import build_correction
+    from rollwise.train.losses import LossConfig
+
+    out = translate_args(GRPOConfig(use_vllm=True, vllm_mode="server", vllm_importance_sampling_mode=mode,
+                                    vllm_importance_sampling_clip_min=low, vllm_importance_sampling_clip_max=high,
+                                    max_steps=2))
+    assert (out["algo.correction.mode"], out["algo.correction.low"], out["algo.correction.high"]) == (want, low, high)
+    sets = [f"{k}={'null' if v is None else v}" for k, v in out.items() if k.startswith("algo.correction")]
+    algo = load_config(None, sets).algo
+    assert LossConfig.from_algo(algo).correction == build_correction(want, low, high, "product")  # TRL's: product
 
 
 def test_epochs_give_the_step_count_from_the_dataset():

@@ -115,7 +115,8 @@ class ModelConfig(_Section):
     On the CPU, 'bfloat16' and 'int8' (weight-only, per-channel scales) change only the engine's linear layers
     (activations, KV cache and sampling stay float32; engine/cpu_linear.py); 'int8' is CPU-only. The behaviour
     log-probs are the low-precision sampler's; when this is not float32 the loss corrects the engine/trainer gap
-    with truncated importance sampling (algo.tis_cap 2.0) unless algo.tis_cap or algo.decoupled is set."""
+    with truncated importance sampling (algo.tis_cap 2.0) unless algo.tis_cap, algo.correction or algo.decoupled
+    is set."""
     device: str = "auto"
     """'auto' (CUDA when available, else CPU), 'cpu', 'cuda' or 'cuda:N'."""
     tokenizer: str | None = None
@@ -476,6 +477,48 @@ AdvantageName = Literal["grpo", "dr_grpo", "rloo", "reinforce_pp", "tree"]
 LossName = Literal["ppo", "grpo", "dr_grpo", "dapo", "gspo"]
 
 
+CorrectionMode = Literal["none", "tis", "token_mask", "icepop", "sequence_truncate", "sequence_mask"]
+
+
+class CorrectionConfig(_Section):
+    """The rollout-policy correction: a detached weight on each token's loss term from rho = pi_trainer / pi_engine
+    (per token, or per sequence), truncated or masked outside [low, high] (rollwise.train.corrections;
+    docs/corrections.md)."""
+
+    mode: CorrectionMode = "none"
+    """'none'; 'tis' (per-token rho clamped to [low, high]: truncated importance sampling, what algo.tis_cap sets);
+    'token_mask' (per-token rho, tokens outside [low, high] get weight 0); 'icepop' (the token mask, always
+    two-sided: one bound given, the other is its reciprocal; none given, [0.5, 5]); 'sequence_truncate' (one rho
+    per sequence, clamped, on all its tokens); 'sequence_mask' (sequences whose rho leaves [low, high] train on
+    nothing). TRL's vllm_importance_sampling_mode token_truncate / token_mask / sequence_truncate / sequence_mask
+    are tis / token_mask / sequence_truncate / sequence_mask."""
+    low: float | None = Field(None, gt=0)
+    """Lower bound on rho; None = no lower bound (icepop: 1 / high)."""
+    high: float | None = Field(None, gt=0)
+    """Upper bound on rho (needed by tis and sequence_truncate); None = no upper bound (icepop: 1 / low)."""
+    sequence_ratio: Literal["product", "geometric"] = "product"
+    """The sequence modes' rho: the product of the token ratios (TRL's, verl's 'sequence') or their geometric mean
+    (verl's 'geometric': independent of length, so its bounds sit much closer to 1, e.g. high 1.001)."""
+
+    @model_validator(mode="after")
+    def _bounds(self) -> CorrectionConfig:
+        if self.mode == "none":
+            return self
+        if self.mode in ("tis", "sequence_truncate") and self.high is None:
+            raise ValueError(f"algo.correction.mode {self.mode} truncates from above: set algo.correction.high "
+                             f"(e.g. 2.0)")
+        if self.mode in ("token_mask", "sequence_mask") and self.low is None and self.high is None:
+            raise ValueError(f"algo.correction.mode {self.mode} needs a bound: set algo.correction.high and/or .low")
+        if self.low is not None and self.high is not None and self.low > self.high:
+            raise ValueError(f"algo.correction.low ({self.low}) is above algo.correction.high ({self.high})")
+        one_high = self.low is None and self.high is not None and self.high < 1.0
+        one_low = self.high is None and self.low is not None and self.low > 1.0
+        if self.mode == "icepop" and (one_high or one_low):
+            raise ValueError("algo.correction.mode icepop with one bound k masks outside [1/k, k]: give high >= 1 "
+                             "or low <= 1, or both bounds")
+        return self
+
+
 class AlgoConfig(_Section):
     """The RL algorithm: which advantage estimator, which loss, and their knobs."""
 
@@ -498,7 +541,10 @@ class AlgoConfig(_Section):
     kl_estimator: Literal["k1", "k3"] = "k3"
     """KL estimator: 'k1' (log-ratio) or 'k3' (non-negative, lower variance)."""
     tis_cap: float | None = Field(None, gt=0)
-    """Truncated importance sampling cap C on pi_trainer / pi_engine; None = off."""
+    """Truncated importance sampling cap C on pi_trainer / pi_engine; None = off. Shorthand for algo.correction
+    {mode: tis, high: C}; set one or the other."""
+    correction: CorrectionConfig = Field(default_factory=CorrectionConfig)
+    """Rollout-policy correction beyond TIS: token or sequence ratios, truncated or masked (docs/corrections.md)."""
     decoupled: bool = False
     """Decoupled PPO: clip against the trainer's proximal log-probs, weight by proximal / behaviour."""
     max_length: int | None = Field(None, ge=1)
@@ -524,6 +570,13 @@ class AlgoConfig(_Section):
     overlong_cache: int | None = Field(None, ge=1)
     """L_cache of the soft overlong punishment, in tokens (at most rollout.max_tokens); None = rollout.max_tokens
     // 5 (the paper's 4096 of 20480)."""
+
+    @model_validator(mode="after")
+    def _one_correction(self) -> AlgoConfig:
+        if self.tis_cap is not None and self.correction.mode != "none":
+            raise ValueError(f"algo.tis_cap is the 'tis' correction's cap and algo.correction.mode is "
+                             f"{self.correction.mode!r}: set one of them")
+        return self
 
 
 class LoraConfig(_Section):
@@ -874,7 +927,7 @@ class RunConfig(BaseModel):
 
     @model_validator(mode="after")
     def _cross_checks(self) -> RunConfig:
-        if self.model.dtype != "float32" and not ({"tis_cap", "decoupled"} & self.algo.model_fields_set):
+        if self.model.dtype != "float32" and not ({"tis_cap", "decoupled", "correction"} & self.algo.model_fields_set):
             # NOTE: the engine samples at lower precision than the float32 trainer: correct the mismatch by default.
             self.algo.tis_cap = LOW_PRECISION_TIS_CAP
         for problem in cross_section_problems(self):
@@ -885,8 +938,8 @@ class RunConfig(BaseModel):
 # ------------------------------------------------------------------------------------------------- cross-section
 
 LOW_PRECISION_TIS_CAP = 2.0
-"""algo.tis_cap set when model.dtype is not float32 and neither algo.tis_cap nor algo.decoupled is given (the cap
-Yao et al. 2025 use for bf16/fp8 rollouts under a higher-precision trainer)."""
+"""algo.tis_cap set when model.dtype is not float32 and none of algo.tis_cap, algo.correction, algo.decoupled is
+given (the cap Yao et al. 2025 use for bf16/fp8 rollouts under a higher-precision trainer)."""
 
 _STEPWISE_POLICIES = ("early_stop", "partial")
 """Policies that abort and resume samples mid-generation: they need a step-level engine (in-process, or remote
@@ -944,6 +997,10 @@ _APPLIES_WHEN: list[tuple[str, Any, str]] = [
     ("replay.capacity", lambda c: c.replay.enabled, "replay.enabled is true"),
     ("algo.reinforce_baseline", lambda c: c.algo.advantage == "reinforce_pp", "algo.advantage is 'reinforce_pp'"),
     ("algo.kl_estimator", lambda c: c.algo.kl_coef > 0, "algo.kl_coef > 0"),
+    ("algo.correction.low", lambda c: c.algo.correction.mode != "none", "algo.correction.mode is set"),
+    ("algo.correction.high", lambda c: c.algo.correction.mode != "none", "algo.correction.mode is set"),
+    ("algo.correction.sequence_ratio", lambda c: c.algo.correction.mode in ("sequence_truncate", "sequence_mask"),
+     "algo.correction.mode is sequence_truncate or sequence_mask"),
     ("algo.max_length", lambda c: c.algo.loss == "dr_grpo" or c.algo.advantage == "dr_grpo",
      "algo.loss or algo.advantage is 'dr_grpo'"),
     ("algo.overlong_cache", lambda c: c.algo.overlong_penalty or (c.algo.overlong_penalty is None and c.algo.loss == "dapo"),

@@ -379,16 +379,28 @@ def _check_mapped_values(a: Any) -> None:
                                                     "colocated vLLM is not supported")
         if a.vllm_importance_sampling_correction:
             mode = _s(a.vllm_importance_sampling_mode)
-            if mode != "token_truncate":
+            if mode not in _TRL_CORRECTION_MODES:
                 raise _refuse("vllm_importance_sampling_mode", mode,
-                              "rollwise corrects the engine/trainer gap with token-level truncated importance "
-                              "sampling only: set vllm_importance_sampling_mode='token_truncate' (algo.tis_cap) or "
-                              "vllm_importance_sampling_correction=False")
-            if a.vllm_importance_sampling_clip_min is not None:
-                raise _refuse("vllm_importance_sampling_clip_min", a.vllm_importance_sampling_clip_min,
-                              "rollwise truncates importance weights from above only")
-            if a.vllm_importance_sampling_clip_max is None:
-                raise _refuse("vllm_importance_sampling_clip_max", None, "token_truncate needs an upper bound")
+                              f"expected one of {', '.join(_TRL_CORRECTION_MODES)}")
+            lo, hi = a.vllm_importance_sampling_clip_min, a.vllm_importance_sampling_clip_max
+            if mode.endswith("_truncate") and hi is None:
+                raise _refuse("vllm_importance_sampling_clip_max", None,
+                              f"{mode} needs an upper bound (a truncated weight is never left unbounded)")
+            if lo is None and hi is None:
+                raise _refuse("vllm_importance_sampling_clip_max", None, f"{mode} with neither bound masks nothing: "
+                                                                         "set a bound or "
+                                                                         "vllm_importance_sampling_correction=False")
+            for name, v in (("vllm_importance_sampling_clip_min", lo), ("vllm_importance_sampling_clip_max", hi)):
+                if v is not None and not v > 0:
+                    raise _refuse(name, v, "importance-ratio bounds are positive")
+            if lo is not None and hi is not None and lo > hi:
+                raise _refuse("vllm_importance_sampling_clip_min", lo, "above vllm_importance_sampling_clip_max")
+
+
+_TRL_CORRECTION_MODES = {"token_truncate": "tis", "token_mask": "token_mask", "sequence_truncate": "sequence_truncate",
+                         "sequence_mask": "sequence_mask"}
+"""TRL's vllm_importance_sampling_mode -> algo.correction.mode (TRL's sequence ratio is the product of the token
+ratios: algo.correction.sequence_ratio 'product')."""
 
 
 def _scale(a: Any) -> Any:
@@ -554,7 +566,13 @@ def translate_args(a: Any, *, num_train_prompts: int | None = None) -> dict[str,
         out["engine.remote_server"] = "vllm"
         out["engine.remote_urls"] = [str(url).rstrip("/")]
         if a.vllm_importance_sampling_correction:
-            out["algo.tis_cap"] = float(a.vllm_importance_sampling_clip_max)
+            mode = _TRL_CORRECTION_MODES[_s(a.vllm_importance_sampling_mode)]
+            out["algo.correction.mode"] = mode
+            lo, hi = a.vllm_importance_sampling_clip_min, a.vllm_importance_sampling_clip_max
+            out["algo.correction.low"] = float(lo) if lo is not None else None
+            out["algo.correction.high"] = float(hi) if hi is not None else None
+            if mode.startswith("sequence_"):
+                out["algo.correction.sequence_ratio"] = "product"
     return out
 
 

@@ -124,12 +124,14 @@ TRL_FIELDS: dict[str, Entry] = {
     "vllm_server_base_url": Mapped(("engine.remote_urls",)),
     "vllm_server_host": Mapped(("engine.remote_urls",), "with vllm_server_port when vllm_server_base_url is None"),
     "vllm_server_port": Mapped(("engine.remote_urls",)),
-    "vllm_importance_sampling_correction": Mapped(("algo.tis_cap",), "with use_vllm; False -> no correction"),
-    "vllm_importance_sampling_mode": Mapped(("algo.tis_cap",), "token_truncate only (truncated IS against the "
-                                                               "trainer's own log-probs: algo.tis_cap); the mask "
-                                                               "and sequence modes are refused with use_vllm"),
-    "vllm_importance_sampling_clip_max": Mapped(("algo.tis_cap",)),
-    "vllm_importance_sampling_clip_min": Mapped(("algo.tis_cap",), "None only (rollwise truncates from above)"),
+    "vllm_importance_sampling_correction": Mapped(("algo.correction.mode",), "with use_vllm; False -> no correction"),
+    "vllm_importance_sampling_mode": Mapped(("algo.correction.mode", "algo.correction.sequence_ratio"),
+                                            "with use_vllm: token_truncate -> tis; token_mask, sequence_truncate, "
+                                            "sequence_mask (the product of the token ratios, as TRL) -> the same "
+                                            "algo.correction.mode (docs/corrections.md)"),
+    "vllm_importance_sampling_clip_max": Mapped(("algo.correction.high",), "with use_vllm; None refused with a "
+                                                                          "truncate mode"),
+    "vllm_importance_sampling_clip_min": Mapped(("algo.correction.low",), "with use_vllm"),
     # ---- accepted at any value
     **_inert("changes what is printed or kept, not what is trained: rollwise keeps every completion in "
              "RUN_DIR/rollouts/*.parquet", "log_completions"),

@@ -342,6 +342,8 @@ def step_metrics(rollouts: Sequence[Rollout], num_groups: int, zero_var: int, bo
         "tokens_per_s": gen_tokens / step_s if step_s > 0 else None,
         "logprob_mismatch_mean": train_m.get("logprob_diff_mean"), "logprob_mismatch_max": train_m.get("logprob_diff_max"),
         "tis_clip_frac": train_m.get("tis_clip_frac"),  # with algo.tis_cap (on by default for a low-precision engine)
+        # with a masking algo.correction (token_mask, icepop, sequence_mask): what it left out of the loss
+        "masked_token_frac": train_m.get("masked_token_frac"), "masked_seq_frac": train_m.get("masked_seq_frac"),
         "kl": train_m.get("kl"), "entropy": train_m.get("entropy"), "grad_norm": train_m.get("grad_norm"),
         "loss": train_m.get("loss"), "clip_frac": train_m.get("clip_frac"), "lr": train_m.get("lr"),
         "weight_version": weight_version, "async_staleness_bound": staleness_bound,

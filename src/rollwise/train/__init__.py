@@ -8,6 +8,8 @@ Modules, in the order a step uses them (nothing is imported here, so `import rol
   group's prompt and common completion prefixes once (`share_prompt=True`, the default).
 - `attention`: per-segment attention for shared-prompt rows, registered in transformers' attention interface.
 - `losses`: `LOSSES[name](logprobs, old_logprobs, advantages, mask, *, cfg=LossConfig) -> (loss, metrics)`.
+- `corrections`: the rollout-policy correction rules the losses weight tokens by (`build_correction(mode, low,
+  high)`: tis, token_mask, icepop, sequence_truncate, sequence_mask).
 - `trainer`: `Trainer(model_dir, TrainConfig, device=, temperature=, reference=)`, `.train_step(batch, loss_fn,
   loss_cfg)`, `.compute_logprobs(batch)`, `.state_dict_for_sync()` for `engine.load_weights`.
 - `checkpoint`: `save_checkpoint(trainer, run_dir, step, data_position=)`, `load_checkpoint(run_dir)`,

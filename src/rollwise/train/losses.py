@@ -24,13 +24,16 @@ those, and summing the losses of the micro-batches gives exactly the full-batch 
 
 NOTE on the anchor of the ratio. Plain PPO clips pi_theta / pi_behav, the engine's log-probs. The engine and
 trainer never compute identical numbers (kernels, dtype), so with `cfg.decoupled` (Hilton et al. 2022, as AReaL
-uses it) or `cfg.tis_cap` (truncated importance sampling, Yao et al. 2025) the ratio is taken against a proximal
-policy pi_prox (the trainer's own log-probs before this update: `prox_logprobs`, or `logprobs.detach()` when not
-given, which is exact for a single update per batch), and the token term is multiplied by the detached behaviour
-weight w = pi_prox / pi_behav, truncated to min(w, tis_cap) when `tis_cap` is set.
+uses it) or `cfg.correction` (truncated importance sampling, Yao et al. 2025, and its masked and sequence-level
+variants) the ratio is taken against a proximal policy pi_prox (the trainer's own log-probs before this update:
+`prox_logprobs`, or `logprobs.detach()` when not given, which is exact for a single update per batch), and the
+token term is multiplied by the detached behaviour weight w = pi_prox / pi_behav, reshaped by `cfg.correction`
+(`train/corrections.py`: truncated per token, as `tis_cap` sets it, or per sequence, or masked to 0 outside its
+bounds per token or per sequence).
 
-Deliberately left out: value-function losses (no critic), dual-clip, entropy bonuses, sequence masking rules
-(those are the controller's job: a rollout that should not train is masked before it gets here).
+Deliberately left out: value-function losses (no critic), dual-clip, entropy bonuses, sequence masking by reward
+or status (the controller's job: a rollout that should not train is masked before it gets here; masking by the
+engine/trainer ratio is a correction).
 """
 
 from __future__ import annotations
@@ -40,6 +43,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 import torch
+
+from rollwise.train.corrections import Correction, CorrectionWeights, TokenRule, build_correction, correction_metrics
 
 if TYPE_CHECKING:  # pragma: no cover
     from rollwise.config import AlgoConfig
@@ -60,9 +65,14 @@ class LossConfig:
     kl_estimator: str = "k3"
     """'k1' (log-ratio, unbiased, high variance, can be negative) or 'k3' (Schulman's non-negative estimator)."""
     tis_cap: float | None = None
-    """Truncated importance sampling: multiply by min(pi_prox / pi_behav, tis_cap), detached. None = off."""
+    """Truncated importance sampling: multiply by min(pi_prox / pi_behav, tis_cap), detached. None = off. Shorthand
+    for `correction=TokenRule('tis', None, tis_cap, truncate=True)`; give one or the other."""
+    correction: Correction | None = None
+    """The rollout-policy correction rule (`train.corrections.build_correction`); None = weight 1 (or pi_prox /
+    pi_behav uncapped with `decoupled`)."""
     decoupled: bool = False
-    """Decoupled PPO: clip against the proximal policy and weight by pi_prox / pi_behav (uncapped unless tis_cap)."""
+    """Decoupled PPO: clip against the proximal policy and weight by pi_prox / pi_behav (uncapped unless a
+    correction is set)."""
     max_length: int | None = None
     """Dr. GRPO's constant normaliser (the generation budget, e.g. rollout.max_tokens). Required by `dr_grpo`."""
 
@@ -73,6 +83,11 @@ class LossConfig:
             raise ValueError(f"kl_estimator must be 'k1' or 'k3', got {self.kl_estimator!r}")
         if self.tis_cap is not None and self.tis_cap <= 0:
             raise ValueError(f"tis_cap must be > 0 or None, got {self.tis_cap}")
+        if self.tis_cap is not None:
+            tis = TokenRule("tis", None, self.tis_cap, truncate=True)
+            if self.correction is not None and self.correction != tis:
+                raise ValueError("set tis_cap or correction, not both (tis_cap is the 'tis' correction's high bound)")
+            object.__setattr__(self, "correction", tis)
         if self.max_length is not None and self.max_length < 1:
             raise ValueError(f"max_length must be >= 1 or None, got {self.max_length}")
 
@@ -85,13 +100,15 @@ class LossConfig:
             kl_coef=algo.kl_coef,
             kl_estimator=algo.kl_estimator,
             tis_cap=algo.tis_cap,
+            correction=build_correction(algo.correction.mode, algo.correction.low, algo.correction.high,
+                                        algo.correction.sequence_ratio),
             decoupled=algo.decoupled,
             max_length=algo.max_length if algo.max_length is not None else max_length,
         )
 
     @property
     def uses_proximal(self) -> bool:
-        return self.decoupled or self.tis_cap is not None
+        return self.decoupled or self.correction is not None
 
 
 class LossFn(Protocol):
@@ -135,8 +152,9 @@ class _Prepared:
     mask: torch.Tensor  # [B, T] float, 0/1
     adv: torch.Tensor  # [B, 1] or [B, T]
     log_ratio: torch.Tensor  # [B, T] log(pi_theta / pi_anchor), 0 off-mask
-    behav_w: torch.Tensor | None  # [B, T] detached pi_prox / pi_behav (maybe truncated), None when not decoupled
+    behav_w: torch.Tensor | None  # [B, T] detached pi_prox / pi_behav as the correction shapes it, None without one
     log_behav_w: torch.Tensor | None  # [B, T] detached log(pi_prox / pi_behav), untruncated, 0 off-mask
+    corr: CorrectionWeights | None  # the correction's weights and what it truncated or masked, None without one
     num_sequences: int
     num_tokens: int
 
@@ -166,15 +184,17 @@ def _prepare(
     m = mask.to(logprobs.dtype)
     on = m > 0
     old = old_logprobs.detach().to(logprobs.dtype)
-    behav_w = log_behav_w = None
+    behav_w = log_behav_w = corr = None
     if prox_logprobs is not None or cfg.uses_proximal:
         prox = (prox_logprobs if prox_logprobs is not None else logprobs).detach().to(logprobs.dtype)
         anchor = prox
         # NOTE: masked positions may hold padding garbage; zero the log-ratios there so exp() stays finite.
         log_behav_w = torch.where(on, prox - old, torch.zeros_like(prox))
-        behav_w = torch.exp(log_behav_w)
-        if cfg.tis_cap is not None:
-            behav_w = behav_w.clamp(max=cfg.tis_cap)
+        if cfg.correction is not None:
+            corr = cfg.correction.token_weights(log_behav_w, m)
+            behav_w = corr.weight
+        else:
+            behav_w = torch.exp(log_behav_w)
     else:
         anchor = old
     log_ratio = torch.where(on, logprobs - anchor, torch.zeros_like(logprobs))
@@ -185,6 +205,7 @@ def _prepare(
         log_ratio=log_ratio,
         behav_w=behav_w,
         log_behav_w=log_behav_w,
+        corr=corr,
         num_sequences=max(num_sequences if num_sequences is not None else n_seq, 1),
         num_tokens=max(num_tokens if num_tokens is not None else n_tok, 1),
     )
@@ -249,8 +270,8 @@ def _finish(
         metrics["entropy"] = _masked_mean(entropy.detach().to(logprobs.dtype), p.mask)
     if p.behav_w is not None:
         metrics["behav_weight_mean"] = _masked_mean(p.behav_w, p.mask)
-        if cfg.tis_cap is not None and p.log_behav_w is not None:  # set together with behav_w
-            metrics["tis_clip_frac"] = _masked_mean((torch.exp(p.log_behav_w) > cfg.tis_cap).to(p.mask.dtype), p.mask)
+    if p.corr is not None and cfg.correction is not None:  # set together
+        metrics.update(correction_metrics(p.corr, p.mask, cfg.correction.truncate))
     metrics["loss"] = float(loss.detach().item())
     return loss, metrics
 
@@ -344,7 +365,8 @@ def gspo_loss(
     """GSPO (Zheng et al. 2025): one importance ratio per sequence, s_i = exp((1/|o_i|) sum_t log(pi_theta/pi_old)),
     clipped at sequence level:  L = (1/G) sum_i max(-A_i s_i, -A_i clip(s_i, 1-eps_low, 1+eps_high)).
     The paper's eps are tiny (3e-4 / 4e-4): set algo.clip_eps_low/high accordingly. With a proximal policy the
-    behaviour weight is also taken per sequence: min(exp(mean_t log(pi_prox/pi_behav)), tis_cap).
+    behaviour weight is also taken per sequence: a token correction (tis: min(exp(mean_t log(pi_prox/pi_behav)),
+    tis_cap)) applies to the geometric-mean ratio, a sequence correction to its own sequence ratio.
     Advantages must be one per sequence ([B])."""
     if advantages.ndim != 1:
         raise ValueError(f"gspo needs one advantage per sequence ([B]), got shape {tuple(advantages.shape)}")
@@ -358,9 +380,14 @@ def gspo_loss(
     clipped_term = -a * s.clamp(1.0 - cfg.clip_eps_low, 1.0 + eps_high)  # [B]
     per_seq = torch.maximum(unclipped, clipped_term)  # [B]
     if p.log_behav_w is not None:
-        w = torch.exp((p.log_behav_w * p.mask).sum(dim=1) / lens)  # [B]
-        if cfg.tis_cap is not None:
-            w = w.clamp(max=cfg.tis_cap)
+        if cfg.correction is not None:
+            sw = cfg.correction.sequence_weights(p.log_behav_w, p.mask)
+            w = sw.weight  # [B]
+            on = p.mask > 0
+            p.corr = CorrectionWeights(w[:, None] * p.mask, sw.truncated[:, None] & on, sw.masked[:, None] & on)
+        else:
+            w = torch.exp((p.log_behav_w * p.mask).sum(dim=1) / lens)  # [B]
+        p.behav_w = w[:, None] * p.mask
         per_seq = per_seq * w
     pg_loss = (per_seq * has).sum() / p.num_sequences
     n_has = max(float(has.sum().item()), 1.0)
