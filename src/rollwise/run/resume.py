@@ -198,12 +198,17 @@ def set_rng_state(state: Mapping[str, Any]) -> None:
 def config_diffs(saved: Mapping[str, Any], given: Mapping[str, Any], *, harmless: bool = False) -> list[str]:
     """"key: saved -> given" for each dotted key that differs between two config dumps (`model_dump(mode='json')`).
     harmless=False: only keys that change results; True: only those in `config.RESUME_MAY_DIFFER`."""
-    from rollwise.config import RESUME_MAY_DIFFER, config_leaves
+    from rollwise.config import RESUME_MAY_DIFFER, RunConfig, config_leaves
 
     a, b = config_leaves(saved), config_leaves(given)
+    # NOTE: a key the saved config does not have was added to rollwise after the run was saved; at its default it
+    # computes what the older version did, so an upgrade between a run and its resume is no difference.
+    defaults = config_leaves(RunConfig().model_dump(mode="json"))
     out = []
     for k in sorted(set(a) | set(b)):
         free = any(k == f or k.startswith(f + ".") for f in RESUME_MAY_DIFFER)
+        if k not in a and k in defaults and b.get(k) == defaults[k]:
+            continue
         if free == harmless and a.get(k) != b.get(k):
             out.append(f"{k}: {json.dumps(a.get(k))} -> {json.dumps(b.get(k))}")
     return out
