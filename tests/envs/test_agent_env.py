@@ -115,7 +115,6 @@ def test_reset_gets_the_row_nested_values_included_and_its_return_opens_the_epis
     ('<tool_call>{"name": "multiply", "arguments": {"a": "six", "b": 7}}</tool_call>', "'a' must be integer"),
     ('<tool_call>{"name": "multiply", "arguments": {"a": true, "b": 7}}</tool_call>', "'a' must be integer"),
     ('<tool_call>{"name": "multiply", "arguments": "{\\"a\\": 2, \\"b\\": 3}"}</tool_call>', "6"),
-    ('<tool_call>{"name": "explode", "arguments": {}}</tool_call>', "error: explode raised RuntimeError: kaboom"),
     ('<tool_call>{"name": "sleep", "arguments": {"seconds": 5}}</tool_call>', "error: sleep: timed out"),
     ('<tool_call>{"name": "multiply", "arguments": {"a": 6, "b": 7}}', "42"),  # unclosed at the end of the turn
 ])
@@ -126,6 +125,20 @@ def test_every_bad_call_is_an_observation_never_a_crash(text, expect):
     assert isinstance(reply, list) and len(reply) == 1 and reply[0]["role"] == "tool"
     assert expect in reply[0]["content"]
     assert st.data["tool_calls"] == 1 and st.data["tool_errors"] == int(reply[0]["content"].startswith("error"))
+
+
+def test_a_call_nested_a_thousand_levels_deep_is_an_observation():
+    """The parser never raises, whatever the policy writes: JSON nested past the stack is a bad call like any other."""
+    deep = '{"name": "multiply", "arguments": {"a": ' + "[" * 1000 + "]" * 1000 + ', "b": 1}}'
+    as_string = json.dumps({"name": "multiply", "arguments": "[" * 999})  # arguments as a JSON string, nested
+    for text in ("<tool_call>" + deep + "</tool_call>", "<tool_call>" + "[" * 1500 + "</tool_call>",
+                 "<tool_call>" + as_string + "</tool_call>"):
+        (call,) = parse_tool_calls(text)
+        assert "nested more than 64 levels" in call.reason or "not valid JSON" in call.reason, call.reason
+        env = make_env()
+        st = env.reset(Data().load()[0])
+        reply = env.step(st, text)
+        assert reply[0]["content"].startswith("error: ") and st.data["tool_errors"] == 1
 
 
 def test_too_many_calls_and_long_results_and_turn_budget():
@@ -363,3 +376,69 @@ def test_a_user_reward_scores_a_registered_multi_turn_env_with_environments():
     tasks = env.load("train", n=2)
     eps = run_episodes(TextEngine(tok, script), tok, env, tasks, SamplingParams(n=1, max_tokens=40), 4, 800)
     assert [ep.score.value for ep in eps] == [1.0, 1.0] and all(ep.turns == 2 for ep in eps)
+
+
+class Tricky(Calc):
+    """Tools whose failures are the tool's, on what the policy asked: they end the episode errored."""
+
+    def power(self, a: int, b: int) -> int:
+        """Raise a to the power b.
+
+        Args:
+            a: The base.
+            b: The exponent.
+        """
+        return a ** b
+
+
+def _tool_episode(cls, turn: str, gym: bool = False):
+    """One episode of `cls` whose policy writes `turn`, then an answer; returns (episode, the engine's prompts)."""
+    from rollwise.control.episodes import chat_reply_formatter
+    from rollwise.models.prompting import PromptFormat
+    from rollwise.models.tokenizer import build_char_tokenizer
+
+    tok = build_char_tokenizer(''.join(chr(c) for c in range(32, 127)) + "\n")
+    env = GymEnv(Data(), cls, cls.__name__) if gym else ToolEnv(Data(), cls, cls.__name__, load_reward(reward_fn))
+    script = lambda conv, ids: tok.encode(turn if "42" not in conv else "42", add_special_tokens=False)  # noqa: E731
+    eng = TextEngine(tok, script)
+    encode = PromptFormat(chat_template=False).task_encoder(tok)
+    tasks = Data().load()
+    (ep,) = run_episodes(eng, tok, env, tasks, SamplingParams(n=1, max_tokens=200), 4, 2000,
+                         prompts=[encode(t) for t in tasks], encode=encode,
+                         format_reply=chat_reply_formatter(tok, False))
+    return ep, eng.prompts
+
+
+@pytest.mark.parametrize("turn, reason", [
+    (render_tool_call("power", {"a": 10, "b": 5000}), "tool power: its result (int) cannot become text: ValueError"),
+    (render_tool_call("explode", {}), "tool explode raised RuntimeError: kaboom"),
+])
+def test_a_tool_that_fails_on_the_policys_call_errors_the_episode_and_it_trains_as_wrong(turn, reason):
+    """A tool's failure is the episode's outcome: errored with the reason, finished (not aborted), so it counts as a
+    wrong answer in advantages and the loss; the model is not shown the exception and the episode ends there."""
+    from rollwise.filter import scored_as_wrong
+
+    ep, prompts = _tool_episode(Tricky, turn)
+    r = ep.to_rollout()
+    assert ep.score.error is not None and ep.score.error.startswith(reason), ep.score.error
+    assert r.status == "errored" and r.finish_reason == "stop" and scored_as_wrong(r)
+    assert len(prompts) == 1 and ep.state.data["tool_failure"] == ep.score.error
+    assert ep.score.info["tool_calls"] == 1 and ep.score.info["tool_errors"] == 1
+
+
+class Picky(Walk):
+    """Gym style, and its step raises on some of the policy's text."""
+
+    def step(self, action):
+        if "boom" in action:
+            raise ValueError("cannot parse " + action[:10])
+        return super().step(action)
+
+
+def test_a_gym_step_that_raises_on_the_policys_text_errors_the_episode_and_it_trains_as_wrong():
+    from rollwise.filter import scored_as_wrong
+
+    ep, _ = _tool_episode(Picky, "boom boom", gym=True)
+    r = ep.to_rollout()
+    assert ep.score.error == "data.step raised ValueError: cannot parse boom boom"
+    assert r.status == "errored" and r.finish_reason == "stop" and scored_as_wrong(r)

@@ -25,11 +25,14 @@ not passed to `reset`. The model calls tools in the format of `models.tool_calls
 renders tools); each result comes back as a `tool` turn. A turn without a call ends the episode. Rewards get
 `environments=` (the episode objects, in the same order as `completions`), as TRL passes them.
 
-Every bad call is an observation for the model, never a crashed run: malformed JSON, an unknown tool, missing,
-unknown or wrongly typed arguments, a tool that raises (its exception's type and message), one that runs past
-`tool_timeout_s` (abandoned in its thread: it cannot be killed), more than `max_calls` calls in a turn, a result
-longer than `max_result_chars` (cut). Each episode's `tool_calls`, `tool_errors`, the first failed call (`tool_error`)
-and `turns` land in its rollout's `env_info`; the step's means in metrics.jsonl. A `get_reward` that raises, runs past
+Every bad call is an observation for the model, never a crashed run: malformed JSON (nested past
+`models.tool_calls.MAX_CALL_DEPTH` included), an unknown tool, missing, unknown or wrongly typed arguments, one that
+runs past `tool_timeout_s` (abandoned in its thread: it cannot be killed), more than `max_calls` calls in a turn, a
+result longer than `max_result_chars` (cut). A tool that raises, or returns what cannot become text (an int past
+Python's digit limit, an object whose `str()` raises), ends its episode errored with that reason: the sample is
+scored with `algo.errored_reward` and trained on like a wrong answer (TRL instead shows the exception to the model and
+goes on). Each episode's `tool_calls`, `tool_errors`, the first failed call (`tool_error`) and `turns` land in its
+rollout's `env_info`; the step's means in metrics.jsonl. A `get_reward` that raises, runs past
 `tool_timeout_s` or returns None errors that episode's score (`algo.errored_reward` then decides what it counts as).
 
 `environment_api: gym` (`GymEnv`): `reset()` (or `reset(**row)` when it takes the row's names or `**kwargs`)
@@ -148,12 +151,35 @@ def _with_timeout(fn: Callable[[], Any], timeout_s: float) -> tuple[bool, Any]:
 
 
 def _result_text(value: Any) -> str:
+    """A tool result or observation as text: a string as it is, else its JSON, else `str()`. May raise (a value whose
+    `str()` raises, an int past Python's digit limit): callers treat that as the value's producer failing."""
     if isinstance(value, str):
         return value
     try:
         return json.dumps(value, ensure_ascii=False)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, RecursionError):
         return str(value)
+
+
+class ToolFailed(Exception):
+    """A tool that raised, or whose result cannot become text: the episode ends errored with this reason."""
+
+
+def _shown(value: Any) -> str:
+    """`_result_text(value)`, with its failure named as the result's (run inside the tool's call, so a slow `str()`
+    is bounded by the tool's timeout too)."""
+    try:
+        return _result_text(value)
+    except BaseException as e:  # noqa: BLE001 - the tool's result, the tool's failure
+        raise ToolFailed(f"its result ({type(value).__name__}) cannot become text: {_describe_any(e)}") from None
+
+
+def _describe_any(e: BaseException) -> str:
+    """`Type: message` of any exception, even one whose own `str()` raises."""
+    try:
+        return describe(e)[:300]
+    except BaseException:  # noqa: BLE001 - an exception whose message cannot be made
+        return type(e).__name__
 
 
 def _call_kwargs(fn: Callable[..., Any], row: dict[str, Any]) -> dict[str, Any]:
@@ -341,18 +367,19 @@ class ToolEnv:
             obj = self._take(name)
             state.data["obj"] = obj
             ret = obj.reset(**_call_kwargs(obj.reset, row))
+            if ret is not None:
+                state.data["opening"] = _result_text(ret)
         except Exception as e:  # noqa: BLE001 - the episode is errored with the reason
             state.data["step_error"] = f"(reset) {describe(e)}"
-            return state
-        if ret is not None:
-            state.data["opening"] = _result_text(ret)
         return state
 
     def opening(self, state: EpisodeState) -> str | None:
         return state.data.get("opening")
 
     def step(self, state: EpisodeState, completion: str) -> list[dict[str, Any]] | None:
-        """The tool turns for the policy's calls; None (the episode ends) when the turn made none."""
+        """The tool turns for the policy's calls; None (the episode ends) when the turn made none, or when a tool
+        failed (raised, or returned what cannot become text): then the episode is errored with that reason
+        (`score_episodes`)."""
         state.turn += 1
         state.transcript.append(("policy", completion))
         obj = state.data.get("obj")
@@ -364,7 +391,15 @@ class ToolEnv:
         deadline = time.monotonic() + self.turn_budget_s
         replies = []
         for call in calls:
-            ok, text = self._run(obj, schemas, call, deadline, state)
+            try:
+                ok, text = self._run(obj, schemas, call, deadline, state)
+            except ToolFailed as e:
+                state.data["tool_calls"] += 1
+                state.data["tool_errors"] += 1
+                state.data["tool_failure"] = str(e)
+                state.data["calls"].append({"tool": getattr(call, "name", None), "ok": False, "result": str(e)[:200]})
+                state.done = True
+                return None
             state.data["tool_calls"] += 1
             state.data["tool_errors"] += 0 if ok else 1
             if not ok:
@@ -377,7 +412,7 @@ class ToolEnv:
 
     def _run(self, obj: Any, schemas: dict[str, dict[str, Any]], call: ToolCall | CallError, deadline: float,
              state: EpisodeState) -> tuple[bool, str]:
-        """(ok, the observation) of one call."""
+        """(ok, the observation) of one call; `ToolFailed` when the tool itself failed (the episode's outcome)."""
         if isinstance(call, CallError):
             return False, f"error: {call.reason}"
         if call.name not in schemas:
@@ -390,13 +425,15 @@ class ToolEnv:
             return False, f"error: {call.name}: not run, this turn's tool time is used up"
         fn = getattr(obj, call.name)
         args = call.arguments
-        finished, out = _with_timeout(lambda: _result_of(fn(**args)), budget)
+        finished, out = _with_timeout(lambda: _shown(_result_of(fn(**args))), budget)
         if not finished:  # NOTE: the call's thread is abandoned (it cannot be killed) and may still touch `obj`
             state.data["abandoned"] = True
             return False, f"error: {call.name}: timed out after {budget:.3g}s"
+        if isinstance(out, ToolFailed):
+            raise ToolFailed(f"tool {call.name}: {out}")
         if isinstance(out, BaseException):
-            return False, f"error: {call.name} raised {type(out).__name__}: {str(out)[:300]}"
-        text = _result_text(out)
+            raise ToolFailed(f"tool {call.name} raised {_describe_any(out)}")
+        text = str(out)
         if len(text) > self.max_result_chars:
             text = text[: self.max_result_chars] + f"... [cut at {self.max_result_chars} characters]"
         return True, text
@@ -420,11 +457,18 @@ class ToolEnv:
         return sc if sc.error else Score(sc.value, parts={label: sc.value})
 
     def score_episodes(self, states: Sequence[EpisodeState]) -> list[Score]:
-        user: list[Score | None] = ([None] * len(states) if self.reward is None
-                                    else list(_score_with_reward(self.reward, states)))
+        """Every episode's score: the configured reward plus `get_reward`. An episode whose tool failed is errored
+        with that reason, whatever the rewards would say (see the module docstring), and is not shown to them."""
+        failed = [s for s in states if s.data.get("tool_failure")]
+        rest = [s for s in states if not s.data.get("tool_failure")]
+        user: list[Score | None] = ([None] * len(rest) if self.reward is None or not rest
+                                    else list(_score_with_reward(self.reward, rest)))
+        by_state = {id(s): _sum_scores(u, self._own_score(s)) for s, u in zip(rest, user)}
+        for s in failed:
+            by_state[id(s)] = Score(0.0, error=str(s.data["tool_failure"]))
         out = []
-        for s, u in zip(states, user):
-            sc = _sum_scores(u, self._own_score(s))
+        for s in states:
+            sc = by_state[id(s)]
             sc.info.update(tool_calls=s.data["tool_calls"], tool_errors=s.data["tool_errors"])
             if "tool_error" in s.data:
                 sc.info["tool_error"] = s.data["tool_error"]  # the first failed call's observation, for audit
@@ -477,12 +521,11 @@ class GymEnv:
             obj = self.factory()
             state.data["obj"] = obj
             out = obj.reset(**_call_kwargs(obj.reset, _row(task)))
+            obs = out[0] if isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], dict) else out
+            if obs is not None:
+                state.data["opening"] = _result_text(obs)
         except Exception as e:  # noqa: BLE001
             state.data["step_error"] = f"(reset) {describe(e)}"
-            return state
-        obs = out[0] if isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], dict) else out
-        if obs is not None:
-            state.data["opening"] = _result_text(obs)
         return state
 
     def opening(self, state: EpisodeState) -> str | None:
