@@ -53,6 +53,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import json
+import math
 import threading
 import time
 from dataclasses import dataclass, field
@@ -230,8 +231,10 @@ def _sum_scores(user: Score | None, own: Score | None) -> Score:
         assert got is not None  # NOTE: set-up refuses a class with neither (ToolEnv.__post_init__)
         return got
     errors = [e for e in (user.error, own.error) if e]
-    return Score(user.value + own.value, parts={**user.parts, **own.parts}, error="; ".join(errors) or None,
-                 info=dict(user.info))
+    total = user.value + own.value
+    if not errors and not math.isfinite(total):  # two finite rewards whose sum overflows
+        errors, total = [f"env.reward + get_reward is {total!r}"], 0.0
+    return Score(total, parts={**user.parts, **own.parts}, error="; ".join(errors) or None, info=dict(user.info))
 
 
 @dataclass
