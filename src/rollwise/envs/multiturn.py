@@ -186,12 +186,15 @@ def run_episodes(
 
 
 def _plain_replies(tokenizer: Tokenizer) -> ReplyFormatter:
-    """The default `format_reply`: a text reply's own ids (`encode_reply`), with no chat turn around it."""
+    """The default `format_reply`: a text reply's own ids, with no chat turn around it, as plain text (a reply holding
+    `<|im_end|>` or an EOS token's text never becomes that token: `models.plain_text`)."""
+    from rollwise.models.plain_text import encode_parts
+
     def fmt(reply: Reply, _policy_ids: list[int]) -> list[int]:
         if not isinstance(reply, str):
             raise ValueError("an environment that replies with chat messages needs format_reply= "
                              "(control.episodes.chat_reply_formatter): the plain tokenizer encodes text only")
-        return encode_reply(tokenizer, reply)
+        return encode_parts(tokenizer, [(reply, True)])
 
     return fmt
 
