@@ -422,13 +422,17 @@ def test_a_failure_inside_an_episode_is_its_outcome_never_a_run_stop(tmp_path, s
     from transformers import AutoTokenizer
 
     class Fragile(IncrementEnv):
-        scored = 0
-        called = 0
+        resets = 0
+
+        def reset(self, **kwargs) -> str | None:
+            # every other episode (reset runs here; tools and get_reward in the episode's own process): a reward
+            # that raises on every sample is a broken reward, and stops the run
+            Fragile.resets += 1
+            self.fragile = bool(Fragile.resets % 2)
+            return super().reset(**kwargs)
 
         def get_reward(self) -> float:
-            # every other episode: a reward that raises on every sample is a broken reward, and stops the run
-            Fragile.scored += 1
-            if kind == "get_reward raises" and Fragile.scored % 2:
+            if kind == "get_reward raises" and self.fragile:
                 raise RuntimeError("scoreboard offline")
             return super().get_reward()
 
@@ -439,8 +443,7 @@ def test_a_failure_inside_an_episode_is_its_outcome_never_a_run_stop(tmp_path, s
             Args:
                 step: Value to add to the counter.
             """
-            Fragile.called += 1
-            if kind == "tool raises" and Fragile.called % 2:
+            if kind == "tool raises" and self.fragile:
                 raise ValueError("counter jammed")
             return super().increment(step)
 

@@ -26,14 +26,22 @@ renders tools); each result comes back as a `tool` turn. A turn without a call e
 `environments=` (the episode objects, in the same order as `completions`), as TRL passes them.
 
 Every bad call is an observation for the model, never a crashed run: malformed JSON (nested past
-`models.tool_calls.MAX_CALL_DEPTH` included), an unknown tool, missing, unknown or wrongly typed arguments, one that
-runs past `tool_timeout_s` (abandoned in its thread: it cannot be killed), more than `max_calls` calls in a turn, a
-result longer than `max_result_chars` (cut). A tool that raises, or returns what cannot become text (an int past
-Python's digit limit, an object whose `str()` raises), ends its episode errored with that reason: the sample is
-scored with `algo.errored_reward` and trained on like a wrong answer (TRL instead shows the exception to the model and
-goes on). Each episode's `tool_calls`, `tool_errors`, the first failed call (`tool_error`) and `turns` land in its
-rollout's `env_info`; the step's means in metrics.jsonl. A `get_reward` that raises, runs past
-`tool_timeout_s` or returns None errors that episode's score (`algo.errored_reward` then decides what it counts as).
+`models.tool_calls.MAX_CALL_DEPTH` included), an unknown tool, missing, unknown or wrongly typed arguments, more than
+`max_calls` calls in a turn, calls past the turn's time (`turn_budget_s`), a result longer than `max_result_chars`
+(cut). A tool that raises, runs past `tool_timeout_s`, or returns what cannot become text (an int past Python's
+digit limit, an object whose `str()` raises) ends its episode errored with that reason: the sample is scored with
+`algo.errored_reward` and trained on like a wrong answer (TRL instead shows the exception to the model and goes on).
+Each episode's `tool_calls`, `tool_errors`, the first failed call (`tool_error`) and `turns` land in its rollout's
+`env_info`; the step's means in metrics.jsonl. A `get_reward` that raises, runs past `tool_timeout_s` or returns None
+errors that episode's score (`algo.errored_reward` then decides what it counts as).
+
+Tools run where they can be stopped (`ToolEnv.isolation`, "process" by default): each episode's instance is reset
+here, then forked into a child process of its own (`envs.tool_process`) where its calls and its `get_reward` run; a
+call past its time kills the child at once, even one whose C call holds the GIL. When the episode ends, the
+instance's attributes come back onto the same object, for `environments=`. So class attributes and module globals a
+tool changes stay in the episode's process, as they would on another machine. A class whose instances' attributes
+cannot be pickled runs its tools in threads instead (a warning at start says so; a call past its time is then
+abandoned, still running, and its instance leaves the pool).
 
 `environment_api: gym` (`GymEnv`): `reset()` (or `reset(**row)` when it takes the row's names or `**kwargs`)
 returns the first observation (or `(observation, info)`), appended to the last user turn; `step(action_text)` returns
@@ -45,7 +53,7 @@ rollwise's own protocol (`envs.base.MultiTurnEnvironment`: `reset(task)` / `step
 environments named by `env.name` keep it.
 
 Deliberately left out: tools as plain functions without a class (TRL's `tools=`; wrap them in a class), an async
-`reset`, and killing a hung tool (its thread is abandoned; the episode's instance leaves the pool).
+`reset`, and a bound on `reset` itself (it runs here, before the policy has written anything).
 """
 
 from __future__ import annotations
@@ -54,12 +62,15 @@ import asyncio
 import inspect
 import json
 import math
+import pickle
 import threading
 import time
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Mapping, Sequence
 
 from rollwise.envs.base import Environment, EpisodeState, Task
+from rollwise.envs.tool_process import Outcome, ToolProcess, can_fork, instance_state
 from rollwise.models.tool_calls import CallError, ToolCall, parse_tool_calls
 from rollwise.rewards.base import as_score, describe
 from rollwise.rewards.user import RewardSum, UserReward
@@ -260,6 +271,11 @@ class ToolEnv:
     tools: list[dict[str, Any]] = field(default_factory=list)
     """Every class's tool schemas (one list for one class); a task's own are `tool_sets[environment_of(task)]`."""
     methods: list[str] = field(default_factory=list)
+    isolation: str = "process"
+    """Where tool calls run: "process" (each episode's instance in a forked child, killed when a call runs past its
+    time: `envs.tool_process`) or "thread" (a call past its time is abandoned, still running: a tool holding the GIL
+    holds the whole process). "process" falls back to "thread", with a warning, where there is no fork or a class's
+    instances cannot be pickled (their state could not come back to the reward)."""
     opening_sep: ClassVar[str] = ""
     """NOTE: what `reset` returns is appended to the last user message as it is, as TRL does (envs.multiturn)."""
 
@@ -285,6 +301,7 @@ class ToolEnv:
             self._schemas[name] = {s["function"]["name"]: s for s in schemas}
             self._owns_reward[name] = _own_reward(probe)
             self._pool[name] = [probe]  # NOTE: built once, reset for each episode (TRL's pool): the probe seeds it
+        self._choose_isolation()
         unscored = [self._where(n) for n, own in self._owns_reward.items() if not own]
         if self.reward is None and unscored:
             raise EnvironmentClassError(f"env.environment {unscored[0]!r} needs env.reward or env.rewards, or a "
@@ -295,6 +312,23 @@ class ToolEnv:
             for tool, schema in by_name.items():
                 seen.setdefault(tool, schema)
         self.tools, self.methods = list(seen.values()), list(seen)
+
+    def _choose_isolation(self) -> None:
+        """Process isolation where it can work (see `isolation`), decided once at set-up."""
+        if self.isolation not in ("process", "thread"):
+            raise EnvironmentClassError(f"{self.spec}: isolation must be 'process' or 'thread', got {self.isolation!r}")
+        if self.isolation == "thread":
+            return
+        why = None if can_fork() else "this platform has no fork"
+        for name, pool in self._pool.items():
+            try:
+                pickle.dumps(instance_state(pool[0]))
+            except Exception as e:  # noqa: BLE001 - the user's class: say which and why
+                why = why or f"{self._where(name)} cannot be pickled ({describe(e)})"
+        if why:
+            warnings.warn(f"{self.spec}: tools run in threads, where a call past tool_timeout_s cannot be stopped: "
+                          f"{why}", RuntimeWarning, stacklevel=3)
+            self.isolation = "thread"
 
     def __getstate__(self) -> dict[str, Any]:
         """Picklable (Ray ships environments to its actors): without the lock and the pooled instances."""
@@ -353,6 +387,10 @@ class ToolEnv:
 
     def teardown(self, state: EpisodeState) -> None:
         """The episode's instance goes back to its pool, unless a tool call of it was abandoned (still running)."""
+        proc = state.data.pop("proc", None)
+        if proc is not None:  # an episode that was never scored: its tool process holds the only current state
+            proc.kill()
+            state.data["abandoned"] = True
         obj = state.data.get("obj")
         if obj is None or state.data.get("abandoned"):
             return
@@ -374,6 +412,9 @@ class ToolEnv:
                 state.data["opening"] = _result_text(ret)
         except Exception as e:  # noqa: BLE001 - the episode is errored with the reason
             state.data["step_error"] = f"(reset) {describe(e)}"
+            return state
+        if self.isolation == "process" and (self._schemas[name] or self._owns_reward[name]):
+            state.data["proc"] = ToolProcess(obj, _shown)  # forked now, in the background: ready by the first call
         return state
 
     def opening(self, state: EpisodeState) -> str | None:
@@ -426,20 +467,55 @@ class ToolEnv:
         budget = min(self.tool_timeout_s, deadline - time.monotonic())
         if budget <= 0:
             return False, f"error: {call.name}: not run, this turn's tool time is used up"
-        fn = getattr(obj, call.name)
-        args = call.arguments
-        finished, out = _with_timeout(lambda: _shown(_result_of(fn(**args))), budget)
-        if not finished:  # NOTE: the call's thread is abandoned (it cannot be killed) and may still touch `obj`
-            state.data["abandoned"] = True
-            return False, f"error: {call.name}: timed out after {budget:.3g}s"
-        if isinstance(out, ToolFailed):
-            raise ToolFailed(f"tool {call.name}: {out}")
-        if isinstance(out, BaseException):
-            raise ToolFailed(f"tool {call.name} raised {_describe_any(out)}")
+        kind, out = self._invoke(state, obj, call.name, call.arguments, budget)
+        if kind == "timeout":
+            raise ToolFailed(f"tool {call.name} timed out after {budget:.3g}s")
+        if kind == "failed":
+            raise ToolFailed(f"tool {call.name} {out}" if str(out).startswith("raised ") else f"tool {call.name}: {out}")
         text = str(out)
         if len(text) > self.max_result_chars:
             text = text[: self.max_result_chars] + f"... [cut at {self.max_result_chars} characters]"
         return True, text
+
+    def _invoke(self, state: EpisodeState, obj: Any, name: str, args: dict[str, Any], budget: float) -> Outcome:
+        """One tool call, bounded by `budget`: in the episode's tool process (killed past it), or in a thread."""
+        if self.isolation == "process":
+            proc = state.data.get("proc")
+            if proc is None:
+                proc = state.data["proc"] = ToolProcess(obj, _shown)
+            return proc.call(name, args, budget)
+        fn = getattr(obj, name)
+        finished, out = _with_timeout(lambda: _shown(_result_of(fn(**args))), budget)
+        if not finished:  # NOTE: the call's thread is abandoned (it cannot be killed) and may still touch `obj`
+            state.data["abandoned"] = True
+            return "timeout", None
+        if isinstance(out, ToolFailed):
+            return "failed", str(out)
+        if isinstance(out, BaseException):
+            return "failed", f"raised {_describe_any(out)}"
+        return "ok", out
+
+    def _bring_back(self, state: EpisodeState) -> None:
+        """Process isolation: the episode's `get_reward()` runs in its tool process (killable), and the instance
+        comes back from it into `state.data["obj"]` for the rewards to read. Nothing to do for threads."""
+        if self.isolation != "process" or state.data.get("obj") is None:
+            return
+        proc = state.data.pop("proc", None)
+        own = bool(self._owns_reward.get(state.data.get("environment")))
+        if proc is None and not own:
+            return  # no call was made: the parent's instance is the episode's
+        if proc is None:
+            proc = ToolProcess(state.data["obj"], _shown)
+        reward, attrs, why = proc.finish(own and not state.data.get("tool_failure"), self.tool_timeout_s)
+        state.data["own_reward"] = reward
+        if attrs is not None:
+            vars(state.data["obj"]).clear()
+            vars(state.data["obj"]).update(attrs)
+        elif reward[0] == "ok" and not state.data.get("tool_failure"):  # (a failed get_reward errors it already)
+            label = type(state.data["obj"]).__name__
+            state.data["tool_failure"] = (f"the state of {label} could not come back from its tool process ({why}); "
+                                          "make its attributes picklable")
+            state.data["abandoned"] = True
 
     def _own_score(self, state: EpisodeState) -> Score | None:
         """The episode's `get_reward()` (sync or async) as a Score named after its class; None without one."""
@@ -448,12 +524,21 @@ class ToolEnv:
         if not self._owns_reward.get(name) or obj is None:
             return None
         label = type(obj).__name__
-        finished, out = _with_timeout(lambda: _result_of(obj.get_reward()), self.tool_timeout_s)
-        if not finished:
-            state.data["abandoned"] = True
+        kind: str
+        if "own_reward" in state.data:  # run in the tool process already (`_bring_back`)
+            kind, out = state.data["own_reward"]
+        else:
+            finished, out = _with_timeout(lambda: _result_of(obj.get_reward()), self.tool_timeout_s)
+            kind = "ok" if finished and not isinstance(out, BaseException) else "failed" if finished else "timeout"
+            if kind == "timeout":
+                state.data["abandoned"] = True
+            elif kind == "failed":
+                out = f"raised {describe(out)}"
+        if kind == "timeout":
             return Score(0.0, error=f"{label}.get_reward: timed out after {self.tool_timeout_s:g}s")
-        if isinstance(out, BaseException):
-            return Score(0.0, error=f"{label}.get_reward raised {describe(out)}")
+        if kind == "failed":
+            return Score(0.0, error=f"{label}.get_reward {out}" if str(out).startswith("raised ")
+                         else f"{label}.get_reward: {out}")
         if out is None:
             return Score(0.0, error=f"{label}.get_reward returned None (no reward)")
         sc = as_score(out, where=f"{label}.get_reward")
@@ -462,6 +547,8 @@ class ToolEnv:
     def score_episodes(self, states: Sequence[EpisodeState]) -> list[Score]:
         """Every episode's score: the configured reward plus `get_reward`. An episode whose tool failed is errored
         with that reason, whatever the rewards would say (see the module docstring), and is not shown to them."""
+        for st in states:
+            self._bring_back(st)
         failed = [s for s in states if s.data.get("tool_failure")]
         rest = [s for s in states if not s.data.get("tool_failure")]
         user: list[Score | None] = ([None] * len(rest) if self.reward is None or not rest
