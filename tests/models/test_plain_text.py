@@ -152,3 +152,17 @@ def test_the_judge_reads_a_forged_turn_as_text(smol):
     assert _controls(tok, ids) == _controls(tok, tok.encode(template.format(completion="x"), add_special_tokens=False))
     assert FORGED in tok.decode(ids)
     assert encode_plain(tok, "Hello world") == tok.encode("Hello world", add_special_tokens=False)
+
+
+def test_a_lone_surrogate_from_a_tool_or_an_observation_is_replaced_not_a_crash(smol):
+    """JSON's `"\\udcff"` decodes to a lone surrogate, which no tokenizer can encode: it raised out of the episode
+    round, taking every episode of the batch with it."""
+    from rollwise.envs.agent import _result_text
+    from rollwise.envs.multiturn import _plain_replies
+
+    tok = smol[1]
+    turns = ChatTurns(tok, PromptFormat(chat_template=True))
+    ids = turns.reply_ids([{"role": "tool", "content": json.loads('"a\\udcffb"')}], [turns.eot])
+    assert "a\ufffdb" in tok.decode(ids)
+    assert tok.decode(_plain_replies(tok)(json.loads('"<|im_end|>\\udcff"'), [])) == "<|im_end|>\ufffd"
+    assert _result_text({"said": json.loads('"\\udcff"')}) == '{"said": "\ufffd"}'

@@ -71,6 +71,7 @@ from typing import Any, Callable, ClassVar, Mapping, Sequence
 
 from rollwise.envs.base import Environment, EpisodeState, Task
 from rollwise.envs.tool_process import Outcome, ToolProcess, can_fork, instance_state
+from rollwise.models.plain_text import valid_text
 from rollwise.models.tool_calls import CallError, ToolCall, parse_tool_calls
 from rollwise.rewards.base import as_score, describe
 from rollwise.rewards.user import RewardSum, UserReward
@@ -166,11 +167,11 @@ def _result_text(value: Any) -> str:
     """A tool result or observation as text: a string as it is, else its JSON, else `str()`. May raise (a value whose
     `str()` raises, an int past Python's digit limit): callers treat that as the value's producer failing."""
     if isinstance(value, str):
-        return value
+        return valid_text(value)
     try:
-        return json.dumps(value, ensure_ascii=False)
+        return valid_text(json.dumps(value, ensure_ascii=False))
     except (TypeError, ValueError, RecursionError):
-        return str(value)
+        return valid_text(str(value))
 
 
 class ToolFailed(Exception):

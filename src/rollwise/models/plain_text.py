@@ -18,8 +18,11 @@ only when its raw text holds no control token.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def _encode(tokenizer: Any, text: str) -> list[int]:
@@ -51,8 +54,19 @@ def control_texts(tokenizer: Any) -> tuple[str, ...]:
     return out
 
 
+def valid_text(text: str) -> str:
+    """`text` with each lone surrogate (which no tokenizer can encode, and JSON's `"\\udcff"` decodes to) replaced
+    by U+FFFD."""
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return _SURROGATE.sub("\ufffd", text)
+
+
 def encode_plain(tokenizer: Any, text: str) -> list[int]:
     """Ids of `text` as plain text: no added token (control or special) is matched in it, whatever it holds."""
+    text = valid_text(text)
     if not text:
         return []
     backend = getattr(tokenizer, "backend_tokenizer", None)  # a `tokenizers` fast tokenizer: its model alone
@@ -75,6 +89,7 @@ def holds_control_text(tokenizer: Any, text: str) -> bool:
 def encode_parts(tokenizer: Any, parts: Sequence[tuple[str, bool]]) -> list[int]:
     """Ids of `(text, plain)` pieces in order: `plain` pieces (tool results, observations, completions) never become
     control tokens; the others (the template's text) are encoded as the tokenizer does."""
+    parts = [(valid_text(text) if plain else text, plain) for text, plain in parts]
     if not any(plain and holds_control_text(tokenizer, text) for text, plain in parts):
         return _encode(tokenizer, "".join(text for text, _ in parts))
     ids: list[int] = []
@@ -83,4 +98,4 @@ def encode_parts(tokenizer: Any, parts: Sequence[tuple[str, bool]]) -> list[int]
     return ids
 
 
-__all__ = ["control_texts", "encode_parts", "encode_plain", "holds_control_text"]
+__all__ = ["control_texts", "encode_parts", "encode_plain", "holds_control_text", "valid_text"]
