@@ -468,6 +468,12 @@ class Heavy(Calc):
         self.used.append("add")
         return a + b
 
+    def crash(self) -> str:
+        """Ends its process on the spot, as a segfault in a C extension would."""
+        import os
+
+        os._exit(3)
+
     def get_reward(self) -> float:
         if "power" in self.used:
             pow(3, 15_000_000)
@@ -508,3 +514,12 @@ def test_state_comes_back_from_the_tool_process_and_a_slow_get_reward_is_killed(
     assert a.data["obj"] is obj_a and obj_a.used == ["add", "multiply"]  # state back, on the same object
     assert sa.error is None and sa.value == 1.0 + 2.0 and sa.parts == {"reward_fn": 1.0, "Heavy": 2.0}
     assert sb.error == "Heavy.get_reward: timed out after 0.5s"
+
+
+def test_a_tool_that_kills_its_process_errors_its_episode_only():
+    env = ToolEnv(Data(), Heavy, "Heavy", None, tool_timeout_s=5.0)
+    st, ok = env.reset(Data().load()[0]), env.reset(Data().load()[0])
+    assert env.step(st, render_tool_call("crash", {})) is None
+    assert env.step(ok, render_tool_call("add", {"a": 1, "b": 2}))[0]["content"] == "3"
+    bad, good = env.score_episodes([st, ok])
+    assert bad.error == "tool crash: its process ended" and good.error is None and good.value == 1.0

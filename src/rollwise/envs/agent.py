@@ -415,7 +415,7 @@ class ToolEnv:
             state.data["step_error"] = f"(reset) {describe(e)}"
             return state
         if self.isolation == "process" and (self._schemas[name] or self._owns_reward[name]):
-            state.data["proc"] = ToolProcess(obj, _shown)  # forked now, in the background: ready by the first call
+            state.data["proc"] = ToolProcess(obj, self._shown_cut)  # forked now, in the background: ready by the first call
         return state
 
     def opening(self, state: EpisodeState) -> str | None:
@@ -478,12 +478,17 @@ class ToolEnv:
             text = text[: self.max_result_chars] + f"... [cut at {self.max_result_chars} characters]"
         return True, text
 
+    def _shown_cut(self, value: Any) -> str:
+        """`_shown(value)` cut just past `max_result_chars` (run in the tool process: a result of a gigabyte is cut
+        there, not sent through the pipe)."""
+        return _shown(value)[: self.max_result_chars + 1]
+
     def _invoke(self, state: EpisodeState, obj: Any, name: str, args: dict[str, Any], budget: float) -> Outcome:
         """One tool call, bounded by `budget`: in the episode's tool process (killed past it), or in a thread."""
         if self.isolation == "process":
             proc = state.data.get("proc")
             if proc is None:
-                proc = state.data["proc"] = ToolProcess(obj, _shown)
+                proc = state.data["proc"] = ToolProcess(obj, self._shown_cut)
             return proc.call(name, args, budget)
         fn = getattr(obj, name)
         finished, out = _with_timeout(lambda: _shown(_result_of(fn(**args))), budget)
@@ -506,7 +511,7 @@ class ToolEnv:
         if proc is None and not own:
             return  # no call was made: the parent's instance is the episode's
         if proc is None:
-            proc = ToolProcess(state.data["obj"], _shown)
+            proc = ToolProcess(state.data["obj"], self._shown_cut)
         reward, attrs, why = proc.finish(own and not state.data.get("tool_failure"), self.tool_timeout_s)
         state.data["own_reward"] = reward
         if attrs is not None:
