@@ -301,3 +301,10 @@ def test_a_weighted_sum_that_overflows_is_errored_not_inf():
     big = make_reward(rewards=[{"fn": lambda task, completion: 1e308, "weight": 10.0, "name": "a"}])
     (s,) = big.score_batch([Task("0", "q", None)], ["x"])
     assert s.error == "the weighted sum of the parts is inf"
+
+
+def test_a_weighted_composite_that_overflows_is_errored_not_inf():
+    from rollwise.rewards.compose import Weighted
+
+    s = Weighted([("a", lambda task, completion: 1e308, 10.0)])(Task("0", "q", None), "x")
+    assert s.error == "the weighted sum of the parts is inf" and s.value == 0.0
