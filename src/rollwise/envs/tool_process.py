@@ -55,6 +55,21 @@ def _die_with_parent() -> None:
         pass
 
 
+def _close_other_fds(*keep: int) -> None:
+    """Close every inherited descriptor but stdio and `keep`. NOTE: a fork copies all of the parent's descriptors,
+    close-on-exec or not; a pipe's write end held here (another child's, or a sandboxed program's stdout that a scorer
+    thread is reading) would keep its reader from ever seeing EOF for as long as this child lives."""
+    start = 3
+    for fd in sorted(k for k in keep if k >= 3):
+        os.closerange(start, fd)
+        start = fd + 1
+    try:
+        top = os.sysconf("SC_OPEN_MAX")
+    except (ValueError, OSError):
+        top = 1 << 16
+    os.closerange(start, max(top, start))
+
+
 def _write_all(fd: int, data: bytes) -> None:
     view = memoryview(_HEAD.pack(len(data)) + data)
     while view:
@@ -160,6 +175,7 @@ def _spawn(obj: Any, shown: Any) -> tuple[int, int, int]:
         try:
             os.close(down_w)
             os.close(up_r)
+            _close_other_fds(down_r, up_w)
             _die_with_parent()
             # NOTE: a collection would walk (and so copy, page by page) the whole inherited heap: tens of ms with a
             # model loaded. The child lives for one episode; its own garbage is freed by reference counts or at exit.

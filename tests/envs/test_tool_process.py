@@ -1,0 +1,47 @@
+"""The tool process (envs/tool_process.py): what a forked child may hold on to, and how it ends."""
+
+from __future__ import annotations
+
+import os
+import select
+import time
+
+from rollwise.envs.tool_process import ToolProcess
+
+
+class Box:
+    def __init__(self):
+        self.items = []
+
+    def put(self, x: int) -> str:
+        self.items.append(x)
+        return str(len(self.items))
+
+
+def test_a_child_holds_no_other_descriptor_so_a_pipe_reader_sees_eof():
+    """A pipe the parent is reading (a sandboxed program's stdout) must see EOF when its writer closes, even though a
+    tool process was forked while the write end was open."""
+    r, w = os.pipe()
+    proc = ToolProcess(Box(), str)
+    try:
+        assert proc.call("put", {"x": 1}, 5.0) == ("ok", "1")  # forked (and serving) while w is open here
+        os.close(w)
+        assert select.select([r], [], [], 2.0)[0] and os.read(r, 1) == b""  # EOF at once: the child holds no copy
+    finally:
+        os.close(r)
+        proc.kill()
+
+
+def test_state_comes_back_and_a_killed_child_is_reaped():
+    box = Box()
+    proc = ToolProcess(box, str)
+    assert proc.call("put", {"x": 5}, 5.0) == ("ok", "1")
+    reward, attrs, why = proc.finish(False, 5.0)
+    assert reward == ("ok", None) and attrs == {"items": [5]} and why is None and box.items == []
+    spin = ToolProcess(Box(), str)
+    t0 = time.perf_counter()
+    assert spin.call("put", {"x": "not an int"}, 5.0)[0] == "ok"  # (any value: the tool does not check)
+    assert spin.call("nonexistent", {}, 5.0) == ("failed", "raised AttributeError: 'Box' object has no attribute "
+                                                          "'nonexistent'")
+    spin.kill()
+    assert time.perf_counter() - t0 < 2.0 and not spin.alive
