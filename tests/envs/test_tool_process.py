@@ -45,3 +45,15 @@ def test_state_comes_back_and_a_killed_child_is_reaped():
                                                           "'nonexistent'")
     spin.kill()
     assert time.perf_counter() - t0 < 2.0 and not spin.alive
+
+
+def test_a_fork_that_fails_is_a_reason_not_a_raise(monkeypatch):
+    def no_fork():
+        raise BlockingIOError(11, "Resource temporarily unavailable")
+
+    monkeypatch.setattr(os, "fork", no_fork)
+    proc = ToolProcess(Box(), str)
+    kind, why = proc.call("put", {"x": 1}, 5.0)
+    assert kind == "failed" and why.startswith("its process could not start (BlockingIOError")
+    assert proc.finish(False, 1.0)[2] == why
+    proc.kill()

@@ -222,15 +222,22 @@ class ToolProcess:
         self._started: Future[tuple[int, int, int]] | None = _fork_thread().submit(_spawn, obj, shown)
         self.pid = self._w = self._r = -1
         self.alive = True
+        self.failed: str | None = None
 
-    def _ready(self) -> None:
+    def _ready(self) -> str | None:
+        """Wait for the fork; why the child could not start (e.g. out of processes), or None."""
         if self._started is not None:
             started, self._started = self._started, None
-            self.pid, self._w, self._r = started.result()
+            try:
+                self.pid, self._w, self._r = started.result()
+            except OSError as e:
+                self.alive, self.failed = False, f"its process could not start ({_describe(e)})"
+        return self.failed
 
     def call(self, name: str, kwargs: dict[str, Any], timeout_s: float) -> Outcome:
         """One tool call, at most `timeout_s` (past it the child is killed)."""
-        self._ready()
+        if self._ready() or not self.alive:
+            return "failed", self.failed or "its process ended"
         deadline = time.monotonic() + max(timeout_s, 0.0)
         try:
             _write_all(self._w, pickle.dumps(("call", name, kwargs)))
@@ -247,7 +254,9 @@ class ToolProcess:
     def finish(self, want_reward: bool, timeout_s: float) -> tuple[Outcome, dict[str, Any] | None, str | None]:
         """(get_reward's outcome, the instance's attributes as they are now or None, why they could not come back);
         the child exits."""
-        self._ready()
+        if self._ready() or not self.alive:
+            why = self.failed or "its process ended"
+            return ("failed", why), None, why
         deadline = time.monotonic() + max(timeout_s, 0.0)
         try:
             _write_all(self._w, pickle.dumps(("finish", want_reward)))
@@ -269,8 +278,7 @@ class ToolProcess:
             return reward, None, _describe(e)
 
     def kill(self) -> None:
-        if self.alive:
-            self._ready()
+        if self.alive and self._ready() is None:
             try:
                 os.kill(self.pid, signal.SIGKILL)
             except ProcessLookupError:
@@ -278,9 +286,8 @@ class ToolProcess:
         self.close()
 
     def close(self) -> None:
-        if not self.alive:
+        if not self.alive or self._ready() is not None:
             return
-        self._ready()
         self.alive = False
         for fd in (self._w, self._r):
             try:
