@@ -57,3 +57,22 @@ def test_a_fork_that_fails_is_a_reason_not_a_raise(monkeypatch):
     assert kind == "failed" and why.startswith("its process could not start (BlockingIOError")
     assert proc.finish(False, 1.0)[2] == why
     proc.kill()
+
+
+def test_the_config_chooses_where_tools_run(tmp_path):
+    from rollwise.config import RunConfig
+    from rollwise.run.setup import make_env
+
+    (tmp_path / "env.py").write_text(
+        "class Counter:\n"
+        "    def reset(self, **row):\n        self.n = 0\n"
+        "    def bump(self, k: int) -> int:\n"
+        "        \"\"\"Bump.\n\n        Args:\n            k: By how much.\n        \"\"\"\n"
+        "        self.n += k\n        return self.n\n"
+        "    def get_reward(self) -> float:\n        return float(self.n)\n")
+    (tmp_path / "d.jsonl").write_text('{"prompt": "go", "answer": 1}\n' * 4)
+    for iso in ("process", "thread"):
+        cfg = RunConfig.model_validate({"env": {"name": "dataset", "kwargs": {"path": str(tmp_path / "d.jsonl"),
+                                                                             "test_size": 1},
+                                                "environment": f"{tmp_path}/env.py:Counter", "tool_isolation": iso}})
+        assert make_env(cfg.env).isolation == iso

@@ -674,7 +674,7 @@ def _resolve_class(spec: str | Callable[..., Any], key: str) -> tuple[Any, str]:
 
 def make_class_env(data: Environment, spec: str | Callable[..., Any] | Mapping[str, str | Callable[..., Any]],
                    api: str, reward: EpisodeReward | None, *, tool_timeout_s: float = 10.0, max_calls: int = 4,
-                   turn_budget_s: float = 25.0) -> ToolEnv | GymEnv:
+                   turn_budget_s: float = 25.0, isolation: str = "process") -> ToolEnv | GymEnv:
     """The environment `env.environment` / `env.environment_api` name ("file.py:Class", or through the Python API
     the class or a zero-argument factory itself; with 'tools', also a dict of them by name, each row naming its
     own in an `environment` column), over the tasks of `data`."""
@@ -686,12 +686,12 @@ def make_class_env(data: Environment, spec: str | Callable[..., Any] | Mapping[s
         resolved = {str(k): _resolve_class(v, f"env.environment.{k}") for k, v in spec.items()}
         label = "{" + ", ".join(f"{k}: {lab}" for k, (_, lab) in resolved.items()) + "}"
         return ToolEnv(data, {k: c for k, (c, _) in resolved.items()}, label, reward, tool_timeout_s=tool_timeout_s,
-                       max_calls=max_calls, turn_budget_s=turn_budget_s)
+                       max_calls=max_calls, turn_budget_s=turn_budget_s, isolation=isolation)
     cls, label = _resolve_class(spec, "env.environment")
     if api == "gym":
         return GymEnv(data, cls, label, reward)
     return ToolEnv(data, cls, label, reward, tool_timeout_s=tool_timeout_s, max_calls=max_calls,
-                   turn_budget_s=turn_budget_s)
+                   turn_budget_s=turn_budget_s, isolation=isolation)
 
 
 __all__ = ["ENVIRONMENT_APIS", "ENVIRONMENT_COLUMN", "EnvironmentClassError", "GymEnv", "RESERVED_METHODS", "ToolEnv",
