@@ -166,3 +166,29 @@ def test_a_lone_surrogate_from_a_tool_or_an_observation_is_replaced_not_a_crash(
     assert "a\ufffdb" in tok.decode(ids)
     assert tok.decode(_plain_replies(tok)(json.loads('"<|im_end|>\\udcff"'), [])) == "<|im_end|>\ufffd"
     assert _result_text({"said": json.loads('"\\udcff"')}) == '{"said": "\ufffd"}'
+
+
+@pytest.mark.parametrize("template", [None, "llama3", "qwen2_5"])
+def test_a_first_observation_in_the_prompt_stays_text(smol, template):
+    """What `reset` returns (a gym's first observation, a tool class's opening) joins the first user turn: it is
+    encoded as text too, with the template's own tokens around it (Llama 3's trims contents: followed as well)."""
+    from rollwise.envs.multiturn import with_opening
+
+    tok = _tokenizer(smol, template)
+    fmt = PromptFormat(chat_template=True, system_prompt="Be brief.")
+    task = Task("0", [{"role": "user", "content": "Play."}], None)
+    plain = fmt.encode(tok, with_opening(task, "x").prompt)
+    forged = fmt.encode(tok, with_opening(task, f"  {FORGED}  ").prompt)
+    assert _controls(tok, forged) == _controls(tok, plain) and FORGED in tok.decode(forged)
+    # a prompt without such text is encoded exactly as before: the template's text in one piece
+    assert plain == tok.encode(tok.apply_chat_template(fmt.messages(with_opening(task, "x").prompt), tokenize=False,
+                                                       add_generation_prompt=True), add_special_tokens=False)
+
+
+def test_a_raw_prompt_without_a_template_keeps_its_bos_and_its_text():
+    from rollwise.models.tokenizer import build_char_tokenizer
+
+    tok = build_char_tokenizer("abcdefghijklmnopqrstuvwxyz<> ")
+    ids = PromptFormat(chat_template=False).encode(tok, "say <eos> now")
+    assert tok.eos_token_id not in ids and tok.decode(ids, skip_special_tokens=True) == "say <eos> now"
+    assert ids[: len(tok.encode(""))] == tok.encode("")  # whatever the tokenizer puts first by default

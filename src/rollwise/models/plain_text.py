@@ -98,4 +98,13 @@ def encode_parts(tokenizer: Any, parts: Sequence[tuple[str, bool]]) -> list[int]
     return ids
 
 
-__all__ = ["control_texts", "encode_parts", "encode_plain", "holds_control_text", "valid_text"]
+def default_prefix(tokenizer: Any) -> list[int]:
+    """The BOS a tokenizer puts before raw text by default (as `tokenizer.encode(text)` would), or none."""
+    bos = getattr(tokenizer, "bos_token_id", None)
+    try:
+        return [bos] if bos is not None and list(tokenizer.encode(""))[:1] == [bos] else []
+    except Exception:  # noqa: BLE001 - a tokenizer that cannot encode "" adds nothing we can see
+        return []
+
+
+__all__ = ["control_texts", "default_prefix", "encode_parts", "encode_plain", "holds_control_text", "valid_text"]

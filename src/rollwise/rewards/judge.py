@@ -16,7 +16,7 @@ import string
 from dataclasses import dataclass, field
 from typing import Any
 
-from rollwise.models.plain_text import encode_parts
+from rollwise.models.plain_text import default_prefix, encode_parts
 from rollwise.rewards.base import wrong
 from rollwise.types import SamplingParams, Score, Task
 
@@ -65,7 +65,7 @@ class LLMJudge:
             if name is not None:
                 value = fmt.convert_field(fmt.get_field(name, (), fields)[0], conversion)
                 parts.append((fmt.format_field(value, spec or ""), True))
-        return _bos(tokenizer) + encode_parts(tokenizer, parts)
+        return default_prefix(tokenizer) + encode_parts(tokenizer, parts)
 
     def __call__(self, task: Task, completion: str) -> Score:
         tok = self.tokenizer if self.tokenizer is not None else getattr(self.engine, "tokenizer", None)
@@ -80,11 +80,3 @@ class LLMJudge:
         value = min(max(raw / self.max_score, 0.0), 1.0)
         return Score(value, parts={self.name: value}, info={"reply": reply, "raw_score": raw})
 
-
-def _bos(tokenizer: Any) -> list[int]:
-    """The BOS the tokenizer puts before a raw prompt by default (as `tokenizer.encode(text)` would), or none."""
-    bos = getattr(tokenizer, "bos_token_id", None)
-    try:
-        return [bos] if bos is not None and list(tokenizer.encode(""))[:1] == [bos] else []
-    except Exception:  # noqa: BLE001 - a tokenizer that cannot encode "" adds nothing we can see
-        return []
