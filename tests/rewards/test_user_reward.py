@@ -308,3 +308,15 @@ def test_a_weighted_composite_that_overflows_is_errored_not_inf():
 
     s = Weighted([("a", lambda task, completion: 1e308, 10.0)])(Task("0", "q", None), "x")
     assert s.error == "the weighted sum of the parts is inf" and s.value == 0.0
+
+
+def test_a_score_part_that_is_not_a_number_errors_that_sample():
+    """Parts reach metrics.jsonl and the rollout store: a part of 10**5000 (past Python's int-to-text limit) raised
+    there, outside the episode; now it errors its own sample."""
+    from rollwise.rewards.base import as_score
+
+    bad = as_score(Score(1.0, parts={"len": 10 ** 5000}), where="fn")
+    assert bad.error == "fn returned a Score whose part 'len' is int that is not one finite number (OverflowError: int " \
+                        "too large to convert to float)"
+    ok = as_score(Score(1.0, parts={"len": 3}), where="fn")
+    assert ok.error is None and ok.parts == {"len": 3.0}

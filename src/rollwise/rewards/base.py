@@ -62,10 +62,17 @@ def as_score(value: Any, where: str = "reward function") -> Score:
     score naming what came back. Never raises."""
     if isinstance(value, Score):
         got = finite_number(value.value)
-        if isinstance(got, float):
-            return value if got == value.value and type(value.value) is float else Score(
-                got, parts=value.parts, error=value.error, info=value.info)
-        return Score(0.0, parts=value.parts, error=f"{where} returned a Score with value {got}", info=value.info)
+        if not isinstance(got, float):
+            return Score(0.0, error=f"{where} returned a Score with value {got}", info=value.info)
+        parts: dict[str, float] = {}
+        for name, part in (value.parts.items() if isinstance(value.parts, dict) else ()):
+            p = finite_number(part)
+            if not isinstance(p, float):  # parts land in metrics and the store: numbers only
+                return Score(0.0, error=f"{where} returned a Score whose part {shown(name)} is {p}", info=value.info)
+            parts[str(name)] = p
+        if got == value.value and type(value.value) is float and parts == value.parts:
+            return value
+        return Score(got, parts=parts, error=value.error, info=value.info)
     if isinstance(value, (bool, int, float)) or (hasattr(value, "item") and callable(value.item)):
         got = finite_number(value)
         if isinstance(got, float):
