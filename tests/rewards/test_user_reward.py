@@ -320,3 +320,20 @@ def test_a_score_part_that_is_not_a_number_errors_that_sample():
                         "too large to convert to float)"
     ok = as_score(Score(1.0, parts={"len": 3}), where="fn")
     assert ok.error is None and ok.parts == {"len": 3.0}
+
+
+def test_a_reward_raising_an_exception_whose_message_cannot_be_made_errors_that_sample_only():
+    def trl_reward(completions, **kw):
+        if "bad" in completions:
+            raise ValueError(10 ** 5000)  # str() of this exception raises in turn
+        return [1.0] * len(completions)
+
+    def per_sample(task, completion):
+        if completion == "bad":
+            raise ValueError(10 ** 5000)
+        return 1.0
+
+    (s,) = load_reward(trl_reward).score_batch([Task("0", "q", None)], ["bad"])
+    assert s.error is not None and s.error.startswith("trl_reward: ValueError")
+    scores = load_reward(per_sample).score_batch([Task(str(i), "q", None) for i in range(2)], ["ok", "bad"])
+    assert scores[0].error is None and scores[1].error.startswith("per_sample: ValueError")

@@ -82,7 +82,13 @@ def as_score(value: Any, where: str = "reward function") -> Score:
 
 
 def describe(exc: BaseException) -> str:
-    msg = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    """`Type: first line of the message`; the type alone when the message itself cannot be made (an exception
+    carrying an int past Python's digit limit), so describing a failure never fails."""
+    try:
+        text = str(exc).strip()
+    except Exception:  # noqa: BLE001
+        text = ""
+    msg = text.splitlines()[0] if text else ""
     return f"{type(exc).__name__}: {msg}" if msg else type(exc).__name__
 
 
