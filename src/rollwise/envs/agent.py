@@ -389,9 +389,8 @@ class ToolEnv:
     def teardown(self, state: EpisodeState) -> None:
         """The episode's instance goes back to its pool, unless a tool call of it was abandoned (still running)."""
         proc = state.data.pop("proc", None)
-        if proc is not None:  # an episode that was never scored: its tool process holds the only current state
+        if proc is not None:  # an episode that was never scored; its process had a copy, this one is untouched
             proc.kill()
-            state.data["abandoned"] = True
         obj = state.data.get("obj")
         if obj is None or state.data.get("abandoned"):
             return
@@ -521,7 +520,6 @@ class ToolEnv:
             label = type(state.data["obj"]).__name__
             state.data["tool_failure"] = (f"the state of {label} could not come back from its tool process ({why}); "
                                           "make its attributes picklable")
-            state.data["abandoned"] = True
 
     def _own_score(self, state: EpisodeState) -> Score | None:
         """The episode's `get_reward()` (sync or async) as a Score named after its class; None without one."""
