@@ -294,9 +294,9 @@ class EnvConfig(_Section):
     """Tool classes: the longest one tool call (or `get_reward`) may run; past it the call is stopped and the episode
     is errored with the reason."""
     tool_isolation: Literal["process", "thread"] = "process"
-    """Tool classes: where calls run. 'process': each episode's instance in a forked process of its own, killed at
-    env.tool_timeout_s even when a C call holds the GIL; its attributes come back for the rewards (class attributes
-    and globals a tool changes do not). 'thread': in this process, where a call past its time cannot be stopped.
+    """Tool and gym-style classes: where calls run. 'process': each episode's instance in a forked process of its
+    own, killed at env.tool_timeout_s (a gym step: at the turn's time) even when a C call holds the GIL; its
+    attributes come back for the rewards (class attributes and globals a tool changes do not). 'thread': in this process, where a call past its time cannot be stopped.
     'process' falls back to 'thread', with a warning, for a class whose instances' attributes cannot be pickled."""
     max_tool_calls: int = Field(4, ge=1)
     """Tool classes: most tool calls run per policy turn (more get an error result)."""

@@ -523,3 +523,44 @@ def test_a_tool_that_kills_its_process_errors_its_episode_only():
     assert env.step(ok, render_tool_call("add", {"a": 1, "b": 2}))[0]["content"] == "3"
     bad, good = env.score_episodes([st, ok])
     assert bad.error == "tool crash: its process ended" and good.error is None and good.value == 1.0
+
+
+class Stubborn(Walk):
+    """Gym style: a step that holds the GIL on some text, and rewards that overflow when summed."""
+
+    def step(self, action):
+        if "power" in action:
+            pow(3, 15_000_000)
+        return "go on", 1e308, False, {}
+
+
+def test_a_gym_step_holding_the_gil_is_stopped_and_its_episode_trains_as_wrong():
+    from rollwise.filter import scored_as_wrong
+
+    env = GymEnv(Data(), Stubborn, "Stubborn", step_timeout_s=0.5)
+    assert env.isolation == "process"
+    t0 = time.perf_counter()
+    ep, _ = _tool_episode_with(env, "power")
+    assert time.perf_counter() - t0 < 2.5
+    r = ep.to_rollout()
+    assert ep.score.error == "data.step raised TimeoutError: took longer than 0.5s (stopped)"
+    assert r.status == "errored" and r.finish_reason == "stop" and scored_as_wrong(r)
+
+
+def test_step_rewards_that_sum_to_inf_error_the_episode_not_its_group():
+    env = GymEnv(Data(), Stubborn, "Stubborn")
+    ep, _ = _tool_episode_with(env, "walk", turns=3)
+    assert ep.score.error == "Stubborn: the sum of the step rewards is inf" and ep.score.value == 0.0
+
+
+def _tool_episode_with(env, turn: str, turns: int = 2):
+    from rollwise.models.prompting import PromptFormat
+    from rollwise.models.tokenizer import build_char_tokenizer
+
+    tok = build_char_tokenizer(''.join(chr(c) for c in range(32, 127)) + "\n")
+    eng = TextEngine(tok, lambda conv, ids: tok.encode(turn, add_special_tokens=False))
+    encode = PromptFormat(chat_template=False).task_encoder(tok)
+    tasks = Data().load()
+    (ep,) = run_episodes(eng, tok, env, tasks, SamplingParams(n=1, max_tokens=200), turns, 2000,
+                         prompts=[encode(t) for t in tasks], encode=encode)
+    return ep, eng.prompts

@@ -47,7 +47,9 @@ abandoned, still running, and its instance leaves the pool).
 returns the first observation (or `(observation, info)`), appended to the last user turn; `step(action_text)` returns
 `(observation, reward, done, info)` or gymnasium's `(observation, reward, terminated, truncated, info)`.
 Each observation becomes the next user turn; `done` ends the episode. The episode's reward is the sum of the step
-rewards, or `env.reward` with `environments=` when one is configured.
+rewards (errored when it is not a finite number), or `env.reward` with `environments=` when one is configured. Like a
+tool class's, each episode's instance steps in a forked process of its own (`GymEnv.isolation`), stopped past
+`step_timeout_s` (the turn's time); a step that raises or is stopped ends the episode errored with the reason.
 
 rollwise's own protocol (`envs.base.MultiTurnEnvironment`: `reset(task)` / `step(state, text)`) is unchanged:
 environments named by `env.name` keep it.
@@ -59,6 +61,7 @@ Deliberately left out: tools as plain functions without a class (TRL's `tools=`;
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import json
 import math
@@ -588,6 +591,10 @@ class GymEnv:
     spec: str
     reward: EpisodeReward | None = None
     """A `rewards.user` scorer with `environments=`; None = the sum of the step rewards."""
+    step_timeout_s: float = 25.0
+    """The longest one `step` may run; past it the episode's process is killed and the episode errored."""
+    isolation: str = "process"
+    """Where `step` runs, as `ToolEnv.isolation`: each episode's instance in a forked process of its own, or here."""
 
     def __post_init__(self) -> None:
         try:
@@ -598,6 +605,18 @@ class GymEnv:
         if missing:
             raise EnvironmentClassError(f"{self.spec}: environment_api 'gym' needs reset() and step(action); it has "
                                         f"no {' or '.join(missing)}")
+        if self.isolation not in ("process", "thread"):
+            raise EnvironmentClassError(f"{self.spec}: isolation must be 'process' or 'thread', got {self.isolation!r}")
+        if self.isolation == "process":
+            why = None if can_fork() else "this platform has no fork"
+            try:
+                pickle.dumps(instance_state(probe))
+            except Exception as e:  # noqa: BLE001 - the user's class: say which and why
+                why = why or f"{self.spec} cannot be pickled ({describe(e)})"
+            if why:
+                warnings.warn(f"{self.spec}: step runs in this process, where a step past its time cannot be stopped: "
+                              f"{why}", RuntimeWarning, stacklevel=3)
+                self.isolation = "thread"
 
     @property
     def name(self) -> str:
@@ -620,6 +639,9 @@ class GymEnv:
                 state.data["opening"] = _result_text(obs)
         except Exception as e:  # noqa: BLE001
             state.data["step_error"] = f"(reset) {describe(e)}"
+            return state
+        if self.isolation == "process":
+            state.data["proc"] = ToolProcess(obj, functools.partial(_gym_outcome, self.spec))
         return state
 
     def opening(self, state: EpisodeState) -> str | None:
@@ -631,24 +653,71 @@ class GymEnv:
         obj = state.data.get("obj")
         if obj is None:
             return None
-        out = obj.step(completion)
-        if not isinstance(out, tuple) or len(out) not in (4, 5):
-            raise TypeError(f"{self.spec}.step returned {type(out).__name__}; expected (observation, reward, done, "
-                            "info) or (observation, reward, terminated, truncated, info)")
-        obs, reward, *flags, _info = out
-        state.data["return"] += float(reward or 0.0)
+        proc = state.data.get("proc")
+        if proc is None:
+            text, reward, done = _gym_outcome(self.spec, obj.step(completion))
+        else:
+            kind, out = proc.call("step", {}, self.step_timeout_s, (completion,))
+            if kind != "ok":  # the episode ends errored with the reason (envs.multiturn reads step_error)
+                state.data["step_error"] = (f"TimeoutError: took longer than {self.step_timeout_s:g}s (stopped)"
+                                            if kind == "timeout" else str(out).removeprefix("raised "))
+                state.done = True
+                return None
+            text, reward, done = out
+        state.data["return"] += reward
         state.data["steps"] += 1
-        if any(bool(f) for f in flags):
+        if done:
             state.done = True
             return None
-        text = _result_text(obs)
         state.transcript.append(("env", text))
         return text
 
+    def teardown(self, state: EpisodeState) -> None:
+        """The episode's process, if it is still there, ends (an episode that was never scored)."""
+        proc = state.data.pop("proc", None)
+        if proc is not None:
+            proc.kill()
+
     def score_episodes(self, states: Sequence[EpisodeState]) -> list[Score]:
-        if self.reward is not None:
-            return _score_with_reward(self.reward, states)
-        return [Score(float(s.data["return"]), parts={"return": float(s.data["return"])}) for s in states]
+        """`env.reward` with `environments=`, else the sum of the step rewards (errored when it is not a finite
+        number); each instance's attributes are brought back from its process first."""
+        out: list[Score | None] = [None] * len(states)
+        for i, s in enumerate(states):
+            proc = s.data.pop("proc", None)
+            if proc is None:
+                continue
+            _, attrs, why = proc.finish(False, self.step_timeout_s)
+            if attrs is None and self.reward is not None:
+                out[i] = Score(0.0, error=f"the state of {self.spec} could not come back from its process ({why}); "
+                                          "make its attributes picklable")
+            elif attrs is not None:
+                vars(s.data["obj"]).clear()
+                vars(s.data["obj"]).update(attrs)
+        if self.reward is None:
+            return [_finite_return(self.spec, s.data["return"]) for s in states]
+        todo = [i for i, sc in enumerate(out) if sc is None]
+        for i, sc in zip(todo, _score_with_reward(self.reward, [states[i] for i in todo]) if todo else []):
+            out[i] = sc
+        return [sc if sc is not None else Score(0.0, error="episode was not scored") for sc in out]
+
+
+def _gym_outcome(spec: str, out: Any) -> tuple[str, float, bool]:
+    """(observation text, reward, done) of what a gym `step` returned; raises on anything else (the step's failure).
+    Runs where the step ran (in the episode's process: a slow `str()` is stopped with it)."""
+    if not isinstance(out, tuple) or len(out) not in (4, 5):
+        raise TypeError(f"{spec}.step returned {type(out).__name__}; expected (observation, reward, done, info) or "
+                        "(observation, reward, terminated, truncated, info)")
+    obs, reward, *flags, _info = out
+    done = any(bool(f) for f in flags)
+    return ("" if done else _result_text(obs)), float(reward or 0.0), done
+
+
+def _finite_return(spec: str, total: float) -> Score:
+    """The sum of an episode's step rewards as its Score; errored when it is inf or NaN (a step reward of 1e308
+    twice), which would poison its group's advantages."""
+    if not math.isfinite(total):
+        return Score(0.0, error=f"{spec}: the sum of the step rewards is {total!r}")
+    return Score(float(total), parts={"return": float(total)})
 
 
 ENVIRONMENT_APIS: dict[str, type] = {"tools": ToolEnv, "gym": GymEnv}
@@ -687,7 +756,7 @@ def make_class_env(data: Environment, spec: str | Callable[..., Any] | Mapping[s
                        max_calls=max_calls, turn_budget_s=turn_budget_s, isolation=isolation)
     cls, label = _resolve_class(spec, "env.environment")
     if api == "gym":
-        return GymEnv(data, cls, label, reward)
+        return GymEnv(data, cls, label, reward, step_timeout_s=turn_budget_s, isolation=isolation)
     return ToolEnv(data, cls, label, reward, tool_timeout_s=tool_timeout_s, max_calls=max_calls,
                    turn_budget_s=turn_budget_s, isolation=isolation)
 

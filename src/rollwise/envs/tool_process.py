@@ -122,16 +122,16 @@ def instance_state(obj: Any) -> dict[str, Any]:
 
 
 def _serve(obj: Any, rfd: int, wfd: int, shown: Any) -> None:
-    """The child's loop: ("call", name, kwargs) -> ("ok", text) | ("failed", reason); ("finish", want_reward) ->
+    """The child's loop: ("call", name, args, kwargs) -> ("ok", shown(result)) | ("failed", reason); ("finish", want_reward) ->
     ("done", reward outcome, pickled instance or None, why not), then exit."""
     while True:
         msg = _read_message(rfd, None)
         if msg is None:
             return
         if msg[0] == "call":
-            _, name, kwargs = msg
+            _, name, args, kwargs = msg
             try:
-                reply: tuple[Any, ...] = ("ok", shown(_awaited(getattr(obj, name)(**kwargs))))
+                reply: tuple[Any, ...] = ("ok", shown(_awaited(getattr(obj, name)(*args, **kwargs))))
             except BaseException as e:  # noqa: BLE001 - the tool's failure, reported to the parent
                 reply = ("failed", e.args[0] if type(e).__name__ == "ToolFailed" else f"raised {_describe(e)}")
             _write_all(wfd, pickle.dumps(reply))
@@ -234,13 +234,13 @@ class ToolProcess:
                 self.alive, self.failed = False, f"its process could not start ({_describe(e)})"
         return self.failed
 
-    def call(self, name: str, kwargs: dict[str, Any], timeout_s: float) -> Outcome:
-        """One tool call, at most `timeout_s` (past it the child is killed)."""
+    def call(self, name: str, kwargs: dict[str, Any], timeout_s: float, args: tuple[Any, ...] = ()) -> Outcome:
+        """One call of the instance's method `name`, at most `timeout_s` (past it the child is killed)."""
         if self._ready() or not self.alive:
             return "failed", self.failed or "its process ended"
         deadline = time.monotonic() + max(timeout_s, 0.0)
         try:
-            _write_all(self._w, pickle.dumps(("call", name, kwargs)))
+            _write_all(self._w, pickle.dumps(("call", name, tuple(args), kwargs)))
         except OSError:
             self.kill()
             return "failed", "its process ended"
