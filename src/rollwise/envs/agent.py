@@ -417,7 +417,8 @@ class ToolEnv:
             state.data["step_error"] = f"(reset) {describe(e)}"
             return state
         if self.isolation == "process" and (self._schemas[name] or self._owns_reward[name]):
-            state.data["proc"] = ToolProcess(obj, self._shown_cut)  # forked now, in the background: ready by the first call
+            # forked now, in the background: ready by the first call
+            state.data["proc"] = ToolProcess(obj, self._shown_cut)
         return state
 
     def opening(self, state: EpisodeState) -> str | None:
@@ -474,7 +475,8 @@ class ToolEnv:
         if kind == "timeout":
             raise ToolFailed(f"tool {call.name} timed out after {budget:.3g}s")
         if kind == "failed":
-            raise ToolFailed(f"tool {call.name} {out}" if str(out).startswith("raised ") else f"tool {call.name}: {out}")
+            why = str(out)
+            raise ToolFailed(f"tool {call.name} {why}" if why.startswith("raised ") else f"tool {call.name}: {why}")
         text = str(out)
         if len(text) > self.max_result_chars:
             text = text[: self.max_result_chars] + f"... [cut at {self.max_result_chars} characters]"

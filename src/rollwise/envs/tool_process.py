@@ -1,4 +1,5 @@
-"""One episode's tool-class instance in a child process of its own, so that a tool call past its time can be killed.
+"""One episode's environment instance (a tool class's, a gym-style class's) in a child process of its own, so that
+a call past its time can be killed.
 
 A thread cannot be stopped, and a tool whose C call keeps the GIL (`pow(3, 15_000_000)`, a huge regex, a tight
 loop in an extension) holds every thread of the process until it returns, past any timeout a thread join sets.
@@ -9,14 +10,17 @@ over at once, whatever the tool was doing.
 
 The reward reads the instance (`environments=`, TRL's convention), so its state comes back: when the episode ends
 the child runs `get_reward()` (killable the same way) and sends the instance's attributes back pickled; the parent
-puts them on its own instance (the same object the episode started with, so `environments=` sees it). A killed child's state is lost, so a timed-out call ends its episode.
+puts them on its own instance (the same object the episode started with, so `environments=` sees it). A killed
+child's state is lost, so a timed-out call ends its episode.
 
 NOTE: the child is forked from a process that may run other threads (the engine, scorers); it only runs the
 user's tool code and `pickle`, exits with `os._exit` (no atexit handlers, no flushing of the parent's buffers), and
 dies with its parent (PR_SET_PDEATHSIG) even while a tool spins.
 
-Deliberately left out: platforms without `fork` (tools run in threads there: `ToolEnv.isolation`), and a warm
-pool of workers (a fork costs about a millisecond per episode, measured in docs/benchmarks.md).
+Deliberately left out: platforms without `fork` (tools run in threads there: `ToolEnv.isolation`), and forking from
+a small process of its own instead of the trainer (a fork of the trainer costs about 15 ms of CPU per episode, plus
+a copy of each page the trainer writes while episodes' processes live; docs/benchmarks.md), which would need the
+instance pickled on its way in too.
 """
 
 from __future__ import annotations
@@ -122,8 +126,8 @@ def instance_state(obj: Any) -> dict[str, Any]:
 
 
 def _serve(obj: Any, rfd: int, wfd: int, shown: Any) -> None:
-    """The child's loop: ("call", name, args, kwargs) -> ("ok", shown(result)) | ("failed", reason); ("finish", want_reward) ->
-    ("done", reward outcome, pickled instance or None, why not), then exit."""
+    """The child's loop: ("call", name, args, kwargs) -> ("ok", shown(result)) | ("failed", reason);
+    ("finish", want_reward) -> ("done", reward outcome, pickled attributes or None, why not), then exit."""
     while True:
         msg = _read_message(rfd, None)
         if msg is None:
