@@ -564,3 +564,21 @@ def _tool_episode_with(env, turn: str, turns: int = 2):
     (ep,) = run_episodes(eng, tok, env, tasks, SamplingParams(n=1, max_tokens=200), turns, 2000,
                          prompts=[encode(t) for t in tasks], encode=encode)
     return ep, eng.prompts
+
+
+def test_out_of_processes_an_episode_runs_its_tools_here_and_says_so(monkeypatch):
+    """Forks that fail (a small ulimit, a full process table) must not error every episode and stop the run: the
+    episode's calls run in threads instead, with one warning."""
+    import os
+
+    def no_fork():
+        raise OSError(24, "Too many open files")
+
+    env = ToolEnv(Data(), Heavy, "Heavy", load_reward(reward_fn), tool_timeout_s=2.0)
+    monkeypatch.setattr(os, "fork", no_fork)
+    with pytest.warns(RuntimeWarning, match="could not start .*Too many open files.*run in threads"):
+        st = env.reset(Data().load()[0])
+        assert env.step(st, render_tool_call("multiply", {"a": 6, "b": 7}))[0]["content"] == "42"
+    env.step(st, "6 * 7 = 42")
+    (sc,) = env.score_episodes([st])
+    assert sc.error is None and sc.parts == {"reward_fn": 1.0, "Heavy": 1.0}

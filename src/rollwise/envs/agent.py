@@ -305,6 +305,7 @@ class ToolEnv:
             self._schemas[name] = {s["function"]["name"]: s for s in schemas}
             self._owns_reward[name] = _own_reward(probe)
             self._pool[name] = [probe]  # NOTE: built once, reset for each episode (TRL's pool): the probe seeds it
+        self._said_no_process = False
         self._choose_isolation()
         unscored = [self._where(n) for n, own in self._owns_reward.items() if not own]
         if self.reward is None and unscored:
@@ -489,10 +490,8 @@ class ToolEnv:
 
     def _invoke(self, state: EpisodeState, obj: Any, name: str, args: dict[str, Any], budget: float) -> Outcome:
         """One tool call, bounded by `budget`: in the episode's tool process (killed past it), or in a thread."""
-        if self.isolation == "process":
-            proc = state.data.get("proc")
-            if proc is None:
-                proc = state.data["proc"] = ToolProcess(obj, self._shown_cut)
+        proc = self._process_for(state, obj)
+        if proc is not None:
             return proc.call(name, args, budget)
         fn = getattr(obj, name)
         finished, out = _with_timeout(lambda: _shown(_result_of(fn(**args))), budget)
@@ -505,17 +504,38 @@ class ToolEnv:
             return "failed", f"raised {_describe_any(out)}"
         return "ok", out
 
+    def _process_for(self, state: EpisodeState, obj: Any) -> ToolProcess | None:
+        """The episode's tool process, forked if need be; None when its calls run in threads here: thread isolation,
+        or a process that could not start (out of processes or descriptors: that episode runs in threads, and a
+        warning says so once)."""
+        if self.isolation != "process" or state.data.get("in_thread"):
+            return None
+        proc = state.data.get("proc")
+        if proc is None:
+            proc = state.data["proc"] = ToolProcess(obj, self._shown_cut)
+        why = proc.start_error()
+        if why is None:
+            return proc
+        state.data.pop("proc", None)
+        state.data["in_thread"] = True
+        if not self._said_no_process:
+            self._said_no_process = True
+            warnings.warn(f"{self.spec}: an episode's tool process could not start ({why}); its calls run in threads, "
+                          "where a call past tool_timeout_s cannot be stopped", RuntimeWarning, stacklevel=2)
+        return None
+
     def _bring_back(self, state: EpisodeState) -> None:
         """Process isolation: the episode's `get_reward()` runs in its tool process (killable), and the instance
         comes back from it into `state.data["obj"]` for the rewards to read. Nothing to do for threads."""
         if self.isolation != "process" or state.data.get("obj") is None:
             return
-        proc = state.data.pop("proc", None)
         own = bool(self._owns_reward.get(state.data.get("environment")))
-        if proc is None and not own:
+        if "proc" not in state.data and not own:
             return  # no call was made: the parent's instance is the episode's
+        proc = self._process_for(state, state.data["obj"])
         if proc is None:
-            proc = ToolProcess(state.data["obj"], self._shown_cut)
+            return  # its calls ran here: so does get_reward (`_own_score`)
+        state.data.pop("proc", None)
         reward, attrs, why = proc.finish(own and not state.data.get("tool_failure"), self.tool_timeout_s)
         state.data["own_reward"] = reward
         if attrs is not None:
@@ -656,6 +676,9 @@ class GymEnv:
         if obj is None:
             return None
         proc = state.data.get("proc")
+        if proc is not None and proc.start_error() is not None:  # out of processes: this episode steps here
+            state.data.pop("proc", None)
+            proc = None
         if proc is None:
             text, reward, done = _gym_outcome(self.spec, obj.step(completion))
         else:
@@ -686,7 +709,7 @@ class GymEnv:
         out: list[Score | None] = [None] * len(states)
         for i, s in enumerate(states):
             proc = s.data.pop("proc", None)
-            if proc is None:
+            if proc is None or proc.start_error() is not None:  # it stepped here: the instance is current
                 continue
             _, attrs, why = proc.finish(False, self.step_timeout_s)
             if attrs is None and self.reward is not None:

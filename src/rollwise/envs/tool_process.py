@@ -228,6 +228,10 @@ class ToolProcess:
         self.alive = True
         self.failed: str | None = None
 
+    def start_error(self) -> str | None:
+        """Why the child could not be forked (out of processes or descriptors), or None once it runs."""
+        return self._ready()
+
     def _ready(self) -> str | None:
         """Wait for the fork; why the child could not start (e.g. out of processes), or None."""
         if self._started is not None:
