@@ -279,7 +279,8 @@ class ToolEnv:
     """Where tool calls run: "process" (each episode's instance in a forked child, killed when a call runs past its
     time: `envs.tool_process`) or "thread" (a call past its time is abandoned, still running: a tool holding the GIL
     holds the whole process). "process" falls back to "thread", with a warning, where there is no fork or a class's
-    instances cannot be pickled (their state could not come back to the reward)."""
+    instances cannot be pickled (their state could not come back to the reward), and for an episode whose process
+    cannot be forked (out of processes or descriptors)."""
     opening_sep: ClassVar[str] = ""
     """NOTE: what `reset` returns is appended to the last user message as it is, as TRL does (envs.multiturn)."""
 
