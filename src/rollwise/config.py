@@ -312,7 +312,13 @@ class EnvConfig(_Section):
     """How `env.environment` is used: 'tools' (TRL's environment_factory shape: public methods are tools) or 'gym'
     (`reset()` / `step(action) -> (observation, reward, done, info)`)."""
     tool_timeout_s: float = Field(10.0, gt=0)
-    """Tool classes: the longest one tool call may run; past it the model gets a timeout error as the result."""
+    """Tool classes: the longest one tool call (or `get_reward`) may run; past it the call is stopped and the episode
+    is errored with the reason."""
+    tool_isolation: Literal["process", "thread"] = "process"
+    """Tool and gym-style classes: where calls run. 'process': each episode's instance in a forked process of its
+    own, killed at env.tool_timeout_s (a gym step: at the turn's time) even when a C call holds the GIL; its
+    attributes come back for the rewards (class attributes and globals a tool changes do not). 'thread': in this process, where a call past its time cannot be stopped.
+    'process' falls back to 'thread', with a warning, for a class whose instances' attributes cannot be pickled."""
     max_tool_calls: int = Field(4, ge=1)
     """Tool classes: most tool calls run per policy turn (more get an error result)."""
     agent: str | InMemory | None = None
@@ -1009,6 +1015,7 @@ _APPLIES_WHEN: list[tuple[str, Any, str]] = [
     ("env.environment_api", lambda c: c.env.environment is not None, "env.environment is set"),
     ("env.tool_timeout_s", lambda c: c.env.environment is not None, "env.environment is set"),
     ("env.max_tool_calls", lambda c: c.env.environment is not None, "env.environment is set"),
+    ("env.tool_isolation", lambda c: c.env.environment is not None, "env.environment is set"),
     ("sft", lambda c: c.sft.path is not None, "sft.path is set"),
     ("train.lora.r", lambda c: c.train.lora.enabled, "train.lora.enabled is true"),
     ("train.lora.alpha", lambda c: c.train.lora.enabled, "train.lora.enabled is true"),

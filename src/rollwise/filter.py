@@ -41,8 +41,9 @@ dynamic sampling dropped is exactly what rescue needs."""
 REPLAYED = "kept"
 """Status of a replayed copy (store/replay.py): it trains like a kept rollout of the step it joins."""
 FINISHED: tuple[str, ...] = ("stop", "length", "max_turns")
-"""Finish reasons of a completion generated in full: the only errored rollouts that may train (an episode whose
-environment step raised ends 'abort' and is left out, as is anything a generation failure may mark errored)."""
+"""Finish reasons of a completion generated in full: the only errored rollouts that may train. An episode whose
+environment or tool failed on the policy's turn ends 'stop' (that turn was whole), so it trains as a wrong answer;
+'abort' is left for the engine stopping a generation, which says nothing about the policy."""
 SHOWN: tuple[str, ...] = ("kept", "filtered", "errored")
 """Statuses every step line and the final summary line show, at 0 too (the others only when there are some)."""
 TOL = 1e-9

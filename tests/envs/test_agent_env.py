@@ -115,8 +115,6 @@ def test_reset_gets_the_row_nested_values_included_and_its_return_opens_the_epis
     ('<tool_call>{"name": "multiply", "arguments": {"a": "six", "b": 7}}</tool_call>', "'a' must be integer"),
     ('<tool_call>{"name": "multiply", "arguments": {"a": true, "b": 7}}</tool_call>', "'a' must be integer"),
     ('<tool_call>{"name": "multiply", "arguments": "{\\"a\\": 2, \\"b\\": 3}"}</tool_call>', "6"),
-    ('<tool_call>{"name": "explode", "arguments": {}}</tool_call>', "error: explode raised RuntimeError: kaboom"),
-    ('<tool_call>{"name": "sleep", "arguments": {"seconds": 5}}</tool_call>', "error: sleep: timed out"),
     ('<tool_call>{"name": "multiply", "arguments": {"a": 6, "b": 7}}', "42"),  # unclosed at the end of the turn
 ])
 def test_every_bad_call_is_an_observation_never_a_crash(text, expect):
@@ -128,6 +126,20 @@ def test_every_bad_call_is_an_observation_never_a_crash(text, expect):
     assert st.data["tool_calls"] == 1 and st.data["tool_errors"] == int(reply[0]["content"].startswith("error"))
 
 
+def test_a_call_nested_a_thousand_levels_deep_is_an_observation():
+    """The parser never raises, whatever the policy writes: JSON nested past the stack is a bad call like any other."""
+    deep = '{"name": "multiply", "arguments": {"a": ' + "[" * 1000 + "]" * 1000 + ', "b": 1}}'
+    as_string = json.dumps({"name": "multiply", "arguments": "[" * 999})  # arguments as a JSON string, nested
+    for text in ("<tool_call>" + deep + "</tool_call>", "<tool_call>" + "[" * 1500 + "</tool_call>",
+                 "<tool_call>" + as_string + "</tool_call>"):
+        (call,) = parse_tool_calls(text)
+        assert "nested more than 64 levels" in call.reason or "not valid JSON" in call.reason, call.reason
+        env = make_env()
+        st = env.reset(Data().load()[0])
+        reply = env.step(st, text)
+        assert reply[0]["content"].startswith("error: ") and st.data["tool_errors"] == 1
+
+
 def test_too_many_calls_and_long_results_and_turn_budget():
     env = make_env(max_calls=2, max_result_chars=5, turn_budget_s=0.35, tool_timeout_s=0.4)
     st = env.reset(Data().load()[0])
@@ -135,9 +147,11 @@ def test_too_many_calls_and_long_results_and_turn_budget():
     reply = env.step(st, call * 3)
     assert [r["content"] for r in reply[:2]] == ["12345... [cut at 5 characters]"] * 2
     assert "more than 2 tool calls" in reply[2]["content"]
-    reply = env.step(st, render_tool_call("sleep", {"seconds": 0.45}) + render_tool_call("multiply", {"a": 1, "b": 1}))
-    assert "timed out" in reply[0]["content"] and "tool time is used up" in reply[1]["content"]
     assert env.step(st, "The answer is 42.") is None  # no call: the episode is over
+    env = make_env(turn_budget_s=0.0)
+    st = env.reset(Data().load()[0])
+    reply = env.step(st, render_tool_call("multiply", {"a": 1, "b": 1}))
+    assert "tool time is used up" in reply[0]["content"]
 
 
 def test_parser_is_linear_on_hostile_text():
@@ -363,3 +377,208 @@ def test_a_user_reward_scores_a_registered_multi_turn_env_with_environments():
     tasks = env.load("train", n=2)
     eps = run_episodes(TextEngine(tok, script), tok, env, tasks, SamplingParams(n=1, max_tokens=40), 4, 800)
     assert [ep.score.value for ep in eps] == [1.0, 1.0] and all(ep.turns == 2 for ep in eps)
+
+
+class Tricky(Calc):
+    """Tools whose failures are the tool's, on what the policy asked: they end the episode errored."""
+
+    def power(self, a: int, b: int) -> int:
+        """Raise a to the power b.
+
+        Args:
+            a: The base.
+            b: The exponent.
+        """
+        return a ** b
+
+
+def _tool_episode(cls, turn: str, gym: bool = False):
+    """One episode of `cls` whose policy writes `turn`, then an answer; returns (episode, the engine's prompts)."""
+    from rollwise.control.episodes import chat_reply_formatter
+    from rollwise.models.prompting import PromptFormat
+    from rollwise.models.tokenizer import build_char_tokenizer
+
+    tok = build_char_tokenizer(''.join(chr(c) for c in range(32, 127)) + "\n")
+    env = GymEnv(Data(), cls, cls.__name__) if gym else ToolEnv(Data(), cls, cls.__name__, load_reward(reward_fn))
+    script = lambda conv, ids: tok.encode(turn if "42" not in conv else "42", add_special_tokens=False)  # noqa: E731
+    eng = TextEngine(tok, script)
+    encode = PromptFormat(chat_template=False).task_encoder(tok)
+    tasks = Data().load()
+    (ep,) = run_episodes(eng, tok, env, tasks, SamplingParams(n=1, max_tokens=200), 4, 2000,
+                         prompts=[encode(t) for t in tasks], encode=encode,
+                         format_reply=chat_reply_formatter(tok, False))
+    return ep, eng.prompts
+
+
+@pytest.mark.parametrize("turn, reason", [
+    (render_tool_call("power", {"a": 10, "b": 5000}), "tool power: its result (int) cannot become text: ValueError"),
+    (render_tool_call("explode", {}), "tool explode raised RuntimeError: kaboom"),
+])
+def test_a_tool_that_fails_on_the_policys_call_errors_the_episode_and_it_trains_as_wrong(turn, reason):
+    """A tool's failure is the episode's outcome: errored with the reason, finished (not aborted), so it counts as a
+    wrong answer in advantages and the loss; the model is not shown the exception and the episode ends there."""
+    from rollwise.filter import scored_as_wrong
+
+    ep, prompts = _tool_episode(Tricky, turn)
+    r = ep.to_rollout()
+    assert ep.score.error is not None and ep.score.error.startswith(reason), ep.score.error
+    assert r.status == "errored" and r.finish_reason == "stop" and scored_as_wrong(r)
+    assert len(prompts) == 1 and ep.state.data["tool_failure"] == ep.score.error
+    assert ep.score.info["tool_calls"] == 1 and ep.score.info["tool_errors"] == 1
+
+
+class Picky(Walk):
+    """Gym style, and its step raises on some of the policy's text."""
+
+    def step(self, action):
+        if "boom" in action:
+            raise ValueError("cannot parse " + action[:10])
+        return super().step(action)
+
+
+def test_a_gym_step_that_raises_on_the_policys_text_errors_the_episode_and_it_trains_as_wrong():
+    from rollwise.filter import scored_as_wrong
+
+    ep, _ = _tool_episode(Picky, "boom boom", gym=True)
+    r = ep.to_rollout()
+    assert ep.score.error == "data.step raised ValueError: cannot parse boom boom"
+    assert r.status == "errored" and r.finish_reason == "stop" and scored_as_wrong(r)
+
+
+class Heavy(Calc):
+    """Tools and a reward that keep the GIL in one C call (a thread join cannot stop them), and an async tool."""
+
+    def power(self, a: int, b: int) -> str:
+        """Raise a to the power b.
+
+        Args:
+            a: The base.
+            b: The exponent.
+        """
+        self.used.append("power")
+        return "big" if pow(a, b) else "zero"
+
+    async def add(self, a: int, b: int) -> int:
+        """Add two integers.
+
+        Args:
+            a: The first.
+            b: The second.
+        """
+        self.used.append("add")
+        return a + b
+
+    def crash(self) -> str:
+        """Ends its process on the spot, as a segfault in a C extension would."""
+        import os
+
+        os._exit(3)
+
+    def get_reward(self) -> float:
+        if "power" in self.used:
+            pow(3, 15_000_000)
+        return float(len(self.used))
+
+
+@pytest.mark.parametrize("timeout", [0.5])
+def test_a_tool_holding_the_gil_is_killed_at_its_timeout(timeout):
+    """`pow(3, 15_000_000)` holds the GIL for seconds: with the instance in its own process, the call ends at its
+    timeout (the process is killed), and the episode is errored with the reason, trained on as a wrong answer."""
+    env = ToolEnv(Data(), Heavy, "Heavy", None, tool_timeout_s=timeout)
+    assert env.isolation == "process"
+    st = env.reset(Data().load()[0])
+    t0 = time.perf_counter()
+    assert env.step(st, render_tool_call("power", {"a": 3, "b": 15_000_000})) is None
+    took = time.perf_counter() - t0
+    assert took < timeout + 0.4, took
+    (sc,) = env.score_episodes([st])
+    assert sc.error == f"tool power timed out after {timeout:.3g}s"
+    env.teardown(st)
+
+
+def test_state_comes_back_from_the_tool_process_and_a_slow_get_reward_is_killed():
+    """Calls run in the episode's process (async ones too); the reward reads their effects on the same instance the
+    episode started with, and a get_reward that holds the GIL is stopped at tool_timeout_s."""
+    env = ToolEnv(Data(), Heavy, "Heavy", load_reward(reward_fn), tool_timeout_s=0.5)
+    a, b = env.reset(Data().load()[0]), env.reset(Data().load()[0])
+    obj_a = a.data["obj"]
+    assert env.step(a, render_tool_call("add", {"a": 40, "b": 2}))[0]["content"] == "42"
+    assert env.step(a, render_tool_call("multiply", {"a": 6, "b": 7}))[0]["content"] == "42"
+    assert obj_a.used == []  # the calls ran in the episode's process, not here
+    env.step(a, "6 * 7 = 42")
+    env.step(b, render_tool_call("power", {"a": 2, "b": 3}))  # fast here; get_reward then spins past its time
+    env.step(b, "42")
+    t0 = time.perf_counter()
+    sa, sb = env.score_episodes([a, b])
+    assert time.perf_counter() - t0 < 2.0
+    assert a.data["obj"] is obj_a and obj_a.used == ["add", "multiply"]  # state back, on the same object
+    assert sa.error is None and sa.value == 1.0 + 2.0 and sa.parts == {"reward_fn": 1.0, "Heavy": 2.0}
+    assert sb.error == "Heavy.get_reward: timed out after 0.5s"
+
+
+def test_a_tool_that_kills_its_process_errors_its_episode_only():
+    env = ToolEnv(Data(), Heavy, "Heavy", None, tool_timeout_s=5.0)
+    st, ok = env.reset(Data().load()[0]), env.reset(Data().load()[0])
+    assert env.step(st, render_tool_call("crash", {})) is None
+    assert env.step(ok, render_tool_call("add", {"a": 1, "b": 2}))[0]["content"] == "3"
+    bad, good = env.score_episodes([st, ok])
+    assert bad.error == "tool crash: its process ended" and good.error is None and good.value == 1.0
+
+
+class Stubborn(Walk):
+    """Gym style: a step that holds the GIL on some text, and rewards that overflow when summed."""
+
+    def step(self, action):
+        if "power" in action:
+            pow(3, 15_000_000)
+        return "go on", 1e308, False, {}
+
+
+def test_a_gym_step_holding_the_gil_is_stopped_and_its_episode_trains_as_wrong():
+    from rollwise.filter import scored_as_wrong
+
+    env = GymEnv(Data(), Stubborn, "Stubborn", step_timeout_s=0.5)
+    assert env.isolation == "process"
+    t0 = time.perf_counter()
+    ep, _ = _tool_episode_with(env, "power")
+    assert time.perf_counter() - t0 < 2.5
+    r = ep.to_rollout()
+    assert ep.score.error == "data.step raised TimeoutError: took longer than 0.5s (stopped)"
+    assert r.status == "errored" and r.finish_reason == "stop" and scored_as_wrong(r)
+
+
+def test_step_rewards_that_sum_to_inf_error_the_episode_not_its_group():
+    env = GymEnv(Data(), Stubborn, "Stubborn")
+    ep, _ = _tool_episode_with(env, "walk", turns=3)
+    assert ep.score.error == "Stubborn: the sum of the step rewards is inf" and ep.score.value == 0.0
+
+
+def _tool_episode_with(env, turn: str, turns: int = 2):
+    from rollwise.models.prompting import PromptFormat
+    from rollwise.models.tokenizer import build_char_tokenizer
+
+    tok = build_char_tokenizer(''.join(chr(c) for c in range(32, 127)) + "\n")
+    eng = TextEngine(tok, lambda conv, ids: tok.encode(turn, add_special_tokens=False))
+    encode = PromptFormat(chat_template=False).task_encoder(tok)
+    tasks = Data().load()
+    (ep,) = run_episodes(eng, tok, env, tasks, SamplingParams(n=1, max_tokens=200), turns, 2000,
+                         prompts=[encode(t) for t in tasks], encode=encode)
+    return ep, eng.prompts
+
+
+def test_out_of_processes_an_episode_runs_its_tools_here_and_says_so(monkeypatch):
+    """Forks that fail (a small ulimit, a full process table) must not error every episode and stop the run: the
+    episode's calls run in threads instead, with one warning."""
+    import os
+
+    def no_fork():
+        raise OSError(24, "Too many open files")
+
+    env = ToolEnv(Data(), Heavy, "Heavy", load_reward(reward_fn), tool_timeout_s=2.0)
+    monkeypatch.setattr(os, "fork", no_fork)
+    with pytest.warns(RuntimeWarning, match="could not start .*Too many open files.*run in threads"):
+        st = env.reset(Data().load()[0])
+        assert env.step(st, render_tool_call("multiply", {"a": 6, "b": 7}))[0]["content"] == "42"
+    env.step(st, "6 * 7 = 42")
+    (sc,) = env.score_episodes([st])
+    assert sc.error is None and sc.parts == {"reward_fn": 1.0, "Heavy": 1.0}

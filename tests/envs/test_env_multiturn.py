@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from rollwise.filter import scored_as_wrong
 from rollwise.envs.base import EpisodeState, Task
 from rollwise.envs.multiturn import ENV_WEIGHT_VERSION, encode_reply, run_episodes
 from rollwise.envs.tool_calc import ToolCalcEnv
@@ -151,8 +152,9 @@ class BadScoreEnv(ToolCalcEnv):
 def test_environment_failures_are_errored_scores():
     tok = MergingTokenizer()
     (ep,) = run_episodes(ScriptedEngine(tok, calc_then_answer), tok, ExplodingEnv(), [TASK], SP, 4, 512)
-    assert ep.finish_reason == "abort" and ep.score.error == "tool_calc.step raised RuntimeError: tool crashed"
-    assert ep.to_rollout().status == "errored"
+    # the policy's turn was whole and the environment failed on it: errored, and trained on as a wrong answer
+    assert ep.finish_reason == "stop" and ep.score.error == "tool_calc.step raised RuntimeError: tool crashed"
+    assert ep.to_rollout().status == "errored" and scored_as_wrong(ep.to_rollout())
     (ep,) = run_episodes(ScriptedEngine(tok, calc_then_answer), tok, BadScoreEnv(), [TASK], SP, 4, 512)
     assert ep.score.error == "KeyError: 'score'" and ep.score.value == 0.0
 

@@ -256,3 +256,84 @@ def test_with_reward_accepts_a_trl_function(rfile):
     env = with_reward(get_env("arithmetic", digits=1), f"{rfile}:trl_accuracy")
     t = env.load("test", n=1)[0]
     assert env.score(t, str(t.answer)).value == 1.0 and env.score(t, "x").value == 0.0
+
+
+class _Hostile:
+    """A value whose every conversion raises: float(), repr() and str() alike."""
+
+    def __float__(self):
+        raise RuntimeError("no float")
+
+    def __repr__(self):
+        raise RuntimeError("no repr")
+
+
+@pytest.mark.parametrize("bad, reason", [
+    (10 ** 400, "int that is not one finite number (OverflowError"),  # int() of a policy's 400-digit answer
+    (10 ** 5000, "int that is not one finite number (OverflowError"),  # past Python's int-to-text limit too
+    ("np2", "ndarray that is not one finite number (ValueError"),  # a 2-element array for one sample
+    (float("inf"), "inf"),
+    (_Hostile(), "returned _Hostile"),
+    (Score(10 ** 400), "a Score with value int that is not one finite number"),
+], ids=["int400", "int5000", "array2", "inf", "hostile", "score400"])
+@pytest.mark.parametrize("kind", ["batch", "sample"])
+def test_one_bad_reward_value_errors_its_own_sample_only(bad, reason, kind):
+    """A reward value that cannot be a finite float errors that sample, with its reason; the batch's other samples
+    keep their scores (it used to raise out of score_batch, and every sample of the batch was errored)."""
+    import numpy as np
+
+    value = np.array([1.0, 2.0]) if isinstance(bad, str) else bad
+
+    def trl_reward(completions, **kw):
+        return [value if c == "bad" else 1.0 for c in completions]
+
+    def per_sample(task, completion):
+        return value if completion == "bad" else 1.0
+
+    r = load_reward(trl_reward if kind == "batch" else per_sample)
+    tasks = [Task(str(i), "q", None) for i in range(3)]
+    scores = r.score_batch(tasks, ["ok", "bad", "ok"])
+    assert [s.value for s in scores] == [1.0, 0.0, 1.0] and scores[0].error is None and scores[2].error is None
+    assert scores[1].error is not None and reason in scores[1].error, scores[1].error
+
+
+def test_a_weighted_sum_that_overflows_is_errored_not_inf():
+    big = make_reward(rewards=[{"fn": lambda task, completion: 1e308, "weight": 10.0, "name": "a"}])
+    (s,) = big.score_batch([Task("0", "q", None)], ["x"])
+    assert s.error == "the weighted sum of the parts is inf"
+
+
+def test_a_weighted_composite_that_overflows_is_errored_not_inf():
+    from rollwise.rewards.compose import Weighted
+
+    s = Weighted([("a", lambda task, completion: 1e308, 10.0)])(Task("0", "q", None), "x")
+    assert s.error == "the weighted sum of the parts is inf" and s.value == 0.0
+
+
+def test_a_score_part_that_is_not_a_number_errors_that_sample():
+    """Parts reach metrics.jsonl and the rollout store: a part of 10**5000 (past Python's int-to-text limit) raised
+    there, outside the episode; now it errors its own sample."""
+    from rollwise.rewards.base import as_score
+
+    bad = as_score(Score(1.0, parts={"len": 10 ** 5000}), where="fn")
+    assert bad.error == "fn returned a Score whose part 'len' is int that is not one finite number (OverflowError: int " \
+                        "too large to convert to float)"
+    ok = as_score(Score(1.0, parts={"len": 3}), where="fn")
+    assert ok.error is None and ok.parts == {"len": 3.0}
+
+
+def test_a_reward_raising_an_exception_whose_message_cannot_be_made_errors_that_sample_only():
+    def trl_reward(completions, **kw):
+        if "bad" in completions:
+            raise ValueError(10 ** 5000)  # str() of this exception raises in turn
+        return [1.0] * len(completions)
+
+    def per_sample(task, completion):
+        if completion == "bad":
+            raise ValueError(10 ** 5000)
+        return 1.0
+
+    (s,) = load_reward(trl_reward).score_batch([Task("0", "q", None)], ["bad"])
+    assert s.error is not None and s.error.startswith("trl_reward: ValueError")
+    scores = load_reward(per_sample).score_batch([Task(str(i), "q", None) for i in range(2)], ["ok", "bad"])
+    assert scores[0].error is None and scores[1].error.startswith("per_sample: ValueError")

@@ -459,3 +459,18 @@ def test_real_jail_failures_come_out_of_band(sandbox, monkeypatch):
     broken.python = "/nonexistent/python3"  # execve fails after the jail is built
     with pytest.raises(SandboxUnavailable, match="cannot start the program"):
         broken.run_python("pass", limits=FAST)
+
+
+@pytest.mark.parametrize("body, reason", [
+    ("def wrap(x):\n    y = x\n    for _ in range(100): y = [y]\n    return y\n", "deeper than 100"),
+    ("def wrap(x):\n    return x if x else 'a' * (9 << 20)\n", "over 16777216 bytes"),
+])
+def test_a_round_trip_past_the_wire_limits_fails_the_candidate(sandbox, body, reason):
+    """A test that feeds the candidate its own answers (`wrap([wrap(x), ...])`) gets data at the wire's edge back:
+    passing it on breaks the wire's bounds on the trusted side. That is the candidate's doing, so the sample fails; it is
+    never a harness error (an errored sample)."""
+    test = "def check(candidate):\n    assert candidate([candidate(''), candidate('')]) is not None\n"
+    spec = humaneval_test("def wrap(x):\n    pass\n", test, "wrap")
+    limits = dataclasses.replace(HACK_LIMITS, wall_s=20.0, cpu_s=20, memory_mb=1024)
+    result = run_tests(body, spec, limits=limits)
+    assert result.startswith("failed: the arguments to wrap are past the wire's limits") and reason in result, result

@@ -25,37 +25,56 @@ not passed to `reset`. The model calls tools in the format of `models.tool_calls
 renders tools); each result comes back as a `tool` turn. A turn without a call ends the episode. Rewards get
 `environments=` (the episode objects, in the same order as `completions`), as TRL passes them.
 
-Every bad call is an observation for the model, never a crashed run: malformed JSON, an unknown tool, missing,
-unknown or wrongly typed arguments, a tool that raises (its exception's type and message), one that runs past
-`tool_timeout_s` (abandoned in its thread: it cannot be killed), more than `max_calls` calls in a turn, a result
-longer than `max_result_chars` (cut). Each episode's `tool_calls`, `tool_errors`, the first failed call (`tool_error`)
-and `turns` land in its rollout's `env_info`; the step's means in metrics.jsonl. A `get_reward` that raises, runs past
-`tool_timeout_s` or returns None errors that episode's score (`algo.errored_reward` then decides what it counts as).
+Every bad call is an observation for the model, never a crashed run: malformed JSON (nested past
+`models.tool_calls.MAX_CALL_DEPTH` included), an unknown tool, missing, unknown or wrongly typed arguments, more than
+`max_calls` calls in a turn, calls past the turn's time (`turn_budget_s`), a result longer than `max_result_chars`
+(cut). A tool that raises, runs past `tool_timeout_s`, or returns what cannot become text (an int past Python's
+digit limit, an object whose `str()` raises) ends its episode errored with that reason: the sample is scored with
+`algo.errored_reward` and trained on like a wrong answer (TRL instead shows the exception to the model and goes on).
+Each episode's `tool_calls`, `tool_errors`, the first failed call (`tool_error`) and `turns` land in its rollout's
+`env_info`; the step's means in metrics.jsonl. A `get_reward` that raises, runs past `tool_timeout_s` or returns None
+errors that episode's score (`algo.errored_reward` then decides what it counts as).
+
+Tools run where they can be stopped (`ToolEnv.isolation`, "process" by default): each episode's instance is reset
+here, then forked into a child process of its own (`envs.tool_process`) where its calls and its `get_reward` run; a
+call past its time kills the child at once, even one whose C call holds the GIL. When the episode ends, the
+instance's attributes come back onto the same object, for `environments=`. So class attributes and module globals a
+tool changes stay in the episode's process, as they would on another machine. A class whose instances' attributes
+cannot be pickled runs its tools in threads instead (a warning at start says so; a call past its time is then
+abandoned, still running, and its instance leaves the pool).
 
 `environment_api: gym` (`GymEnv`): `reset()` (or `reset(**row)` when it takes the row's names or `**kwargs`)
 returns the first observation (or `(observation, info)`), appended to the last user turn; `step(action_text)` returns
 `(observation, reward, done, info)` or gymnasium's `(observation, reward, terminated, truncated, info)`.
 Each observation becomes the next user turn; `done` ends the episode. The episode's reward is the sum of the step
-rewards, or `env.reward` with `environments=` when one is configured.
+rewards (errored when it is not a finite number), or `env.reward` with `environments=` when one is configured. Like a
+tool class's, each episode's instance steps in a forked process of its own (`GymEnv.isolation`), stopped past
+`step_timeout_s` (the turn's time); a step that raises or is stopped ends the episode errored with the reason.
 
 rollwise's own protocol (`envs.base.MultiTurnEnvironment`: `reset(task)` / `step(state, text)`) is unchanged:
 environments named by `env.name` keep it.
 
 Deliberately left out: tools as plain functions without a class (TRL's `tools=`; wrap them in a class), an async
-`reset`, and killing a hung tool (its thread is abandoned; the episode's instance leaves the pool).
+`reset`, and a bound on `reset` itself (it runs here, before the policy has written anything).
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import json
+import math
+import pickle
 import threading
 import time
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Mapping, Sequence
 
 from rollwise.envs.base import Environment, EpisodeState, Task
+from rollwise.envs.tool_process import Outcome, ToolProcess, can_fork, instance_state
+from rollwise.models.plain_text import valid_text
 from rollwise.models.tool_calls import CallError, ToolCall, parse_tool_calls
 from rollwise.rewards.base import as_score, describe
 from rollwise.rewards.user import RewardSum, UserReward
@@ -148,12 +167,35 @@ def _with_timeout(fn: Callable[[], Any], timeout_s: float) -> tuple[bool, Any]:
 
 
 def _result_text(value: Any) -> str:
+    """A tool result or observation as text: a string as it is, else its JSON, else `str()`. May raise (a value whose
+    `str()` raises, an int past Python's digit limit): callers treat that as the value's producer failing."""
     if isinstance(value, str):
-        return value
+        return valid_text(value)
     try:
-        return json.dumps(value, ensure_ascii=False)
-    except (TypeError, ValueError):
-        return str(value)
+        return valid_text(json.dumps(value, ensure_ascii=False))
+    except (TypeError, ValueError, RecursionError):
+        return valid_text(str(value))
+
+
+class ToolFailed(Exception):
+    """A tool that raised, or whose result cannot become text: the episode ends errored with this reason."""
+
+
+def _shown(value: Any) -> str:
+    """`_result_text(value)`, with its failure named as the result's (run inside the tool's call, so a slow `str()`
+    is bounded by the tool's timeout too)."""
+    try:
+        return _result_text(value)
+    except BaseException as e:  # noqa: BLE001 - the tool's result, the tool's failure
+        raise ToolFailed(f"its result ({type(value).__name__}) cannot become text: {_describe_any(e)}") from None
+
+
+def _describe_any(e: BaseException) -> str:
+    """`Type: message` of any exception, even one whose own `str()` raises."""
+    try:
+        return describe(e)[:300]
+    except BaseException:  # noqa: BLE001 - an exception whose message cannot be made
+        return type(e).__name__
 
 
 def _call_kwargs(fn: Callable[..., Any], row: dict[str, Any]) -> dict[str, Any]:
@@ -204,8 +246,10 @@ def _sum_scores(user: Score | None, own: Score | None) -> Score:
         assert got is not None  # NOTE: set-up refuses a class with neither (ToolEnv.__post_init__)
         return got
     errors = [e for e in (user.error, own.error) if e]
-    return Score(user.value + own.value, parts={**user.parts, **own.parts}, error="; ".join(errors) or None,
-                 info=dict(user.info))
+    total = user.value + own.value
+    if not errors and not math.isfinite(total):  # two finite rewards whose sum overflows
+        errors, total = [f"env.reward + get_reward is {total!r}"], 0.0
+    return Score(total, parts={**user.parts, **own.parts}, error="; ".join(errors) or None, info=dict(user.info))
 
 
 @dataclass
@@ -231,6 +275,12 @@ class ToolEnv:
     tools: list[dict[str, Any]] = field(default_factory=list)
     """Every class's tool schemas (one list for one class); a task's own are `tool_sets[environment_of(task)]`."""
     methods: list[str] = field(default_factory=list)
+    isolation: str = "process"
+    """Where tool calls run: "process" (each episode's instance in a forked child, killed when a call runs past its
+    time: `envs.tool_process`) or "thread" (a call past its time is abandoned, still running: a tool holding the GIL
+    holds the whole process). "process" falls back to "thread", with a warning, where there is no fork or a class's
+    instances cannot be pickled (their state could not come back to the reward), and for an episode whose process
+    cannot be forked (out of processes or descriptors)."""
     opening_sep: ClassVar[str] = ""
     """NOTE: what `reset` returns is appended to the last user message as it is, as TRL does (envs.multiturn)."""
 
@@ -256,6 +306,8 @@ class ToolEnv:
             self._schemas[name] = {s["function"]["name"]: s for s in schemas}
             self._owns_reward[name] = _own_reward(probe)
             self._pool[name] = [probe]  # NOTE: built once, reset for each episode (TRL's pool): the probe seeds it
+        self._said_no_process = False
+        self._choose_isolation()
         unscored = [self._where(n) for n, own in self._owns_reward.items() if not own]
         if self.reward is None and unscored:
             raise EnvironmentClassError(f"env.environment {unscored[0]!r} needs env.reward or env.rewards, or a "
@@ -266,6 +318,23 @@ class ToolEnv:
             for tool, schema in by_name.items():
                 seen.setdefault(tool, schema)
         self.tools, self.methods = list(seen.values()), list(seen)
+
+    def _choose_isolation(self) -> None:
+        """Process isolation where it can work (see `isolation`), decided once at set-up."""
+        if self.isolation not in ("process", "thread"):
+            raise EnvironmentClassError(f"{self.spec}: isolation must be 'process' or 'thread', got {self.isolation!r}")
+        if self.isolation == "thread":
+            return
+        why = None if can_fork() else "this platform has no fork"
+        for name, pool in self._pool.items():
+            try:
+                pickle.dumps(instance_state(pool[0]))
+            except Exception as e:  # noqa: BLE001 - the user's class: say which and why
+                why = why or f"{self._where(name)} cannot be pickled ({describe(e)})"
+        if why:
+            warnings.warn(f"{self.spec}: tools run in threads, where a call past tool_timeout_s cannot be stopped: "
+                          f"{why}", RuntimeWarning, stacklevel=3)
+            self.isolation = "thread"
 
     def __getstate__(self) -> dict[str, Any]:
         """Picklable (Ray ships environments to its actors): without the lock and the pooled instances."""
@@ -324,6 +393,9 @@ class ToolEnv:
 
     def teardown(self, state: EpisodeState) -> None:
         """The episode's instance goes back to its pool, unless a tool call of it was abandoned (still running)."""
+        proc = state.data.pop("proc", None)
+        if proc is not None:  # an episode that was never scored; its process had a copy, this one is untouched
+            proc.kill()
         obj = state.data.get("obj")
         if obj is None or state.data.get("abandoned"):
             return
@@ -341,18 +413,23 @@ class ToolEnv:
             obj = self._take(name)
             state.data["obj"] = obj
             ret = obj.reset(**_call_kwargs(obj.reset, row))
+            if ret is not None:
+                state.data["opening"] = _result_text(ret)
         except Exception as e:  # noqa: BLE001 - the episode is errored with the reason
             state.data["step_error"] = f"(reset) {describe(e)}"
             return state
-        if ret is not None:
-            state.data["opening"] = _result_text(ret)
+        if self.isolation == "process" and (self._schemas[name] or self._owns_reward[name]):
+            # forked now, in the background: ready by the first call
+            state.data["proc"] = ToolProcess(obj, self._shown_cut)
         return state
 
     def opening(self, state: EpisodeState) -> str | None:
         return state.data.get("opening")
 
     def step(self, state: EpisodeState, completion: str) -> list[dict[str, Any]] | None:
-        """The tool turns for the policy's calls; None (the episode ends) when the turn made none."""
+        """The tool turns for the policy's calls; None (the episode ends) when the turn made none, or when a tool
+        failed (raised, or returned what cannot become text): then the episode is errored with that reason
+        (`score_episodes`)."""
         state.turn += 1
         state.transcript.append(("policy", completion))
         obj = state.data.get("obj")
@@ -364,7 +441,15 @@ class ToolEnv:
         deadline = time.monotonic() + self.turn_budget_s
         replies = []
         for call in calls:
-            ok, text = self._run(obj, schemas, call, deadline, state)
+            try:
+                ok, text = self._run(obj, schemas, call, deadline, state)
+            except ToolFailed as e:
+                state.data["tool_calls"] += 1
+                state.data["tool_errors"] += 1
+                state.data["tool_failure"] = str(e)
+                state.data["calls"].append({"tool": getattr(call, "name", None), "ok": False, "result": str(e)[:200]})
+                state.done = True
+                return None
             state.data["tool_calls"] += 1
             state.data["tool_errors"] += 0 if ok else 1
             if not ok:
@@ -377,7 +462,7 @@ class ToolEnv:
 
     def _run(self, obj: Any, schemas: dict[str, dict[str, Any]], call: ToolCall | CallError, deadline: float,
              state: EpisodeState) -> tuple[bool, str]:
-        """(ok, the observation) of one call."""
+        """(ok, the observation) of one call; `ToolFailed` when the tool itself failed (the episode's outcome)."""
         if isinstance(call, CallError):
             return False, f"error: {call.reason}"
         if call.name not in schemas:
@@ -388,18 +473,79 @@ class ToolEnv:
         budget = min(self.tool_timeout_s, deadline - time.monotonic())
         if budget <= 0:
             return False, f"error: {call.name}: not run, this turn's tool time is used up"
-        fn = getattr(obj, call.name)
-        args = call.arguments
-        finished, out = _with_timeout(lambda: _result_of(fn(**args)), budget)
-        if not finished:  # NOTE: the call's thread is abandoned (it cannot be killed) and may still touch `obj`
-            state.data["abandoned"] = True
-            return False, f"error: {call.name}: timed out after {budget:.3g}s"
-        if isinstance(out, BaseException):
-            return False, f"error: {call.name} raised {type(out).__name__}: {str(out)[:300]}"
-        text = _result_text(out)
+        kind, out = self._invoke(state, obj, call.name, call.arguments, budget)
+        if kind == "timeout":
+            raise ToolFailed(f"tool {call.name} timed out after {budget:.3g}s")
+        if kind == "failed":
+            why = str(out)
+            raise ToolFailed(f"tool {call.name} {why}" if why.startswith("raised ") else f"tool {call.name}: {why}")
+        text = str(out)
         if len(text) > self.max_result_chars:
             text = text[: self.max_result_chars] + f"... [cut at {self.max_result_chars} characters]"
         return True, text
+
+    def _shown_cut(self, value: Any) -> str:
+        """`_shown(value)` cut just past `max_result_chars` (run in the tool process: a result of a gigabyte is cut
+        there, not sent through the pipe)."""
+        return _shown(value)[: self.max_result_chars + 1]
+
+    def _invoke(self, state: EpisodeState, obj: Any, name: str, args: dict[str, Any], budget: float) -> Outcome:
+        """One tool call, bounded by `budget`: in the episode's tool process (killed past it), or in a thread."""
+        proc = self._process_for(state, obj)
+        if proc is not None:
+            return proc.call(name, args, budget)
+        fn = getattr(obj, name)
+        finished, out = _with_timeout(lambda: _shown(_result_of(fn(**args))), budget)
+        if not finished:  # NOTE: the call's thread is abandoned (it cannot be killed) and may still touch `obj`
+            state.data["abandoned"] = True
+            return "timeout", None
+        if isinstance(out, ToolFailed):
+            return "failed", str(out)
+        if isinstance(out, BaseException):
+            return "failed", f"raised {_describe_any(out)}"
+        return "ok", out
+
+    def _process_for(self, state: EpisodeState, obj: Any) -> ToolProcess | None:
+        """The episode's tool process, forked if need be; None when its calls run in threads here: thread isolation,
+        or a process that could not start (out of processes or descriptors: that episode runs in threads, and a
+        warning says so once)."""
+        if self.isolation != "process" or state.data.get("in_thread"):
+            return None
+        proc = state.data.get("proc")
+        if proc is None:
+            proc = state.data["proc"] = ToolProcess(obj, self._shown_cut)
+        why = proc.start_error()
+        if why is None:
+            return proc
+        state.data.pop("proc", None)
+        state.data["in_thread"] = True
+        if not self._said_no_process:
+            self._said_no_process = True
+            warnings.warn(f"{self.spec}: an episode's tool process could not start ({why}); its calls run in threads, "
+                          "where a call past tool_timeout_s cannot be stopped", RuntimeWarning, stacklevel=2)
+        return None
+
+    def _bring_back(self, state: EpisodeState) -> None:
+        """Process isolation: the episode's `get_reward()` runs in its tool process (killable), and the instance
+        comes back from it into `state.data["obj"]` for the rewards to read. Nothing to do for threads."""
+        if self.isolation != "process" or state.data.get("obj") is None:
+            return
+        own = bool(self._owns_reward.get(state.data.get("environment")))
+        if "proc" not in state.data and not own:
+            return  # no call was made: the parent's instance is the episode's
+        proc = self._process_for(state, state.data["obj"])
+        if proc is None:
+            return  # its calls ran here: so does get_reward (`_own_score`)
+        state.data.pop("proc", None)
+        reward, attrs, why = proc.finish(own and not state.data.get("tool_failure"), self.tool_timeout_s)
+        state.data["own_reward"] = reward
+        if attrs is not None:
+            vars(state.data["obj"]).clear()
+            vars(state.data["obj"]).update(attrs)
+        elif reward[0] == "ok" and not state.data.get("tool_failure"):  # (a failed get_reward errors it already)
+            label = type(state.data["obj"]).__name__
+            state.data["tool_failure"] = (f"the state of {label} could not come back from its tool process ({why}); "
+                                          "make its attributes picklable")
 
     def _own_score(self, state: EpisodeState) -> Score | None:
         """The episode's `get_reward()` (sync or async) as a Score named after its class; None without one."""
@@ -408,23 +554,41 @@ class ToolEnv:
         if not self._owns_reward.get(name) or obj is None:
             return None
         label = type(obj).__name__
-        finished, out = _with_timeout(lambda: _result_of(obj.get_reward()), self.tool_timeout_s)
-        if not finished:
-            state.data["abandoned"] = True
+        kind: str
+        if "own_reward" in state.data:  # run in the tool process already (`_bring_back`)
+            kind, out = state.data["own_reward"]
+        else:
+            finished, out = _with_timeout(lambda: _result_of(obj.get_reward()), self.tool_timeout_s)
+            kind = "ok" if finished and not isinstance(out, BaseException) else "failed" if finished else "timeout"
+            if kind == "timeout":
+                state.data["abandoned"] = True
+            elif kind == "failed":
+                out = f"raised {describe(out)}"
+        if kind == "timeout":
             return Score(0.0, error=f"{label}.get_reward: timed out after {self.tool_timeout_s:g}s")
-        if isinstance(out, BaseException):
-            return Score(0.0, error=f"{label}.get_reward raised {describe(out)}")
+        if kind == "failed":
+            return Score(0.0, error=f"{label}.get_reward {out}" if str(out).startswith("raised ")
+                         else f"{label}.get_reward: {out}")
         if out is None:
             return Score(0.0, error=f"{label}.get_reward returned None (no reward)")
         sc = as_score(out, where=f"{label}.get_reward")
         return sc if sc.error else Score(sc.value, parts={label: sc.value})
 
     def score_episodes(self, states: Sequence[EpisodeState]) -> list[Score]:
-        user: list[Score | None] = ([None] * len(states) if self.reward is None
-                                    else list(_score_with_reward(self.reward, states)))
+        """Every episode's score: the configured reward plus `get_reward`. An episode whose tool failed is errored
+        with that reason, whatever the rewards would say (see the module docstring), and is not shown to them."""
+        for st in states:
+            self._bring_back(st)
+        failed = [s for s in states if s.data.get("tool_failure")]
+        rest = [s for s in states if not s.data.get("tool_failure")]
+        user: list[Score | None] = ([None] * len(rest) if self.reward is None or not rest
+                                    else list(_score_with_reward(self.reward, rest)))
+        by_state = {id(s): _sum_scores(u, self._own_score(s)) for s, u in zip(rest, user)}
+        for s in failed:
+            by_state[id(s)] = Score(0.0, error=str(s.data["tool_failure"]))
         out = []
-        for s, u in zip(states, user):
-            sc = _sum_scores(u, self._own_score(s))
+        for s in states:
+            sc = by_state[id(s)]
             sc.info.update(tool_calls=s.data["tool_calls"], tool_errors=s.data["tool_errors"])
             if "tool_error" in s.data:
                 sc.info["tool_error"] = s.data["tool_error"]  # the first failed call's observation, for audit
@@ -450,6 +614,10 @@ class GymEnv:
     spec: str
     reward: EpisodeReward | None = None
     """A `rewards.user` scorer with `environments=`; None = the sum of the step rewards."""
+    step_timeout_s: float = 25.0
+    """The longest one `step` may run; past it the episode's process is killed and the episode errored."""
+    isolation: str = "process"
+    """Where `step` runs, as `ToolEnv.isolation`: each episode's instance in a forked process of its own, or here."""
 
     def __post_init__(self) -> None:
         try:
@@ -460,6 +628,18 @@ class GymEnv:
         if missing:
             raise EnvironmentClassError(f"{self.spec}: environment_api 'gym' needs reset() and step(action); it has "
                                         f"no {' or '.join(missing)}")
+        if self.isolation not in ("process", "thread"):
+            raise EnvironmentClassError(f"{self.spec}: isolation must be 'process' or 'thread', got {self.isolation!r}")
+        if self.isolation == "process":
+            why = None if can_fork() else "this platform has no fork"
+            try:
+                pickle.dumps(instance_state(probe))
+            except Exception as e:  # noqa: BLE001 - the user's class: say which and why
+                why = why or f"{self.spec} cannot be pickled ({describe(e)})"
+            if why:
+                warnings.warn(f"{self.spec}: step runs in this process, where a step past its time cannot be stopped: "
+                              f"{why}", RuntimeWarning, stacklevel=3)
+                self.isolation = "thread"
 
     @property
     def name(self) -> str:
@@ -477,12 +657,14 @@ class GymEnv:
             obj = self.factory()
             state.data["obj"] = obj
             out = obj.reset(**_call_kwargs(obj.reset, _row(task)))
+            obs = out[0] if isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], dict) else out
+            if obs is not None:
+                state.data["opening"] = _result_text(obs)
         except Exception as e:  # noqa: BLE001
             state.data["step_error"] = f"(reset) {describe(e)}"
             return state
-        obs = out[0] if isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], dict) else out
-        if obs is not None:
-            state.data["opening"] = _result_text(obs)
+        if self.isolation == "process":
+            state.data["proc"] = ToolProcess(obj, functools.partial(_gym_outcome, self.spec))
         return state
 
     def opening(self, state: EpisodeState) -> str | None:
@@ -494,24 +676,74 @@ class GymEnv:
         obj = state.data.get("obj")
         if obj is None:
             return None
-        out = obj.step(completion)
-        if not isinstance(out, tuple) or len(out) not in (4, 5):
-            raise TypeError(f"{self.spec}.step returned {type(out).__name__}; expected (observation, reward, done, "
-                            "info) or (observation, reward, terminated, truncated, info)")
-        obs, reward, *flags, _info = out
-        state.data["return"] += float(reward or 0.0)
+        proc = state.data.get("proc")
+        if proc is not None and proc.start_error() is not None:  # out of processes: this episode steps here
+            state.data.pop("proc", None)
+            proc = None
+        if proc is None:
+            text, reward, done = _gym_outcome(self.spec, obj.step(completion))
+        else:
+            kind, out = proc.call("step", {}, self.step_timeout_s, (completion,))
+            if kind != "ok":  # the episode ends errored with the reason (envs.multiturn reads step_error)
+                state.data["step_error"] = (f"TimeoutError: took longer than {self.step_timeout_s:g}s (stopped)"
+                                            if kind == "timeout" else str(out).removeprefix("raised "))
+                state.done = True
+                return None
+            text, reward, done = out
+        state.data["return"] += reward
         state.data["steps"] += 1
-        if any(bool(f) for f in flags):
+        if done:
             state.done = True
             return None
-        text = _result_text(obs)
         state.transcript.append(("env", text))
         return text
 
+    def teardown(self, state: EpisodeState) -> None:
+        """The episode's process, if it is still there, ends (an episode that was never scored)."""
+        proc = state.data.pop("proc", None)
+        if proc is not None:
+            proc.kill()
+
     def score_episodes(self, states: Sequence[EpisodeState]) -> list[Score]:
-        if self.reward is not None:
-            return _score_with_reward(self.reward, states)
-        return [Score(float(s.data["return"]), parts={"return": float(s.data["return"])}) for s in states]
+        """`env.reward` with `environments=`, else the sum of the step rewards (errored when it is not a finite
+        number); each instance's attributes are brought back from its process first."""
+        out: list[Score | None] = [None] * len(states)
+        for i, s in enumerate(states):
+            proc = s.data.pop("proc", None)
+            if proc is None or proc.start_error() is not None:  # it stepped here: the instance is current
+                continue
+            _, attrs, why = proc.finish(False, self.step_timeout_s)
+            if attrs is None and self.reward is not None:
+                out[i] = Score(0.0, error=f"the state of {self.spec} could not come back from its process ({why}); "
+                                          "make its attributes picklable")
+            elif attrs is not None:
+                vars(s.data["obj"]).clear()
+                vars(s.data["obj"]).update(attrs)
+        if self.reward is None:
+            return [_finite_return(self.spec, s.data["return"]) for s in states]
+        todo = [i for i, sc in enumerate(out) if sc is None]
+        for i, sc in zip(todo, _score_with_reward(self.reward, [states[i] for i in todo]) if todo else []):
+            out[i] = sc
+        return [sc if sc is not None else Score(0.0, error="episode was not scored") for sc in out]
+
+
+def _gym_outcome(spec: str, out: Any) -> tuple[str, float, bool]:
+    """(observation text, reward, done) of what a gym `step` returned; raises on anything else (the step's failure).
+    Runs where the step ran (in the episode's process: a slow `str()` is stopped with it)."""
+    if not isinstance(out, tuple) or len(out) not in (4, 5):
+        raise TypeError(f"{spec}.step returned {type(out).__name__}; expected (observation, reward, done, info) or "
+                        "(observation, reward, terminated, truncated, info)")
+    obs, reward, *flags, _info = out
+    done = any(bool(f) for f in flags)
+    return ("" if done else _result_text(obs)), float(reward or 0.0), done
+
+
+def _finite_return(spec: str, total: float) -> Score:
+    """The sum of an episode's step rewards as its Score; errored when it is inf or NaN (a step reward of 1e308
+    twice), which would poison its group's advantages."""
+    if not math.isfinite(total):
+        return Score(0.0, error=f"{spec}: the sum of the step rewards is {total!r}")
+    return Score(float(total), parts={"return": float(total)})
 
 
 ENVIRONMENT_APIS: dict[str, type] = {"tools": ToolEnv, "gym": GymEnv}
@@ -535,7 +767,7 @@ def _resolve_class(spec: str | Callable[..., Any], key: str) -> tuple[Any, str]:
 
 def make_class_env(data: Environment, spec: str | Callable[..., Any] | Mapping[str, str | Callable[..., Any]],
                    api: str, reward: EpisodeReward | None, *, tool_timeout_s: float = 10.0, max_calls: int = 4,
-                   turn_budget_s: float = 25.0) -> ToolEnv | GymEnv:
+                   turn_budget_s: float = 25.0, isolation: str = "process") -> ToolEnv | GymEnv:
     """The environment `env.environment` / `env.environment_api` name ("file.py:Class", or through the Python API
     the class or a zero-argument factory itself; with 'tools', also a dict of them by name, each row naming its
     own in an `environment` column), over the tasks of `data`."""
@@ -547,12 +779,12 @@ def make_class_env(data: Environment, spec: str | Callable[..., Any] | Mapping[s
         resolved = {str(k): _resolve_class(v, f"env.environment.{k}") for k, v in spec.items()}
         label = "{" + ", ".join(f"{k}: {lab}" for k, (_, lab) in resolved.items()) + "}"
         return ToolEnv(data, {k: c for k, (c, _) in resolved.items()}, label, reward, tool_timeout_s=tool_timeout_s,
-                       max_calls=max_calls, turn_budget_s=turn_budget_s)
+                       max_calls=max_calls, turn_budget_s=turn_budget_s, isolation=isolation)
     cls, label = _resolve_class(spec, "env.environment")
     if api == "gym":
-        return GymEnv(data, cls, label, reward)
+        return GymEnv(data, cls, label, reward, step_timeout_s=turn_budget_s, isolation=isolation)
     return ToolEnv(data, cls, label, reward, tool_timeout_s=tool_timeout_s, max_calls=max_calls,
-                   turn_budget_s=turn_budget_s)
+                   turn_budget_s=turn_budget_s, isolation=isolation)
 
 
 __all__ = ["ENVIRONMENT_APIS", "ENVIRONMENT_COLUMN", "EnvironmentClassError", "GymEnv", "RESERVED_METHODS", "ToolEnv",

@@ -114,7 +114,7 @@ def make_env(name: str, kwargs: dict[str, Any] | None = None, *, reward: str | C
              rewards: Sequence[Any] | None = None,
              module: str | None = None, reward_timeout_s: float | None = 30.0, reward_workers: int = 8,
              environment: str | Callable[..., Any] | Mapping[str, Any] | None = None, environment_api: str = "tools", tool_timeout_s: float = 10.0,
-             max_tool_calls: int = 4, turn_budget_s: float = 25.0) -> Environment:
+             max_tool_calls: int = 4, turn_budget_s: float = 25.0, tool_isolation: str = "process") -> Environment:
     """The environment the `env` config section describes (see the module docstring).
 
     name/kwargs: `env.name` / `env.kwargs`; reward/rewards: `env.reward` / `env.rewards`; module: `env.module`
@@ -122,7 +122,7 @@ def make_env(name: str, kwargs: dict[str, Any] | None = None, *, reward: str | C
     take (a TRL-style batch call counts as one call); reward_workers: concurrent per-sample reward calls;
     environment / environment_api: `env.environment` ("file.py:Class", or the class itself) and how it is used ("tools" or "gym",
     `envs.agent`), its episodes over the tasks of `name`; tool_timeout_s, max_tool_calls, turn_budget_s: a tool
-    class's limits per call and per turn.
+    class's limits per call and per turn; tool_isolation: where its calls run ("process" or "thread").
     """
     if module:
         if ":" in module:
@@ -146,7 +146,7 @@ def make_env(name: str, kwargs: dict[str, Any] | None = None, *, reward: str | C
         if isinstance(env, DatasetEnv):  # the class reads every column (reset(**row)), not just the prompt
             env.compare_whole_rows()
         return make_class_env(env, environment, environment_api, scorer, tool_timeout_s=tool_timeout_s,
-                              max_calls=max_tool_calls, turn_budget_s=turn_budget_s)
+                              max_calls=max_tool_calls, turn_budget_s=turn_budget_s, isolation=tool_isolation)
     if scorer is None:
         if name == "dataset":
             raise ValueError("env.name=dataset has no reward of its own: set env.reward (\"file.py:fn\" or "

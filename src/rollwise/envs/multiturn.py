@@ -8,8 +8,9 @@ exactly the tokens the policy produced (re-tokenization drift is the classic mul
 
 Episodes end when the environment says so ("stop"), at `max_turns` policy turns ("max_turns"), when
 `max_total_tokens` (prompt included) is reached or a policy turn is cut by max_tokens ("length"), or when
-the engine aborts ("abort"). The environment's episode score is attached; a scorer that raises gives an
-errored Score.
+the engine aborts ("abort"). An environment step that raises or runs past its timeout ends the episode too
+("stop": the policy's turn was whole), errored with the reason. The environment's episode score is attached; a
+scorer that raises gives an errored Score.
 
 Callers hand in the prompts' token ids (built with the chat template where the model has one) and a
 `format_reply(reply_text, last_policy_ids)` that wraps an environment reply as the next chat turn; the rollout
@@ -185,12 +186,15 @@ def run_episodes(
 
 
 def _plain_replies(tokenizer: Tokenizer) -> ReplyFormatter:
-    """The default `format_reply`: a text reply's own ids (`encode_reply`), with no chat turn around it."""
+    """The default `format_reply`: a text reply's own ids, with no chat turn around it, as plain text (a reply holding
+    `<|im_end|>` or an EOS token's text never becomes that token: `models.plain_text`)."""
+    from rollwise.models.plain_text import encode_parts
+
     def fmt(reply: Reply, _policy_ids: list[int]) -> list[int]:
         if not isinstance(reply, str):
             raise ValueError("an environment that replies with chat messages needs format_reply= "
                              "(control.episodes.chat_reply_formatter): the plain tokenizer encodes text only")
-        return encode_reply(tokenizer, reply)
+        return encode_parts(tokenizer, [(reply, True)])
 
     return fmt
 
@@ -414,6 +418,14 @@ def _step_with_timeout(env: MultiTurnEnvironment, state: EpisodeState, text: str
     return reply
 
 
+def _describe_safe(e: BaseException, describe: Callable[[BaseException], str]) -> str:
+    """`describe(e)`, or the exception's type alone when its message itself cannot be made."""
+    try:
+        return describe(e)
+    except Exception:  # noqa: BLE001 - e.g. an exception carrying an int past the digit limit
+        return type(e).__name__
+
+
 def _generate(engine: BatchGenerator, prompts: list[list[int]], params: list[SamplingParams]) -> list[RequestOutput]:
     """One engine call for the whole round: one params when all agree, else one per prompt (the engine protocol
     takes either), so every live episode decodes in the same batch."""
@@ -440,8 +452,11 @@ def _advance(ep: Episode, out: CompletionOutput, env: MultiTurnEnvironment, toke
     except Exception as e:  # noqa: BLE001 - the episode ends; scoring records the reason
         from rollwise.rewards.base import describe
 
-        ep.finish_reason = "abort"
-        state.data["step_error"] = describe(e)
+        # NOTE: not "abort": the policy's turn was generated in full and the environment failed on it (a gym step
+        # raising on the policy's text, or running past its timeout). That is the episode's outcome: errored with
+        # the reason, and trained on as a wrong answer (`filter.FINISHED`), never left out of the loss.
+        ep.finish_reason = "stop"
+        state.data["step_error"] = _describe_safe(e, describe)
         return False
     eos = getattr(tokenizer, "eos_token_id", None)
     if reply is None or (eos is not None and ids and ids[-1] == eos and eos not in turn_end_ids):

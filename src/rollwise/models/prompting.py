@@ -183,11 +183,43 @@ class PromptFormat:
         if tokenizer is None:
             raise ValueError("text prompts need a tokenizer, and this model has none next to its weights")
         text, add_special = self.render(tokenizer, prompt)
-        ids = list(tokenizer.encode(text, add_special_tokens=add_special))
+        ids = self._plain_contents(tokenizer, prompt, text, add_special)
+        if ids is None:
+            ids = list(tokenizer.encode(text, add_special_tokens=add_special))
         if not ids:
             raise ValueError(f"the prompt is empty after tokenization: {str(prompt)[:60]!r}")
         return ids
 
+
+    def _plain_contents(self, tokenizer: Any, prompt: Prompt, text: str, add_special: bool) -> list[int] | None:
+        """Ids of the rendered `text` with the prompt's message contents encoded as plain text (`models.plain_text`:
+        an observation or a row holding `<|im_end|>` stays that text); None when no content holds a control token's
+        text (the usual case: then the whole text is encoded at once, exactly as `transformers` does), or when the
+        template rewrites contents in a way the markers cannot follow (then it is encoded as it is)."""
+        from rollwise.models.plain_text import default_prefix, encode_parts, holds_control_text
+
+        contents = [prompt] if isinstance(prompt, str) else [str(m.get("content", "")) for m in prompt]
+        if not any(holds_control_text(tokenizer, c) for c in contents):
+            return None
+        markers = [f"\x00rollwise-content-{i}\x00" for i in range(len(contents))]
+        marked: Prompt = (markers[0] if isinstance(prompt, str)
+                          else [{**m, "content": k} for m, k in zip(prompt, markers)])
+        try:
+            marked_text, _ = self.render(tokenizer, marked)
+        except ValueError:
+            return None
+        pieces: list[str] = []
+        rest = marked_text
+        for k in markers:
+            if rest.count(k) != 1:
+                return None
+            head, rest = rest.split(k, 1)
+            pieces.append(head)
+        for fill in (contents, [c.strip() for c in contents]):  # e.g. Llama 3's template trims every content
+            if "".join(p + c for p, c in zip(pieces, fill)) + rest == text:
+                parts = [x for p, c in zip(pieces, fill) for x in ((p, False), (c, True))] + [(rest, False)]
+                return (default_prefix(tokenizer) if add_special else []) + encode_parts(tokenizer, parts)
+        return None
 
     def task_encoder(self, tokenizer: Any) -> Any:
         """`encode(task) -> ids` for tasks (anything with `.id` and `.prompt`); an error names the task."""

@@ -33,6 +33,31 @@ CALL_OPEN = "<tool_call>"
 CALL_CLOSE = "</tool_call>"
 MAX_CALL_CHARS = 4000
 """A call's JSON longer than this is refused unparsed (an error observation), bounding the parser's work."""
+MAX_CALL_DEPTH = 64
+"""A call's JSON nested deeper than this is refused unparsed: `json.loads` recurses, and a few thousand brackets
+would raise RecursionError there (or later, in whatever walks the arguments)."""
+
+
+def _nesting(body: str) -> int:
+    """The deepest bracket nesting of JSON text, strings skipped (one linear pass, no recursion)."""
+    depth = deepest = 0
+    in_str = escaped = False
+    for ch in body:
+        if in_str:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_str = False
+        elif ch == '"':
+            in_str = True
+        elif ch in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif ch in "]}":
+            depth -= 1
+    return deepest
 
 
 @dataclass
@@ -61,18 +86,27 @@ def _one_call(body: str) -> ToolCall | CallError:
     body = body.strip()
     if len(body) > MAX_CALL_CHARS:
         return CallError(f"tool call is {len(body)} characters long, over the {MAX_CALL_CHARS} limit")
+    if _nesting(body) > MAX_CALL_DEPTH:
+        return CallError(f"tool call is nested more than {MAX_CALL_DEPTH} levels deep")
     try:
         obj = json.loads(body)
+    except RecursionError:  # NOTE: unreachable past the depth check above; kept so the parser never raises
+        return CallError(f"tool call is nested more than {MAX_CALL_DEPTH} levels deep")
     except json.JSONDecodeError as e:
         return CallError(f"tool call is not valid JSON ({e.msg} at character {e.pos}); write "
                          f'{CALL_OPEN}{{"name": ..., "arguments": {{...}}}}{CALL_CLOSE}')
+    except ValueError as e:  # e.g. an integer past Python's digit limit
+        return CallError(f"tool call is not valid JSON ({str(e)[:100]})")
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
         return CallError('tool call must be a JSON object with a string "name" and an "arguments" object')
     args = obj.get("arguments", obj.get("parameters", {}))
     if isinstance(args, str):  # OpenAI's wire format carries arguments as a JSON string
+        if _nesting(args) > MAX_CALL_DEPTH:
+            return CallError(f"the arguments of tool call {obj['name']!r} are nested more than {MAX_CALL_DEPTH} "
+                             "levels deep")
         try:
             args = json.loads(args) if args.strip() else {}
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):
             return CallError(f"the arguments of tool call {obj['name']!r} are not valid JSON")
     if args is None:
         args = {}

@@ -25,6 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from rollwise.models.plain_text import encode_parts
 from rollwise.models.prompting import FALLBACK_ASSISTANT_PREFIX, PromptFormat, end_of_turn_id
 from rollwise.models.tool_calls import assistant_text, template_renders_tools
 
@@ -100,17 +101,19 @@ class ChatTurns:
         """Ids to append after a policy turn for an environment reply: a string (one `role` message) or a list of
         `{"role", "content"}` messages (e.g. one `tool` message per call)."""
         msgs = [{"role": role, "content": reply}] if isinstance(reply, str) else list(reply)
+        # NOTE: the messages' contents (tool results, observations) are plain text: never control tokens, whatever
+        # they hold (`models.plain_text`); only the template's own text around them is.
         if not self.templated:
             if isinstance(reply, str):
-                return _encode(self.tokenizer, reply)
+                return encode_parts(self.tokenizer, [(reply, True)])
             text = "\n" + "".join(f"{m['role']}: {m['content']}\n" for m in msgs) + FALLBACK_ASSISTANT_PREFIX
-            return _encode(self.tokenizer, text)
+            return encode_parts(self.tokenizer, [(text, True)])
         pieces = self._skeleton(tuple(m["role"] for m in msgs))
         closed = bool(policy_ids) and self.eot is not None and policy_ids[-1] == self.eot
-        text = ("" if closed else self.eot_text) + self.tail + pieces[0]
+        parts = [(("" if closed else self.eot_text) + self.tail + pieces[0], False)]
         for m, piece in zip(msgs, pieces[1:]):
-            text += str(m["content"]) + piece
-        return _encode(self.tokenizer, text)
+            parts += [(str(m["content"]), True), (piece, False)]
+        return encode_parts(self.tokenizer, parts)
 
     # ------------------------------------------------------------------------------------- demonstrations
     def _assistant_ids(self, messages: list[dict[str, Any]], i: int) -> list[int]:

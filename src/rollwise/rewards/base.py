@@ -30,23 +30,65 @@ def wrong(reason: str, parts: dict[str, float] | None = None, **info: Any) -> Sc
     return Score(WRONG, parts=dict(parts or {}), info={**info, "reason": reason})
 
 
+def shown(value: Any, limit: int = 80) -> str:
+    """`repr(value)` cut to `limit` characters, or its type's name when even that fails (an int past Python's digit
+    limit, an object whose `__repr__` raises): for messages about values a user's code returned."""
+    try:
+        text = repr(value)
+    except Exception:  # noqa: BLE001 - a message about the value must not fail on the value
+        return f"<{type(value).__name__}>"
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def finite_number(value: Any) -> float | str:
+    """`value` (a bool, an int, a float, or a one-element numpy / torch value) as a finite float, or why it is not
+    one. Never raises: an int too large for a float (`int()` of a policy's 400-digit answer), inf, NaN or an array of
+    several values is the reason, so one bad value errors its own sample only."""
+    try:
+        if hasattr(value, "item") and callable(value.item) and not isinstance(value, (int, float)):
+            value = value.item()  # numpy / torch scalars; an array of several values raises here
+        if not isinstance(value, (bool, int, float)):
+            return f"{type(value).__name__} ({shown(value)})"
+        v = float(value)
+    except Exception as e:  # noqa: BLE001 - OverflowError, ValueError from .item(), a hostile __float__
+        return f"{type(value).__name__} that is not one finite number ({describe(e)[:120]})"
+    if not math.isfinite(v):
+        return repr(v)
+    return v
+
+
 def as_score(value: Any, where: str = "reward function") -> Score:
-    """Accept a Score, a number or a bool; anything else (or NaN) is an errored score naming what came back."""
+    """Accept a Score, a number or a bool; anything else (or NaN, inf, an int past a float's range) is an errored
+    score naming what came back. Never raises."""
     if isinstance(value, Score):
-        if isinstance(value.value, (int, float)) and not math.isnan(value.value):
+        got = finite_number(value.value)
+        if not isinstance(got, float):
+            return Score(0.0, error=f"{where} returned a Score with value {got}", info=value.info)
+        parts: dict[str, float] = {}
+        for name, part in (value.parts.items() if isinstance(value.parts, dict) else ()):
+            p = finite_number(part)
+            if not isinstance(p, float):  # parts land in metrics and the store: numbers only
+                return Score(0.0, error=f"{where} returned a Score whose part {shown(name)} is {p}", info=value.info)
+            parts[str(name)] = p
+        if got == value.value and type(value.value) is float and parts == value.parts:
             return value
-        return Score(0.0, parts=value.parts, error=f"{where} returned a Score with value {value.value!r}", info=value.info)
-    if isinstance(value, bool):
-        return Score(float(value))
-    if isinstance(value, (int, float)):
-        if math.isnan(value) or math.isinf(value):
-            return Score(0.0, error=f"{where} returned {value!r}")
-        return Score(float(value))
-    return Score(0.0, error=f"{where} returned {type(value).__name__} ({value!r:.80}), expected a Score or a number")
+        return Score(got, parts=parts, error=value.error, info=value.info)
+    if isinstance(value, (bool, int, float)) or (hasattr(value, "item") and callable(value.item)):
+        got = finite_number(value)
+        if isinstance(got, float):
+            return Score(got)
+        return Score(0.0, error=f"{where} returned {got}")
+    return Score(0.0, error=f"{where} returned {type(value).__name__} ({shown(value)}), expected a Score or a number")
 
 
 def describe(exc: BaseException) -> str:
-    msg = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    """`Type: first line of the message`; the type alone when the message itself cannot be made (an exception
+    carrying an int past Python's digit limit), so describing a failure never fails."""
+    try:
+        text = str(exc).strip()
+    except Exception:  # noqa: BLE001
+        text = ""
+    msg = text.splitlines()[0] if text else ""
     return f"{type(exc).__name__}: {msg}" if msg else type(exc).__name__
 
 

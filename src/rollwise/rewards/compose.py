@@ -7,6 +7,7 @@ that did score, for inspection.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from rollwise.rewards.base import call_reward
@@ -39,4 +40,6 @@ class Weighted:
                 errors.append(f"{name}: {s.error}")
             else:
                 total += weight * s.value
+        if not errors and not math.isfinite(total):  # finite parts whose weighted sum overflows
+            errors, total = [f"the weighted sum of the parts is {total!r}"], 0.0
         return Score(total, parts=parts, error="; ".join(errors) or None, info=info)

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from rollwise.rewards.base import as_score, describe, describe_at
+from rollwise.rewards.base import as_score, describe, describe_at, finite_number
 from rollwise.types import Score, Task
 
 RESERVED = ("prompts", "completions", "completion_ids")
@@ -152,17 +152,16 @@ def reward_kind(fn: Any, label: str = "reward function") -> str:
 
 # ------------------------------------------------------------------------------------------- one reward
 def _number_score(value: Any, name: str, index: int) -> Score:
+    """Sample `index`'s value from a batch reward; never raises, so a bad value errors its own sample only."""
     if value is None:
         return Score(0.0, error=f"{name} returned None for sample {index} (no reward)")
     if isinstance(value, Score):
         return as_score(value, where=name)
-    if hasattr(value, "item") and callable(value.item):  # numpy / torch scalars
-        value = value.item()
-    if isinstance(value, bool) or isinstance(value, (int, float)):
-        v = float(value)
-        if math.isnan(v) or math.isinf(v):
-            return Score(0.0, error=f"{name} returned {v!r} for sample {index}")
-        return Score(v, parts={name: v})
+    got = finite_number(value)
+    if isinstance(got, float):
+        return Score(got, parts={name: got})
+    if isinstance(value, (bool, int, float)) or hasattr(value, "item"):
+        return Score(0.0, error=f"{name} returned {got} for sample {index}")
     return Score(0.0, error=f"{name} returned {type(value).__name__} for sample {index}, expected a number or None")
 
 
@@ -266,8 +265,11 @@ class UserReward:
         if "err" in box:
             return errored(describe_at(box["err"]))
         out = box.get("out")
-        if hasattr(out, "tolist") and callable(out.tolist):
-            out = out.tolist()
+        try:
+            if hasattr(out, "tolist") and callable(out.tolist):
+                out = out.tolist()
+        except Exception as e:  # noqa: BLE001 - a hostile or broken array: the whole answer is unreadable
+            return errored(f"returned {type(out).__name__} that cannot be read as a list ({describe_at(e)})")
         if not isinstance(out, (list, tuple)):
             return errored(f"returned {type(out).__name__}, expected a list of {n} floats (or None)")
         if len(out) != n:
@@ -327,6 +329,9 @@ class RewardSum:
                     errors.append(s.error if s.error.startswith(f"{name}:") else f"{name}: {s.error}")
                 else:
                     total += weight * s.value
+            if not errors and not math.isfinite(total):  # finite parts whose weighted sum overflows
+                errors.append(f"the weighted sum of the parts is {total!r}")
+                total = 0.0
             out.append(Score(total, parts=parts, error="; ".join(errors) or None, info=info))
         return out
 

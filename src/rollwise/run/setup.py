@@ -77,7 +77,8 @@ def make_env(env_cfg: EnvConfig) -> Environment:
     return build(env_cfg.name, kwargs, reward=unwrap(env_cfg.reward), rewards=rewards, module=env_cfg.module,
                  reward_timeout_s=SCORE_TIMEOUT_S, reward_workers=SCORE_WORKERS, environment=environment,
                  environment_api=env_cfg.environment_api, tool_timeout_s=env_cfg.tool_timeout_s,
-                 max_tool_calls=env_cfg.max_tool_calls, turn_budget_s=max(env_cfg.turn_timeout_s - 1.0, 0.5))
+                 max_tool_calls=env_cfg.max_tool_calls, turn_budget_s=max(env_cfg.turn_timeout_s - 1.0, 0.5),
+                 tool_isolation=env_cfg.tool_isolation)
 
 
 def prompt_format(env_cfg: EnvConfig, env: Environment | None = None) -> PromptFormat:

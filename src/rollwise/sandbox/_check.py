@@ -34,10 +34,10 @@ import sys
 import time
 
 try:  # imported by the scorer (free_names), or run as a script with only the stdlib
-    from rollwise.sandbox._wire import MAX_DEPTH, MAX_MESSAGE_BYTES, WireError, decode, loads, pack_request
+    from rollwise.sandbox._wire import MAX_DEPTH, MAX_MESSAGE_BYTES, WireError, WireLimit, decode, loads, pack_request
 except ImportError:
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from _wire import MAX_DEPTH, MAX_MESSAGE_BYTES, WireError, decode, loads, pack_request  # type: ignore[no-redef]
+    from _wire import MAX_DEPTH, MAX_MESSAGE_BYTES, WireError, WireLimit, decode, loads, pack_request  # type: ignore[no-redef]
 
 
 # -- type-strict comparison --------------------------------------------------------------------------------
@@ -210,7 +210,11 @@ class Channel:
             raise self.fault
         try:
             request = pack_request(self.next_id + 1, name, tuple(args), dict(kwargs))
-        except (WireError, RecursionError) as e:
+        except (WireLimit, RecursionError) as e:
+            # NOTE: plain data past the wire's bounds is what a round trip of the candidate's own answers makes
+            # (`f(f(x))` with f nesting or growing its input): the candidate's failure, not the task's.
+            raise self._fail(f"the arguments to {name} are past the wire's limits: {e}") from None
+        except WireError as e:
             raise HarnessError(f"the test passed an argument that is not plain data to {name}: {e}") from None
         self.next_id += 1
         self.calls += 1

@@ -31,6 +31,11 @@ class WireError(ValueError):
     """A value that is not plain data, or a message that does not decode to plain data."""
 
 
+class WireLimit(WireError):
+    """Plain data past the wire's bounds (nesting, message size, an int's digits): data the candidate can make, so
+    the trusted side scores it as the candidate's failure, never as the task's."""
+
+
 def _dict_like(t: type) -> bool:
     """Is `t` one of `collections`' dict subclasses? (Not imported here: it costs the jail a few ms a start.)
 
@@ -64,7 +69,7 @@ def dump_text(value: object) -> str:
 
     def enc(v: object, depth: int) -> str:
         if depth > MAX_DEPTH:
-            raise WireError(f"data nested deeper than {MAX_DEPTH} levels")
+            raise WireLimit(f"data nested deeper than {MAX_DEPTH} levels")
         t = type(v)
         if v is None:
             return "null"
@@ -74,7 +79,7 @@ def dump_text(value: object) -> str:
             try:
                 return int.__repr__(v)  # type: ignore[arg-type]
             except ValueError as e:  # over sys.get_int_max_str_digits()
-                raise WireError(f"cannot encode: {e}") from None
+                raise WireLimit(f"cannot encode: {e}") from None
         if t is float:
             return _float_text(v)  # type: ignore[arg-type]
         if t is str:
@@ -171,7 +176,7 @@ def pack_request(call_id: int, fn: str, args: tuple, kwargs: dict) -> bytes:
     try:
         body = marshal.dumps((call_id, fn, args, kwargs))
     except ValueError as e:
-        raise WireError(f"cannot encode: {e}") from None
+        raise WireLimit(f"cannot encode: {e}") from None
     if len(body) > MAX_MESSAGE_BYTES:
-        raise WireError(f"arguments over {MAX_MESSAGE_BYTES} bytes")
+        raise WireLimit(f"arguments over {MAX_MESSAGE_BYTES} bytes")
     return len(body).to_bytes(4, "big") + body
