@@ -228,10 +228,11 @@ class EngineConfig(_Section):
     """The largest mean |trainer - engine| log-prob (nats per token) over one trained rollout's tokens generated at
     the trainer's own weight version (asynchronous, partial and replayed tokens are older and not checked) before
     the run stops with one line (run.sync_check.RolloutCheck): the rollouts themselves prove that the engine samples
-    from the policy, whatever it answers to the probe. 'auto' = 0.05 when the engine (model.dtype, or
-    engine.vllm.dtype) and the trainer (train.bf16 false) both compute in float32, 1.0 when either is in bfloat16,
-    float16 or int8 (honest rollouts measured ~1e-5 in float32, up to 0.16 in bfloat16; made-up ones are nats
-    away); 'off' = never stop on it (the gap is still logged as logprob_mismatch_seq_max)."""
+    from the policy, whatever it answers to the probe. 'auto' = on for remote and Ray engines (as sync_check), at
+    0.05 when the engine (model.dtype, or engine.vllm.dtype) and the trainer (train.bf16 false) both compute in
+    float32 and 1.0 when either is in bfloat16, float16 or int8 (honest rollouts measured ~1e-5 in float32, up to
+    0.16 in bfloat16; made-up ones are nats away); a number = that tolerance, on every backend; 'off' = never stop
+    on it (the gap is still logged as logprob_mismatch_seq_max)."""
     num_engines: int = Field(2, ge=1)
     """backend 'ray': engine actors (the prompts of a step are split across them)."""
     max_num_seqs: int = Field(256, ge=1)

@@ -90,3 +90,40 @@ def test_run_with_the_check_on_logs_the_gap_and_stops_on_a_silent_sync(run_cfg, 
     bad = tmp_path / "silent"
     with pytest.raises(WeightSyncError, match="weight sync to version 1 did not land"):
         train(run_cfg(bad, "train.steps=2", "engine.sync_check=true"), log=lambda s: None)
+
+
+def test_only_rollouts_made_at_the_trainers_version_are_held_to_its_log_probs(tiny_model):
+    """An older rollout (async, replayed) may differ from the trainer by design; one made at its version may not."""
+    from rollwise.train.batch import TrainBatch
+    from rollwise.train.losses import LOSSES, LossConfig
+    from rollwise.types import Rollout
+
+    eng = LLM(tiny_model, block_size=4, max_model_len=64)
+    tr = Trainer(tiny_model, TrainConfig(lr=1e-6), temperature=1.0)
+    outs = eng.generate([PROMPTS[0]], SamplingParams(n=4, max_tokens=5, seed=3, ignore_eos=True))[0].outputs
+    rs = []
+    for j, o in enumerate(outs):
+        old = j >= 2  # samples 2 and 3: an older version's rollouts, whose log-probs are far from today's weights
+        rs.append(Rollout("p", "g", j, PROMPTS[0], o.token_ids, [-0.01] * 5 if old else o.logprobs,
+                          [4 if old else 5] * 5, [1] * 5, reward=float(j % 2), advantage=1.0 - 2 * (j % 2)))
+    m = tr.train_step(TrainBatch.from_rollouts(rs, 4096), LOSSES["grpo"], LossConfig(), fresh_version=5)
+    assert m["logprob_diff_seqs"] == 2 and m["logprob_diff_seq_max"] < 1e-4 and m["logprob_diff_max"] > 0.5
+    m = tr.train_step(TrainBatch.from_rollouts(rs, 4096), LOSSES["grpo"], LossConfig(), fresh_version=4)
+    assert m["logprob_diff_seqs"] == 2 and m["logprob_diff_seq_max"] > 0.5  # now they claim today's version
+
+
+def test_the_rollout_check_by_backend_and_precision():
+    from rollwise.run.sync_check import RolloutMismatch, rollout_check
+
+    assert rollout_check("auto", remote=False, engine_dtype="float32", trainer_bf16=False) is None
+    assert rollout_check("off", remote=True, engine_dtype="float32", trainer_bf16=False) is None
+    assert rollout_check("auto", remote=True, engine_dtype="float32", trainer_bf16=False).tol == 0.05
+    assert rollout_check("auto", remote=True, engine_dtype="bfloat16", trainer_bf16=False).tol == 1.0
+    assert rollout_check("auto", remote=True, engine_dtype="float32", trainer_bf16=True).tol == 1.0
+    chk = rollout_check(0.2, remote=False, engine_dtype="float32", trainer_bf16=True, engine_name="http://h:1")
+    chk.verify(3, {"logprob_diff_seq_max": 0.19, "logprob_diff_seqs": 8})
+    chk.verify(3, {"logprob_diff_seq_max": 9.0, "logprob_diff_seqs": 0})  # nothing made at this version
+    chk.verify(3, {})  # an empty step
+    with pytest.raises(RolloutMismatch, match=r"^the rollouts of step 3 are not the policy's: one of the 8 checked "
+                                              r"rollouts is on average 2.95 nats .*http://h:1 made them up"):
+        chk.verify(3, {"logprob_diff_seq_max": 2.95, "logprob_diff_seqs": 8})

@@ -281,7 +281,8 @@ def make_rollout_check(cfg: RunConfig) -> RolloutCheck | None:
     dtype = E.vllm.dtype if E.backend == "remote" and E.remote_server == "vllm" and E.vllm.dtype != "auto" \
         else cfg.model.dtype
     # NOTE: bf16 training counts whenever it may be on (true or auto): the looser tolerance never stops an honest run
-    return rollout_check(E.rollout_check_tol, dtype, cfg.train.bf16 is not False, _engine_name(cfg))
+    return rollout_check(E.rollout_check_tol, remote=E.backend != "local", engine_dtype=dtype,
+                         trainer_bf16=cfg.train.bf16 is not False, engine_name=_engine_name(cfg))
 
 
 def make_scorer(cfg: RunConfig, env: Environment) -> tuple[Scorer | None, Callable[[], None] | None]:

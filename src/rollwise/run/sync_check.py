@@ -198,11 +198,12 @@ class RolloutCheck:
             "samples from other weights")
 
 
-def rollout_check(setting: float | str, engine_dtype: str, trainer_bf16: bool,
+def rollout_check(setting: float | str, *, remote: bool, engine_dtype: str, trainer_bf16: bool,
                   engine_name: str = "the engine") -> RolloutCheck | None:
-    """The rollout check `engine.rollout_check_tol` asks for: 'off' -> None; a number -> that tolerance; 'auto' ->
-    by the looser of the engine's and the trainer's precision."""
-    if setting == "off":
+    """The rollout check `engine.rollout_check_tol` asks for: 'off' -> None; a number -> that tolerance, on every
+    backend; 'auto' -> for an engine outside this process (`remote`: servers, Ray actors) only, at the tolerance
+    of the looser of the engine's and the trainer's precision."""
+    if setting == "off" or (setting == "auto" and not remote):
         return None
     if not isinstance(setting, str):
         return RolloutCheck(float(setting), "engine.rollout_check_tol", engine_name)
