@@ -35,7 +35,7 @@ class FakeServer:
     """body -> per-choice token lists for streaming; one SSE event per token."""
     stream_delay_s: float = 0.0
     routes: dict[str, Callable[[str, dict[str, Any]], tuple[int, Any]]] = field(default_factory=dict)
-    """path -> handler(path_with_query, json_body) -> (status, json) overriding the defaults."""
+    """path -> handler(path_with_query, json_body) -> (status, json) overriding the defaults (GET: body {})."""
     calls: list[tuple[str, Any]] = field(default_factory=list)
     disconnects: int = 0
     weight_version: str = "0"
@@ -67,6 +67,9 @@ class FakeServer:
 
             def do_GET(self) -> None:
                 fake.calls.append((self.path, None))
+                if self.path.split("?")[0] in fake.routes:
+                    st, obj = fake.routes[self.path.split("?")[0]](self.path, {})
+                    return self._send(st, obj)
                 if self.path.startswith("/v1/models"):
                     return self._send(200, {"data": [{"id": "fake-model", "root": "/models/fake"}]})
                 if self.path.startswith("/weight_info"):

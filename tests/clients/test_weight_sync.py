@@ -4,6 +4,7 @@ the server resumed (a paused vLLM would hang every later request)."""
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
 import torch
@@ -91,8 +92,81 @@ def test_a_failed_load_still_resumes_the_server_and_changes_no_version(tmp_path)
         eng = RemoteEngine(srv.url, backend="vllm", weights_dir=tmp_path)
         with pytest.raises(RemoteEngineError, match="HTTP 500: RuntimeError: shape mismatch"):
             eng.load_weights(STATE, version=1)
-        assert _routes(srv)[-1] == "/resume" and eng.weight_version == 0
+        assert _routes(srv)[-2:] == ["/resume", "/is_paused"] and eng.weight_version == 0
         assert list(next(tmp_path.iterdir()).iterdir()) == []  # the failed sync's folder is gone
+    finally:
+        srv.stop()
+
+
+class _Pausable:
+    """vLLM's pause state as its engine keeps it: /pause sets it at once, then waits `drain_s` for in-flight requests
+    before it answers; /resume clears it (the first `ignored_resumes` of them are answered 200 and do nothing)."""
+
+    def __init__(self, drain_s: float = 0.0, ignored_resumes: int = 0) -> None:
+        self.is_paused, self.drain_s, self.ignored = False, drain_s, ignored_resumes
+
+    def pause(self, path, body):
+        self.is_paused = True
+        time.sleep(self.drain_s)
+        return 200, {"status": "paused"}
+
+    def resume(self, path, body):
+        if self.ignored:
+            self.ignored -= 1
+        else:
+            self.is_paused = False
+        return 200, {"status": "resumed"}
+
+    def routes(self, **more):
+        return {"/pause": self.pause, "/resume": self.resume,
+                "/is_paused": lambda p, b: (200, {"is_paused": self.is_paused}), **more}
+
+
+@pytest.mark.parametrize("kind", ["vllm", "lora"])
+def test_a_pause_slower_than_the_deadline_leaves_the_server_resumed(tmp_path, kind):
+    state = _Pausable(drain_s=1.2)  # in-flight requests take longer to drain than the sync's whole deadline
+    srv = FakeServer(routes=state.routes()).start()
+    try:
+        eng = RemoteEngine(srv.url, backend="vllm", weights_dir=tmp_path, timeout_s=0.5, lora_adapters=kind == "lora")
+        if kind == "lora":
+            eng.bind_trainer(_AdapterTrainer())
+        with pytest.raises(RemoteEngineError, match=r"/pause\?mode=wait: timed out after 0.5s") as e:
+            eng.load_weights(STATE, version=1)
+        assert "\n" not in str(e.value)
+        assert "/resume" in _routes(srv) and not state.is_paused and eng.weight_version == 0
+    finally:
+        srv.stop()
+
+
+def test_a_resume_that_did_not_take_is_sent_again_after_a_failed_load(tmp_path):
+    def rpc(path, body):
+        if body["method"] == "rollwise_load_weights":
+            return 500, {"error": "out of memory"}
+        return 200, {"results": [{}]}
+
+    state = _Pausable(ignored_resumes=1)
+    srv = FakeServer(routes=state.routes(**{"/collective_rpc": rpc})).start()
+    try:
+        eng = RemoteEngine(srv.url, backend="vllm", weights_dir=tmp_path, timeout_s=5)
+        with pytest.raises(RemoteEngineError, match="HTTP 500: out of memory"):
+            eng.load_weights(STATE, version=1)
+        assert not state.is_paused and _routes(srv).count("/resume") == 2
+    finally:
+        srv.stop()
+
+
+def test_a_server_that_stays_paused_is_named_in_the_failed_syncs_line(tmp_path):
+    def rpc(path, body):
+        return (500, {"error": "boom"}) if body["method"] == "rollwise_load_weights" else (200, {"results": [{}]})
+
+    state = _Pausable(ignored_resumes=10**6)
+    srv = FakeServer(routes=state.routes(**{"/collective_rpc": rpc})).start()
+    try:
+        eng = RemoteEngine(srv.url, backend="vllm", weights_dir=tmp_path, timeout_s=0.4)
+        with pytest.raises(RemoteEngineError, match=r"HTTP 500: boom; then resuming it failed, so it may be left "
+                                                    r"paused: .* is still paused 0.4s after /resume") as e:
+            eng.load_weights(STATE, version=1)
+        assert "\n" not in str(e.value)
     finally:
         srv.stop()
 
