@@ -65,12 +65,76 @@ def test_bad_response_is_refused_with_the_field(bad, match):
 
 
 def test_text_is_decoded_from_the_token_ids_never_taken_from_the_server():
-    # The server says the answer is "42" while its token ids spell something else: the reward sees the ids' text.
-    srv, eng = _engine_answering({"choices": [choice(0, [3, 4], text="42"), choice(1, [5], text="42")]})
+    # The server says the answer is "42" while its token ids spell something else: the reward sees the ids' text,
+    # and the disagreement is counted.
+    srv, eng = _engine_answering({"choices": [choice(0, [3, 4], text="42"), choice(1, [5], text="f")]})
     try:
         out = eng.generate([[1, 2, 3]], SP)[0]
         assert [o.text for o in out.outputs] == ["de", "f"]
         assert out.outputs[0].token_ids == [3, 4] and out.outputs[0].weight_versions == [0, 0]
+        assert eng.counters() == {"text_mismatch": 1}
+    finally:
+        srv.stop()
+
+
+def test_a_server_whose_text_keeps_disagreeing_with_its_ids_is_refused_with_one_line():
+    srv, eng = _engine_answering({"choices": [choice(0, [3, 4], text="42"), choice(1, [5], text="42")]})
+    try:
+        with pytest.raises(RemoteEngineError, match=r"the text of 32 of the server's 32 samples disagrees with their "
+                                                    r"token ids") as e:
+            for _ in range(16):
+                eng.generate([[1, 2, 3]], SP)
+        assert srv.url in str(e.value) and "\n" not in str(e.value)
+    finally:
+        srv.stop()
+
+
+def test_an_honest_detokenizers_spacing_and_a_held_back_character_are_not_disagreements():
+    srv, eng = _engine_answering({"choices": [choice(0, [3, 4], text=" d e"), choice(1, [5], text="f\ufffd")]})
+    try:
+        for _ in range(20):
+            eng.generate([[1, 2, 3]], SP)
+        assert eng.counters() == {"text_mismatch": 0}
+    finally:
+        srv.stop()
+
+
+def test_a_streamed_text_that_disagrees_with_its_ids_is_counted_and_refused():
+    srv = FakeServer(stream_tokens=lambda b: [[9, 9, 9]] * int(b["n"]), stream_text=lambda t: "7").start()
+    try:
+        eng = RemoteEngine(srv.url, backend="vllm", tokenizer=CharTok(), timeout_s=5)
+        se = eng.stepwise()
+        with pytest.raises(RemoteEngineError, match=r"\(stream\): the text of 32 of the server's 32 samples") as e:
+            for k in range(8):
+                se.add_request(f"r{k}", [1, 2], SamplingParams(n=4, max_tokens=3))
+                while se.has_unfinished():
+                    se.step()
+                assert eng.counters()["text_mismatch"] == 4 * (k + 1)
+        assert srv.url in str(e.value)
+    finally:
+        srv.stop()
+
+
+def test_the_admin_key_goes_to_the_weight_sync_routes_only(tmp_path):
+    """Whoever answers on the URL sees every completion request: the admin key must not ride along with them."""
+    import torch
+
+    srv = FakeServer().start()
+    try:
+        eng = RemoteEngine(srv.url, api_key="s3cret", backend="vllm", tokenizer=CharTok(), timeout_s=5,
+                           weights_dir=tmp_path)
+        eng.generate([[1, 2, 3]], SP)
+        se = eng.stepwise()
+        se.add_request("r", [1, 2], SamplingParams(n=1, max_tokens=3))
+        while se.has_unfinished():
+            se.step()
+        eng.health()
+        eng.load_weights({"model.norm.weight": torch.ones(3)}, version=1)
+        keyed = {p.split("?")[0] for p, a in srv.auth if a == "Bearer s3cret"}
+        bare = {p.split("?")[0] for p, a in srv.auth if a is None}
+        assert keyed == {"/collective_rpc", "/pause", "/reset_prefix_cache", "/update_weight_version", "/resume",
+                         "/weight_info"}
+        assert bare == {"/v1/models", "/v1/completions", "/health"}
     finally:
         srv.stop()
 
