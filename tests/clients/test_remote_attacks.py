@@ -186,3 +186,47 @@ def test_a_stream_that_never_stops_is_cut_at_max_tokens():
                 se.step()
     finally:
         srv.stop()
+
+
+DEEP = b"[" * 100_000 + b"]" * 100_000  # past the JSON parser's stack
+NESTED_ERROR = b'{"error": {"message": ' + b"[" * 900 + b"]" * 900 + b"}}"  # parses, but str() of it recurses
+
+
+@pytest.mark.parametrize("body", [DEEP, b'{"choices": ' + DEEP + b"}", NESTED_ERROR], ids=["deep", "in-choices",
+                                                                                          "error-message"])
+def test_a_reply_nested_past_the_stack_is_one_line_naming_the_server(body):
+    srv = FakeServer(routes={"/v1/completions": lambda p, b: (500 if body is NESTED_ERROR else 200, body)}).start()
+    try:
+        eng = RemoteEngine(srv.url, backend="vllm", tokenizer=CharTok(), timeout_s=5)
+        with pytest.raises(RemoteEngineError, match=r"v1/completions: an answer nested deeper than 64 levels") as e:
+            eng.generate([[1, 2, 3]], SP)
+        assert srv.url in str(e.value) and "\n" not in str(e.value)
+    finally:
+        srv.stop()
+
+
+@pytest.mark.parametrize("event", [DEEP, b'{"error": ' + b"[" * 900 + b"]" * 900 + b"}"], ids=["deep", "error"])
+def test_a_streamed_event_nested_past_the_stack_is_one_line_naming_the_server(event):
+    lsock = socket.socket()
+    lsock.bind(("127.0.0.1", 0))
+    lsock.listen(4)
+
+    def serve() -> None:
+        c, _ = lsock.accept()
+        c.recv(65536)
+        c.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n"
+                  b"data: " + event + b"\n\n")
+        c.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    url = f"http://127.0.0.1:{lsock.getsockname()[1]}"
+    try:
+        eng = RemoteEngine(url, model="m", backend="vllm", tokenizer=CharTok(), timeout_s=5)
+        se = eng.stepwise()
+        se.add_request("r", [1, 2], SamplingParams(n=1, max_tokens=3))
+        with pytest.raises(RemoteEngineError, match=r"\(stream\): .*an answer nested deeper than 64 levels") as e:
+            while se.has_unfinished():
+                se.step()
+        assert url in str(e.value) and "\n" not in str(e.value)
+    finally:
+        lsock.close()
