@@ -42,7 +42,7 @@ def test_vllm_sync_is_pause_load_reset_version_resume(tmp_path):
         assert torch.equal(seen["tensors"]["lm_head.weight"], STATE["model.embed_tokens.weight"])
         assert eng.last_sync.detail["reprocessed"] == ["lm_head"] and eng.last_sync.detail["extension"] is True
         eng.load_weights(STATE, version=4)  # the previous sync's folder is removed once the server moved on
-        assert len(list(next(tmp_path.iterdir()).iterdir())) == 1
+        assert len([d for d in next(tmp_path.iterdir()).iterdir() if d.is_dir()]) == 1  # beside its owner record
         eng.close()
         assert list(tmp_path.iterdir()) == []
     finally:
@@ -93,7 +93,7 @@ def test_a_failed_load_still_resumes_the_server_and_changes_no_version(tmp_path)
         with pytest.raises(RemoteEngineError, match="HTTP 500: RuntimeError: shape mismatch"):
             eng.load_weights(STATE, version=1)
         assert _routes(srv)[-2:] == ["/resume", "/is_paused"] and eng.weight_version == 0
-        assert list(next(tmp_path.iterdir()).iterdir()) == []  # the failed sync's folder is gone
+        assert [d for d in next(tmp_path.iterdir()).iterdir() if d.is_dir()] == []  # the failed sync's folder is gone
     finally:
         srv.stop()
 
@@ -267,3 +267,70 @@ def test_one_chooser_picks_every_servers_strategy_from_the_config_values(tmp_pat
     assert isinstance(pick(SyncChoice("sglang", tmp_path, lora_adapters=True)), SGLangSync)
     with pytest.raises(ValueError, match="unknown remote server kind"):
         SyncChoice("triton")
+
+
+def _child_holding_a_sync_folder(base):
+    """A process that makes a vLLM sync folder under `base` (with a weights file in it) and then waits: its pid."""
+    import subprocess
+    import sys
+
+    code = ("import sys, time; from pathlib import Path; from rollwise.clients.weight_sync import VLLMSync; "
+            "s = VLLMSync(sys.argv[1]); (s._root / 'v1').mkdir(); (s._root / 'v1' / 'model.safetensors')"
+            ".write_bytes(b'0' * 4096); print('ready', flush=True); time.sleep(60)")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    p = subprocess.Popen([sys.executable, "-c", code, str(base)], stdout=subprocess.PIPE, env=env, text=True)
+    assert p.stdout is not None and p.stdout.readline().strip() == "ready"
+    return p.pid, p
+
+
+def test_a_killed_runs_sync_folder_is_swept_by_the_next_run(tmp_path):
+    """SIGKILL (or the OOM killer) skips every finalizer: the folder must go when the next run starts."""
+    import signal
+
+    from rollwise.clients.weight_sync import VLLMSync
+
+    pid, proc = _child_holding_a_sync_folder(tmp_path)
+    left = [d for d in tmp_path.iterdir()]
+    assert len(left) == 1 and (left[0] / "v1" / "model.safetensors").is_file()
+    alive = VLLMSync(tmp_path)  # while the owner lives, its folder stays
+    assert left[0].is_dir()
+    os.kill(pid, signal.SIGKILL)
+    proc.wait()
+    assert left[0].is_dir()  # nothing ran in the killed process to remove it
+    fresh = VLLMSync(tmp_path)
+    assert not left[0].exists() and alive._root.is_dir() and fresh._root.is_dir()
+    alive.close()
+    fresh.close()
+
+
+def test_the_sweep_removes_only_rollwise_folders_whose_owner_is_gone(tmp_path):
+    import json
+
+    from rollwise.clients.sync_dirs import OWNER_FILE, PREFIX, _owner, sweep_dead
+
+    me = _owner()
+    dead_pid = 2 ** 22 + 12345  # above the kernel's default pid_max: never a live process
+
+    def folder(name: str, record: dict | None):
+        d = tmp_path / name
+        d.mkdir()
+        (d / "model.safetensors").write_bytes(b"x")
+        if record is not None:
+            (d / OWNER_FILE).write_text(json.dumps(record))
+        return d
+
+    gone = folder(PREFIX + "gone", {**me, "pid": dead_pid})
+    reused = folder(PREFIX + "reused", {**me, "start": "1"})  # this pid now, but a process that started earlier
+    keep = [
+        folder(PREFIX + "alive", me),
+        folder(PREFIX + "no-record", None),
+        folder(PREFIX + "other-host", {**me, "pid": dead_pid, "host": "gpu-node-7"}),
+        folder(PREFIX + "other-boot", {**me, "pid": dead_pid, "boot_id": "not-this-boot"}),
+        folder(PREFIX + "garbage", {"pid": "x"}),
+        folder("my-weights", {**me, "pid": dead_pid}),  # not a rollwise folder
+    ]
+    target = folder("elsewhere", {**me, "pid": dead_pid})
+    (tmp_path / (PREFIX + "link")).symlink_to(target)  # a link named like ours is not followed
+    assert sorted(sweep_dead(tmp_path)) == sorted([gone, reused])
+    assert not gone.exists() and not reused.exists()
+    assert all(d.is_dir() for d in keep) and (target / "model.safetensors").is_file()

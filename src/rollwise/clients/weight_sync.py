@@ -23,7 +23,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 import time
 import weakref
 from dataclasses import dataclass
@@ -33,6 +32,7 @@ from typing import Any, Callable, Literal, Mapping, Protocol
 from rollwise.clients.http_client import HttpClient
 from rollwise.clients.paused import paused
 from rollwise.clients.remote_check import RemoteEngineError
+from rollwise.clients.sync_dirs import make_sync_root
 from rollwise.clients.sync_report import ServerSync, SyncReport
 
 __all__ = ["SERVER_KINDS", "AdapterSource", "RollwiseServeSync", "SGLangSync", "ServerSync", "SyncChoice", "SyncReport",
@@ -95,7 +95,8 @@ class RollwiseServeSync:
 
 class _DirSync:
     """Writes the tensors as `model.safetensors` into a fresh folder under `weights_dir`; removes the folder of the
-    sync before once the server has moved on (the server may read lazily until its reload returns)."""
+    sync before once the server has moved on (the server may read lazily until its reload returns). The run's
+    folder goes at close or exit; a killed run's is swept by the next run (`clients/sync_dirs.py`)."""
 
     route = ""
 
@@ -103,7 +104,9 @@ class _DirSync:
         base = Path(weights_dir) if weights_dir is not None else None
         if base is not None:
             base.mkdir(parents=True, exist_ok=True)
-        self._root = Path(tempfile.mkdtemp(prefix="rollwise-weights-", dir=base))
+        # NOTE: the folders that killed runs left here are swept first (clients/sync_dirs.py: only rollwise's own,
+        # only when their owner process is gone)
+        self._root = make_sync_root(base)
         self._last: Path | None = None
         # A run that ends without close() (an exception on the way out, a test that forgets) must not leave a
         # model-sized folder behind: the folder goes with this object or at interpreter exit, whichever is first.
