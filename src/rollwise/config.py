@@ -209,8 +209,8 @@ class EngineConfig(_Section):
     remote_server: Literal["rollwise", "vllm", "sglang"] = "rollwise"
     """backend 'remote': which server speaks at `remote_urls` (decides the weight-reload route)."""
     remote_api_key_env: str = "ROLLWISE_ADMIN_KEY"
-    """backend 'remote': name of the environment variable holding the servers' admin key (sent as a Bearer token;
-    the key itself never goes into config.yaml)."""
+    """backend 'remote': name of the environment variable holding the servers' admin key (sent as a Bearer token
+    with the weight-sync requests only, never with completions; the key itself never goes into config.yaml)."""
     remote_timeout_s: float = Field(600.0, gt=0)
     """backend 'remote': the longest one generation or weight-reload request may take, in total."""
     remote_weights_dir: str | None = None
