@@ -472,7 +472,9 @@ class Trainer:
 
         fresh_version: the weight version these weights were published as. Then also logprob_diff_seq_max (the
         largest per-sequence mean |trainer - engine| log-prob over the loss tokens generated at that version: a
-        made-up rollout shows here, however few) and logprob_diff_seqs (the sequences it was taken over).
+        made-up rollout shows here, however few) and logprob_diff_seqs (the sequences it was taken over). Like the
+        gap metrics it is taken before any update of the step: over every sequence that runs when the loss has a
+        proximal policy or there is one update, else over the first mini-batch's.
         """
         t0 = time.perf_counter()
         batch = batch.with_layout(batch.share_prompt and self.share_prompt)
