@@ -23,9 +23,9 @@ The reference is computed when the weights are published (the trainer is at exac
 asynchronous source can check later, in its producer thread, without touching the trainer.
 
 Deliberately left out: hiding when a probe is sent (right after a sync: a server that answers honestly only
-then is caught by the rollout check); checking every parameter (vLLM's /weight_checker does checksums of its own tensors, which
-cannot be compared with the trainer's without the same kernel layout); checking rollouts that did not train (a
-zero-advantage group moves no weight, so the trainer never runs it).
+then is caught by the rollout check); checking every parameter (vLLM's /weight_checker does checksums of its own
+tensors, which cannot be compared with the trainer's without the same kernel layout); checking rollouts that did
+not train (a zero-advantage group moves no weight, so the trainer never runs it).
 """
 
 from __future__ import annotations
