@@ -24,6 +24,7 @@ from collections.abc import Mapping
 import difflib
 import hashlib
 import json
+import math
 import os
 import sys
 from importlib import resources
@@ -209,8 +210,8 @@ class EngineConfig(_Section):
     remote_server: Literal["rollwise", "vllm", "sglang"] = "rollwise"
     """backend 'remote': which server speaks at `remote_urls` (decides the weight-reload route)."""
     remote_api_key_env: str = "ROLLWISE_ADMIN_KEY"
-    """backend 'remote': name of the environment variable holding the servers' admin key (sent as a Bearer token;
-    the key itself never goes into config.yaml)."""
+    """backend 'remote': name of the environment variable holding the servers' admin key (sent as a Bearer token
+    with the weight-sync requests only, never with completions; the key itself never goes into config.yaml)."""
     remote_timeout_s: float = Field(600.0, gt=0)
     """backend 'remote': the longest one generation or weight-reload request may take, in total."""
     remote_weights_dir: str | None = None
@@ -224,6 +225,15 @@ class EngineConfig(_Section):
     the in-process engine (its load is a tensor copy; the per-step log-prob gap metric covers it)."""
     sync_check_tol: float = Field(1e-3, gt=0)
     """The largest |engine - trainer| log-prob gap the sync check accepts (float32; bfloat16 rollouts need ~5e-2)."""
+    rollout_check_tol: float | Literal["auto", "off"] = "auto"
+    """The largest mean |trainer - engine| log-prob (nats per token) over one trained rollout's tokens generated at
+    the trainer's own weight version (asynchronous, partial and replayed tokens are older and not checked) before
+    the run stops with one line (run.sync_check.RolloutCheck): the rollouts themselves prove that the engine samples
+    from the policy, whatever it answers to the probe. 'auto' = on for remote and Ray engines (as sync_check), at
+    0.05 when the engine (model.dtype, or engine.vllm.dtype) and the trainer (train.bf16 false) both compute in
+    float32 and 1.0 when either is in bfloat16, float16 or int8 (honest rollouts measured ~1e-5 in float32, up to
+    0.16 in bfloat16; made-up ones are nats away); a number = that tolerance, on every backend; 'off' = never stop
+    on it (the gap is still logged as logprob_mismatch_seq_max)."""
     num_engines: int = Field(2, ge=1)
     """backend 'ray': engine actors (the prompts of a step are split across them)."""
     max_num_seqs: int = Field(256, ge=1)
@@ -244,6 +254,13 @@ class EngineConfig(_Section):
     """Which log-probs the engine records: 'processed' = of the distribution sampled from (logits / T, top-k, top-p,
     renormalised: the behaviour policy RL needs); 'raw' = log_softmax(logits) (vLLM's `--logprobs-mode`; refused
     in RL runs, whose importance ratios need the processed ones)."""
+
+    @field_validator("rollout_check_tol")
+    @classmethod
+    def _rollout_check_tol(cls, v: float | str) -> float | str:
+        if isinstance(v, str) or (v > 0 and math.isfinite(v)):
+            return v
+        raise ValueError(f"rollout_check_tol must be a positive number, 'auto' or 'off', got {v!r}")
 
 
 # apply_chat_template's own parameters: rollwise sets them per call, so a run-wide template variable may not.

@@ -35,8 +35,12 @@ class FakeServer:
     """body -> per-choice token lists for streaming; one SSE event per token."""
     stream_delay_s: float = 0.0
     routes: dict[str, Callable[[str, dict[str, Any]], tuple[int, Any]]] = field(default_factory=dict)
-    """path -> handler(path_with_query, json_body) -> (status, json) overriding the defaults."""
+    """path -> handler(path_with_query, json_body) -> (status, json) overriding the defaults (GET: body {})."""
     calls: list[tuple[str, Any]] = field(default_factory=list)
+    auth: list[tuple[str, str | None]] = field(default_factory=list)
+    """(path, the Authorization header or None) of every request."""
+    stream_text: Callable[[int], str] | None = None
+    """token id -> the text each streamed chunk claims (default: none)."""
     disconnects: int = 0
     weight_version: str = "0"
 
@@ -67,6 +71,10 @@ class FakeServer:
 
             def do_GET(self) -> None:
                 fake.calls.append((self.path, None))
+                fake.auth.append((self.path, self.headers.get("Authorization")))
+                if self.path.split("?")[0] in fake.routes:
+                    st, obj = fake.routes[self.path.split("?")[0]](self.path, {})
+                    return self._send(st, obj)
                 if self.path.startswith("/v1/models"):
                     return self._send(200, {"data": [{"id": "fake-model", "root": "/models/fake"}]})
                 if self.path.startswith("/weight_info"):
@@ -79,6 +87,7 @@ class FakeServer:
                 body = self._body()
                 base = self.path.split("?")[0]
                 fake.calls.append((self.path, body))
+                fake.auth.append((self.path, self.headers.get("Authorization")))
                 if base in fake.routes:
                     st, obj = fake.routes[base](self.path, body or {})
                     return self._send(st, obj)
@@ -114,7 +123,8 @@ class FakeServer:
                         for k, ids in enumerate(toks):
                             if i < len(ids):
                                 last = i == len(ids) - 1
-                                ch = choice(k, [ids[i]], reason="length" if last else None)
+                                ch = choice(k, [ids[i]], reason="length" if last else None,
+                                            text=fake.stream_text(ids[i]) if fake.stream_text else "")
                                 self.wfile.write(b"data: " + json.dumps({"choices": [ch]}).encode() + b"\n\n")
                                 self.wfile.flush()
                         if fake.stream_delay_s:

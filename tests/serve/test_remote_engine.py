@@ -53,6 +53,10 @@ def test_remote_generate_equals_in_process(server, llm):
     one = eng.generate([5, 6, 7], SamplingParams(temperature=0, max_tokens=5, ignore_eos=True))
     assert len(one) == 1 and len(one[0].outputs[0].token_ids) == 5
     assert eng.weight_version == llm.weight_version == 0
+    # With a tokenizer the server's own text is compared with the ids' text: an honest server never disagrees.
+    checked = RemoteEngine(server.url, tokenizer=llm.tokenizer)
+    checked.generate(texts + PROMPTS, sps + [sp] * len(PROMPTS))
+    assert checked.counters() == {"text_mismatch": 0}
 
 
 def test_remote_load_weights_round_trip(fresh_server, other_ckpt, char_ckpt, tmp_path):

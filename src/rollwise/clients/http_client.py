@@ -28,18 +28,54 @@ MAX_BODY_BYTES = 256 << 20
 """The largest response body read (a completions answer for 64 x 4k tokens is a few MB)."""
 MAX_EVENT_BYTES = 8 << 20
 """The largest single SSE event."""
+MAX_JSON_DEPTH = 64
+"""The deepest nesting of arrays and objects a server's JSON may have (an OpenAI answer has fewer than 10 levels;
+JSON nested thousands deep would otherwise end in a RecursionError, here or in whatever later walks it)."""
+
+
+def loads(raw: bytes, what: str) -> Any:
+    """`raw` as JSON, or None when it is not JSON; RemoteEngineError naming `what` when it is nested deeper than
+    `MAX_JSON_DEPTH`."""
+    try:
+        data = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return None
+    except RecursionError:
+        data = None
+        depth = MAX_JSON_DEPTH + 1
+    else:
+        depth = json_depth(data, MAX_JSON_DEPTH)
+    if depth > MAX_JSON_DEPTH:
+        raise RemoteEngineError(f"{what}: an answer nested deeper than {MAX_JSON_DEPTH} levels")
+    return data
+
+
+def json_depth(data: Any, limit: int) -> int:
+    """How deep `data`'s arrays and objects nest (0 for a scalar), counted without recursion and only up to
+    `limit` + 1."""
+    deepest = 0
+    stack = [(data, 1)] if isinstance(data, (list, dict)) else []
+    while stack:
+        node, depth = stack.pop()
+        deepest = max(deepest, depth)
+        if depth > limit:
+            return depth
+        for child in (node.values() if isinstance(node, dict) else node):
+            if isinstance(child, (list, dict)):
+                stack.append((child, depth + 1))
+    return deepest
 
 
 @dataclass
 class Response:
     status: int
     body: bytes
+    what: str = "the server"
+    """The request, as errors name it (`POST http://host:port/path`)."""
 
     def json(self) -> Any:
-        try:
-            return json.loads(self.body)
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            return None
+        """The body as JSON, None when it is not JSON; RemoteEngineError when it nests too deep (`loads`)."""
+        return loads(self.body, self.what)
 
 
 class _Watchdog:
@@ -124,7 +160,7 @@ class HttpClient:
                     raise OSError("deadline")
                 if resp.will_close:
                     self._drop()
-                return Response(resp.status, data)
+                return Response(resp.status, data, what)
             except RemoteEngineError:
                 self._drop()
                 raise
@@ -189,11 +225,7 @@ class HttpClient:
         if resp.status >= 400:
             data = resp.read(1 << 16)
             s.close()
-            try:
-                msg = error_message(json.loads(data), data)
-            except (json.JSONDecodeError, UnicodeDecodeError):
-                msg = error_message(None, data)
-            raise RemoteEngineError(f"{what} -> HTTP {resp.status}: {msg}")
+            raise RemoteEngineError(f"{what} -> HTTP {resp.status}: {error_message(loads(data, what), data)}")
         s.resp = resp
         return s
 
@@ -244,10 +276,10 @@ class Stream:
                 buf, size = [], 0
                 if raw == b"[DONE]":
                     return
-                try:
-                    yield json.loads(raw)
-                except (json.JSONDecodeError, UnicodeDecodeError):
-                    raise RemoteEngineError(f"{self.what}: an event that is not JSON: {raw[:120]!r}") from None
+                event = loads(raw, self.what)
+                if event is None and raw.strip() != b"null":
+                    raise RemoteEngineError(f"{self.what}: an event that is not JSON: {raw[:120]!r}")
+                yield event
         except (OSError, http.client.HTTPException) as e:
             if self.cancelled:
                 return

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence as 
 
 from rollwise.clients.http_client import HttpClient
 from rollwise.engine.protocol import Engine, params_list, prompt_list
-from rollwise.clients.remote_check import ChoiceLimits, RemoteEngineError, ordered_choices, parse_choice
+from rollwise.clients.remote_check import ChoiceLimits, RemoteEngineError, TextTally, ordered_choices, parse_choice
 from rollwise.clients.weight_sync import (SERVER_KINDS, AdapterSource, ServerSync, SyncChoice, SyncReport,
                                           make_server_sync)
 from rollwise.types import CompletionOutput, RequestOutput, SamplingParams, Tokenizer
@@ -55,7 +55,9 @@ class RemoteEngine:
         """
         base_url: the server root, e.g. http://127.0.0.1:8000 (a trailing /v1 is accepted).
         model: the served model name; default: the first entry of GET /v1/models.
-        api_key: sent as `Authorization: Bearer KEY` on every request (the admin key of rollwise serve).
+        api_key: the servers' admin key, sent as `Authorization: Bearer KEY` on the weight-sync routes only (the
+            admin routes: rollwise serve's /admin/*, vLLM's pause / RPC / version routes, SGLang's reload), never
+            with a completion, a model list or a health check, which any server on the URL may read.
         timeout_s: the longest one generation or weight-load request may take, in total (not per read).
         backend: "rollwise", "vllm" or "sglang": which weight-sync strategy (`clients.weight_sync`) to use.
         tokenizer: decodes the text of every sample from its token ids (the server's text is not used), and
@@ -73,7 +75,9 @@ class RemoteEngine:
             raise ValueError(f"backend must be one of {', '.join(SERVER_KINDS)}, got {backend!r}")
         if timeout_s <= 0 or max_concurrency < 1:
             raise ValueError("timeout_s must be > 0 and max_concurrency >= 1")
-        self.http = HttpClient(base_url, api_key=api_key, connect_timeout_s=connect_timeout_s)
+        self.http = HttpClient(base_url, connect_timeout_s=connect_timeout_s)
+        self.admin_http = HttpClient(base_url, api_key=api_key, connect_timeout_s=connect_timeout_s)
+        """The weight syncs' client: the same server, with the admin key."""
         self.base_url = self.http.base_url
         self.api_key = api_key
         self.timeout_s = float(timeout_s)
@@ -88,6 +92,8 @@ class RemoteEngine:
         self._sync = sync if sync is not None else make_server_sync(SyncChoice(backend, weights_dir,
                                                                                lora_adapters=lora_adapters))
         self.last_sync: SyncReport | None = None
+        self.texts = TextTally()
+        """Samples whose server text disagreed with their ids (`counters()['text_mismatch']`)."""
         self.model = model or self._default_model()
 
     # ------------------------------------------------------------------ plumbing
@@ -121,8 +127,9 @@ class RemoteEngine:
         return self._version
 
     def counters(self) -> dict[str, int]:
-        """None kept: a server's failures surface as errors of the call that met them."""
-        return {}
+        """`text_mismatch`: samples so far whose text (as the server reported it) disagreed with their token ids;
+        a server's failures surface as errors of the call that met them."""
+        return {"text_mismatch": self.texts.mismatched}
 
     def abort(self, request_id: str) -> RequestOutput | None:
         """`generate` is synchronous, so no request of this engine is in flight between calls: always None."""
@@ -168,13 +175,17 @@ class RemoteEngine:
         decode: Callable[[list[int]], str] | None = (lambda ids: self.decode(ids, sp.stop)) if self.tokenizer else None
         outs: list[CompletionOutput] = []
         prompt_ids: list[int] | None = list(prompt) if not isinstance(prompt, str) else None
+        said: list[tuple[Any, str]] = []
         for j, ch in enumerate(choices):
             out = parse_choice(ch, j, top, limits, decode)
             if decode is None:  # no tokenizer to decode with: the server's text is all there is
                 out.text = ch.get("text") if isinstance(ch.get("text"), str) else ""
+            else:
+                said.append((ch.get("text"), out.text))
             outs.append(out)
             if prompt_ids is None and isinstance(ch.get("prompt_token_ids"), list):
                 prompt_ids = [int(t) for t in ch["prompt_token_ids"]]
+        self.texts.add(said)
         if prompt_ids is None:  # a string prompt whose ids the server did not return
             tok = self.tokenizer
             prompt_ids = list(tok.encode(prompt, add_special_tokens=False)) if tok and isinstance(prompt, str) else []
@@ -206,14 +217,14 @@ class RemoteEngine:
         """Ask the server to load the checkpoint directory `path` (a path on the server's filesystem) as
         `version` (None: current + 1); returns the new version."""
         version = self._next_version(version)
-        return self._adopt(self._sync.push_dir(self.http, str(path), version, self.timeout_s))
+        return self._adopt(self._sync.push_dir(self.admin_http, str(path), version, self.timeout_s))
 
     def load_weights(self, state_dict: Mapping[str, Any] | Iterable[tuple[str, Any]], version: int | None = None) -> int:
         """Send HF-named weights to the server through its sync strategy as `version` (None: current + 1);
         returns the new version."""
         version = self._next_version(version)
         state = state_dict if isinstance(state_dict, Mapping) else dict(state_dict)
-        return self._adopt(self._sync.push(self.http, state, version, self.timeout_s))
+        return self._adopt(self._sync.push(self.admin_http, state, version, self.timeout_s))
 
     def _next_version(self, version: int | None) -> int:
         if version is None:

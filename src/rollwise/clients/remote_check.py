@@ -8,6 +8,10 @@ text is decoded by rollwise from the token ids (the server's `text` is never sco
 
 A violation raises `RemoteEngineError` naming the field and the value; the caller prefixes the server.
 
+The server's own `text` is still compared with the decoded ids (`same_text`): a server whose text says something
+else is counted (`TextTally`, the engine's `text_mismatch` counter in every step's metrics) and refused once more
+than `TEXT_MISMATCH_MAX_FRACTION` of its samples disagree.
+
 Deliberately left out: checking that log-probs are *right* (that needs the policy: `run.sync_check` does it after
 every weight sync with a probe).
 """
@@ -15,11 +19,16 @@ every weight sync with a probe).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+import threading
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from rollwise.types import CompletionOutput
 
+TEXT_MISMATCH_MAX_FRACTION = 0.2
+"""A server whose text disagrees with its ids on more than this fraction of its samples is refused..."""
+TEXT_MISMATCH_MIN_SAMPLES = 32
+"""...once it has answered at least this many (a detokenizer's rare edge case is counted, never refused alone)."""
 LOGPROB_SLACK = 1e-4
 """A log-prob may exceed 0 by float rounding (log_softmax of a near-certain token); more than this is garbage."""
 
@@ -168,3 +177,36 @@ def ordered_choices(data: Any, n: int) -> list[Any]:
     if len(by_index) != n:
         raise RemoteEngineError(f"{len(by_index)} choices for n={n}")
     return [by_index[i] for i in range(n)]
+
+
+def same_text(server_text: str, decoded: str) -> bool:
+    """Whether the server's text says what the ids say, up to what honest detokenizers differ on: whitespace (the
+    clean-up of spaces around punctuation) and an incomplete UTF-8 character held back at the end."""
+    def norm(t: str) -> str:
+        return "".join(t.split()).rstrip("\ufffd")
+
+    return norm(server_text) == norm(decoded)
+
+
+@dataclass
+class TextTally:
+    """One server's samples and how many of them came with a text that disagrees with their ids (thread-safe); the
+    caller names the server in the error."""
+
+    samples: int = 0
+    mismatched: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def add(self, pairs: list[tuple[Any, str]]) -> None:
+        """Count one answer's samples, each as (the server's text, the text decoded from its ids); raise
+        RemoteEngineError when the server's text has disagreed too often. A missing or empty server text says
+        nothing and is not a disagreement."""
+        bad = sum(1 for said, decoded in pairs if isinstance(said, str) and said and not same_text(said, decoded))
+        with self._lock:
+            self.samples += len(pairs)
+            self.mismatched += bad
+            samples, mismatched = self.samples, self.mismatched
+        if samples >= TEXT_MISMATCH_MIN_SAMPLES and mismatched > TEXT_MISMATCH_MAX_FRACTION * samples:
+            raise RemoteEngineError(f"the text of {mismatched} of the server's {samples} samples disagrees "
+                                    "with their token ids (the ids are what rollwise scores and trains on): a server "
+                                    "that misreports what it generated is not used")

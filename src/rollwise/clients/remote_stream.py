@@ -27,9 +27,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, Sequence
 
 from rollwise.clients.http_client import HttpClient, Stream
-from rollwise.clients.remote_check import (ChoiceLimits, RemoteEngineError, check_length, check_vocab, chunk_tokens,
-                                           versions_of)
-from rollwise.types import CompletionOutput, FinishReason, RequestOutput, SamplingParams
+from rollwise.clients.remote_check import (ChoiceLimits, RemoteEngineError, TextTally, check_length, check_vocab,
+                                           chunk_tokens, versions_of)
+from rollwise.types import CompletionOutput, FinishReason, RequestOutput, SamplingParams, Tokenizer
 
 if TYPE_CHECKING:  # pragma: no cover
     from rollwise.engine.protocol import StepEngine
@@ -42,6 +42,8 @@ class StreamingServer(Protocol):
     http: HttpClient
     base_url: str
     timeout_s: float
+    texts: TextTally
+    tokenizer: Tokenizer | None
 
     @property
     def weight_version(self) -> int: ...
@@ -62,6 +64,8 @@ class _Sample:
     lps: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
     finish: FinishReason | None = None
+    said: list[str] = field(default_factory=list)
+    """The text the server streamed for this request's tokens (compared with the ids' text, never used)."""
 
 
 @dataclass
@@ -223,11 +227,17 @@ class RemoteStepEngine:
                         s.ids += ids
                         s.lps += lps
                         s.versions += vs
+                        if isinstance(ch.get("text"), str):
+                            s.said.append(ch["text"])
                         if reason is not None:
                             s.finish = reason
             with self._cond:
                 if not req.aborted and any(req.samples[j].finish is None for j in sample_ids):
                     raise RemoteEngineError("the stream ended before every sample finished")
+                streamed = [(req.samples[j], len(req.samples[j].ids) - got[j]) for j in sample_ids]
+            if self.remote.tokenizer is not None:  # what this stream sent (a resumed sample's start came before)
+                self.remote.texts.add([("".join(s.said), self.remote.decode(s.ids[have:], req.params.stop))
+                                       for s, have in streamed])
         except BaseException as e:  # noqa: BLE001 - handed to step(), which raises it in the caller's thread
             if not req.aborted:
                 with self._cond:

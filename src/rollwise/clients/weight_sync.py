@@ -6,7 +6,7 @@
     vllm       safetensors into a directory the server reads, then vLLM's own RL API in order:
                /pause?mode=wait -> /collective_rpc rollwise_load_weights (the worker extension in
                clients/vllm/plugin; vLLM's plain reload_weights when the server runs without it) ->
-               /reset_prefix_cache -> /update_weight_version -> /resume
+               /reset_prefix_cache -> /update_weight_version -> /resume (the pair always closed: clients/paused.py)
 
 Why a directory for vLLM and SGLang: both load from a path on their own filesystem (one machine, or a shared
 filesystem between trainer and servers). The NCCL path for vLLM on GPUs (`clients/vllm/nccl.py`) sends no files; it
@@ -23,7 +23,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 import time
 import weakref
 from dataclasses import dataclass
@@ -31,7 +30,9 @@ from pathlib import Path
 from typing import Any, Callable, Literal, Mapping, Protocol
 
 from rollwise.clients.http_client import HttpClient
+from rollwise.clients.paused import paused
 from rollwise.clients.remote_check import RemoteEngineError
+from rollwise.clients.sync_dirs import make_sync_root
 from rollwise.clients.sync_report import ServerSync, SyncReport
 
 __all__ = ["SERVER_KINDS", "AdapterSource", "RollwiseServeSync", "SGLangSync", "ServerSync", "SyncChoice", "SyncReport",
@@ -94,7 +95,8 @@ class RollwiseServeSync:
 
 class _DirSync:
     """Writes the tensors as `model.safetensors` into a fresh folder under `weights_dir`; removes the folder of the
-    sync before once the server has moved on (the server may read lazily until its reload returns)."""
+    sync before once the server has moved on (the server may read lazily until its reload returns). The run's
+    folder goes at close or exit; a killed run's is swept by the next run (`clients/sync_dirs.py`)."""
 
     route = ""
 
@@ -102,7 +104,9 @@ class _DirSync:
         base = Path(weights_dir) if weights_dir is not None else None
         if base is not None:
             base.mkdir(parents=True, exist_ok=True)
-        self._root = Path(tempfile.mkdtemp(prefix="rollwise-weights-", dir=base))
+        # NOTE: the folders that killed runs left here are swept first (clients/sync_dirs.py: only rollwise's own,
+        # only when their owner process is gone)
+        self._root = make_sync_root(base)
         self._last: Path | None = None
         # A run that ends without close() (an exception on the way out, a test that forgets) must not leave a
         # model-sized folder behind: the folder goes with this object or at interpreter exit, whichever is first.
@@ -177,9 +181,8 @@ class VLLMSync(_DirSync):
         t0 = time.perf_counter()
         ext = self._has_extension(http, deadline_s)
         times: dict[str, Any] = {}
-        http.json("POST", "/pause?mode=wait", None, deadline_s=deadline_s)
-        times["pause_s"] = time.perf_counter() - t0
-        try:
+        with paused(http, deadline_s):
+            times["pause_s"] = time.perf_counter() - t0
             t1 = time.perf_counter()
             if ext:
                 got = http.json("POST", self.route, {"method": self.EXTENSION_METHOD, "kwargs": {"path": path}},
@@ -194,8 +197,6 @@ class VLLMSync(_DirSync):
             times["load_s"] = time.perf_counter() - t1
             http.json("POST", "/reset_prefix_cache", None, deadline_s=deadline_s)
             http.json("POST", "/update_weight_version", {"new_version": str(version)}, deadline_s=deadline_s)
-        finally:
-            http.json("POST", "/resume", None, deadline_s=deadline_s)
         served = http.json("GET", "/weight_info", deadline_s=deadline_s)
         if not isinstance(served, dict) or str(served.get("weight_version")) != str(version):
             raise RemoteEngineError(f"vLLM at {http.base_url} reports weight version {served!r:.80} after loading "
@@ -232,15 +233,12 @@ class VLLMLoraSync(_DirSync):
         t0 = time.perf_counter()
         if not (Path(path) / "adapter_config.json").is_file():
             raise RemoteEngineError(f"{path} is not a PEFT adapter directory (no adapter_config.json)")
-        http.json("POST", "/pause?mode=wait", None, deadline_s=deadline_s)
-        try:
+        with paused(http, deadline_s):
             http.ok("POST", self.route, {"lora_name": self.NAME, "lora_path": path, "load_inplace": self._loaded},
                     deadline_s=deadline_s)
             self._loaded = True
             http.json("POST", "/reset_prefix_cache", None, deadline_s=deadline_s)
             http.json("POST", "/update_weight_version", {"new_version": str(version)}, deadline_s=deadline_s)
-        finally:
-            http.json("POST", "/resume", None, deadline_s=deadline_s)
         return SyncReport(version, time.perf_counter() - t0, self.route, {"model": self.NAME, "adapter": path})
 
 

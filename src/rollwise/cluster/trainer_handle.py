@@ -122,14 +122,16 @@ class LocalTrainer:
         self.restarts = 0
 
     def train_step(self, rollouts: Sequence[Rollout]) -> dict[str, float]:
-        """One RL step on `rollouts` (none: no update, empty metrics); `version` goes up by one either way."""
+        """One RL step on `rollouts` (none: no update, empty metrics); `version` goes up by one either way. The
+        rollouts' tokens made at `version` (the weights trained now) are the ones whose log-prob gap is reported per
+        sequence (`logprob_diff_seq_max`, `run.sync_check.RolloutCheck`)."""
         from rollwise.train.batch import TrainBatch
         from rollwise.train.losses import LOSSES
 
         m: dict[str, float] = {}
         if rollouts:
             batch = TrainBatch.from_rollouts(list(rollouts), self.micro_batch_tokens)
-            m = self.trainer.train_step(batch, LOSSES[self.loss_name], self.loss_cfg)
+            m = self.trainer.train_step(batch, LOSSES[self.loss_name], self.loss_cfg, fresh_version=self.version)
         self.version += 1
         return m
 

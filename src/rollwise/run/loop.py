@@ -7,6 +7,8 @@
     advantages per group (GRPO & co), then the Filter room (rollwise/filter.py): zero-variance groups and
     overlong samples filtered and counted, trainable = what it selects (+ replayed ones, optional)
     metrics  = trainer.train_step(trainable)  # trainer.version += 1
+    check    = the rollouts made at the trainer's version carry its log-probs, or the run stops here with one line
+               (run/sync_check.py RolloutCheck), before anything of the step is synced or stored
     source.sync(trainer.weights(), trainer.version)   # weights -> engine(s), under the trainer's version
     evaluate when due; store.write_step(step, every rollout of the step, any status, its write-ahead log record)
     metrics.log(step, step_metrics(...)); checkpoint when due   # the step line: counts, and why nothing trained
@@ -87,7 +89,8 @@ def _run_steps(run: RunParts, log: Log, stop_after: int | None) -> dict[str, Any
     if point.step > 0 or not run.engine_holds_policy:  # a server may hold other weights: send ours
         engine.load_weights(trainer.weights(), trainer.version)
     if run.sync_check is not None:  # the engine samples from the trainer's distribution, or the run stops here
-        run.sync_check.verify(engine, run.sync_check.reference(trainer), first=True)
+        ref = run.sync_check.reference(trainer, _params_for(run)(trainer.version + 1))
+        run.sync_check.verify(engine, ref, first=True)
     for note in prepare_resume(run.run_dir, point.step, point.metrics):
         log(note)
     metrics = MetricsLogger(run.run_dir, total_steps=cfg.train.steps, loggers=cfg.run.loggers,
@@ -272,6 +275,8 @@ class _Steps:
             recover_trainer(trainer, self.store, step, run.resume, self.log, lost)
             set_rng_state(rng_before)
             train_m = trainer.train_step(trainable)
+        if run.rollout_check is not None:  # rollouts made at this version carry its log-probs, or the run stops here
+            run.rollout_check.verify(step, train_m)
         return _Learned(groups, selection.zero_variance_groups, trainable, replayed, books, train_m, rng_before,
                         no_signal(groups, trainable, self.rules))
 
@@ -341,6 +346,7 @@ def step_metrics(rollouts: Sequence[Rollout], num_groups: int, zero_var: int, bo
         "time_train_s": train_m.get("train_s", 0.0), "time_sync_s": sync_s, "step_s": step_s, "cpu_s": cpu_s,
         "tokens_per_s": gen_tokens / step_s if step_s > 0 else None,
         "logprob_mismatch_mean": train_m.get("logprob_diff_mean"), "logprob_mismatch_max": train_m.get("logprob_diff_max"),
+        "logprob_mismatch_seq_max": train_m.get("logprob_diff_seq_max") if train_m.get("logprob_diff_seqs") else None,
         "tis_clip_frac": train_m.get("tis_clip_frac"),  # with algo.tis_cap (on by default for a low-precision engine)
         # with a masking algo.correction (token_mask, icepop, sequence_mask): what it left out of the loss
         "masked_token_frac": train_m.get("masked_token_frac"), "masked_seq_frac": train_m.get("masked_seq_frac"),

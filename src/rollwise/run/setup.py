@@ -32,7 +32,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from rollwise.engine.protocol import Engine
     from rollwise.envs.base import Environment, MultiTurnEnvironment
     from rollwise.models.prompting import PromptFormat
-    from rollwise.run.sync_check import SyncCheck
+    from rollwise.run.sync_check import RolloutCheck, SyncCheck
     from rollwise.train.checkpoint import Checkpoint
 
 Log = Callable[[str], None]
@@ -247,19 +247,43 @@ def make_trainer(cfg: RunConfig, model_dir: Path, device: str) -> TrainerHandle:
     return spec.build()
 
 
-def make_sync_check(cfg: RunConfig, encode: Callable[[Task], list[int]], tasks: list[Task]) -> SyncCheck | None:
-    """The weight-sync check (`run.sync_check`) on two of the run's own prompts, or None when it is off."""
-    E, R = cfg.engine, cfg.rollout
-    on = E.sync_check is True or (E.sync_check == "auto" and E.backend != "local")
-    if not on:
-        return None
-    from rollwise.run.sync_check import SyncCheck, probe_prompts
-
+def _engine_name(cfg: RunConfig) -> str:
+    """The engine as the checks' one-line errors name it: its servers, or its kind."""
+    E = cfg.engine
     where = ", ".join(E.remote_urls) if E.backend == "remote" and E.remote_urls else f"the {E.backend} engine"
     if E.backend == "remote" and E.remote_server == "vllm" and E.vllm.launch:
         where = "the launched vLLM server(s)"
-    return SyncCheck(probe_prompts([encode(t) for t in tasks[:8]]), temperature=R.temperature, top_p=R.top_p,
-                     top_k=R.top_k, tol=E.sync_check_tol, engine_name=where)
+    return where
+
+
+def make_sync_check(cfg: RunConfig, encode: Callable[[Task], list[int]], tasks: list[Task]) -> SyncCheck | None:
+    """The weight-sync check (`run.sync_check`) drawing its probes from the run's own prompts, or None when it is
+    off."""
+    E = cfg.engine
+    on = E.sync_check is True or (E.sync_check == "auto" and E.backend != "local")
+    if not on:
+        return None
+    import random
+
+    from rollwise.run.sync_check import PROBE_POOL, SyncCheck, probe_pool
+
+    rng = random.Random(cfg.train.seed * 7_919 + 17)
+    picked = rng.sample(tasks, min(len(tasks), 2 * PROBE_POOL))
+    return SyncCheck(probe_pool([encode(t) for t in picked]), tol=E.sync_check_tol, engine_name=_engine_name(cfg),
+                     seed=rng.randrange(1 << 62), first_group=cfg.rollout.prompts_per_step)
+
+
+def make_rollout_check(cfg: RunConfig) -> RolloutCheck | None:
+    """The check that every trained rollout made at the trainer's version carries the trainer's log-probs
+    (`run.sync_check.RolloutCheck`), at the tolerance `engine.rollout_check_tol` gives, or None when it is off."""
+    from rollwise.run.sync_check import rollout_check
+
+    E = cfg.engine
+    dtype = E.vllm.dtype if E.backend == "remote" and E.remote_server == "vllm" and E.vllm.dtype != "auto" \
+        else cfg.model.dtype
+    # NOTE: bf16 training counts whenever it may be on (true or auto): the looser tolerance never stops an honest run
+    return rollout_check(E.rollout_check_tol, remote=E.backend != "local", engine_dtype=dtype,
+                         trainer_bf16=cfg.train.bf16 is not False, engine_name=_engine_name(cfg))
 
 
 def make_scorer(cfg: RunConfig, env: Environment) -> tuple[Scorer | None, Callable[[], None] | None]:
@@ -390,6 +414,8 @@ class RunParts:
     closers: list[Callable[[], None]] = field(default_factory=list)
     sync_check: SyncCheck | None = None
     """`run.sync_check.SyncCheck` when engine.sync_check is on for this backend, else None."""
+    rollout_check: RolloutCheck | None = None
+    """`run.sync_check.RolloutCheck` unless engine.rollout_check_tol is 'off'."""
     base_dir: Path | None = None
     """The model before SFT (when `sft.path` is set): evaluated as `eval_base`."""
     sft_info: dict[str, Any] = field(default_factory=dict)
@@ -648,5 +674,6 @@ def _start_workers(cfg: RunConfig, prep: _Prepared, log: Log, closers: list[Call
                     prep.init_dir, prep.warm_info, engine, prep.tokenizer, prep.encode,
                     stop_token_ids(prep.tokenizer, prep.init_dir), scorer, prep.episodes, trainer, controller,
                     prep.resume, t_start, engine_holds_policy=E.backend != "remote", closers=closers,
-                    sync_check=make_sync_check(cfg, prep.encode, prep.train_tasks), base_dir=prep.base_dir,
+                    sync_check=make_sync_check(cfg, prep.encode, prep.train_tasks),
+                    rollout_check=make_rollout_check(cfg), base_dir=prep.base_dir,
                     sft_info=prep.sft_info)

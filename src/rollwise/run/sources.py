@@ -108,13 +108,15 @@ def policy_state(controller: RolloutController) -> Any:
 class _Checked:
     """The weight-sync check (`run.sync_check`) bound to the trainer that makes its references; none = no check."""
 
-    def __init__(self, check: SyncCheck | None = None, trainer: TrainerHandle | None = None) -> None:
-        self.check, self.trainer = check, trainer
+    def __init__(self, check: SyncCheck | None = None, trainer: TrainerHandle | None = None,
+                 params: Callable[[int], SamplingParams] | None = None) -> None:
+        self.check, self.trainer, self.params = check, trainer, params
 
     def reference(self) -> ProbeReference | None:
-        if self.check is None or self.trainer is None:
+        """The probe for the trainer's current version, sent as the step these weights generate next is."""
+        if self.check is None or self.trainer is None or self.params is None:
             return None
-        return self.check.reference(self.trainer)
+        return self.check.reference(self.trainer, self.params(self.trainer.version + 1))
 
     def verify(self, engine: Engine, ref: ProbeReference | None) -> None:
         if self.check is not None and ref is not None:
@@ -271,7 +273,7 @@ def make_source(controller: RolloutController, engine: Engine, tasks: list[Task]
     """SyncSource for K = 0, else AsyncSource(K); `sync_check` (with the `trainer` that makes its references)
     proves every weight sync."""
     maker = _StepMaker(controller, engine, tasks, order, params, batch_groups)
-    checked = _Checked(sync_check, trainer)
+    checked = _Checked(sync_check, trainer, params)
     if staleness == 0:
         return SyncSource(maker, checked)
     return AsyncSource(maker, staleness, first_step, last_step, trained_version, checked)

@@ -49,6 +49,19 @@ class MiniBatchTensors:
     adv: torch.Tensor
     ref: torch.Tensor | None
     prox: torch.Tensor | None
+    fresh: torch.Tensor | None = None
+    """[b, width] 1.0 on tokens the engine generated at the trainer's own weight version (their behaviour log-probs
+    must equal the trainer's up to precision: `Trainer.train_step`'s fresh_version), else 0; None: none asked."""
+
+
+def fresh_tokens(mini: TrainBatch, version: int) -> torch.Tensor:
+    """[b, T] float: 1.0 where a completion token's recorded weight version is `version`, 0 elsewhere (older
+    tokens of asynchronous, partial or replayed rollouts, padding)."""
+    out = torch.zeros(mini.num_sequences, mini.max_completion_len, dtype=torch.float32)
+    for i, versions in enumerate(mini.weight_versions):
+        row = torch.tensor(versions[: out.shape[1]], dtype=torch.long)
+        out[i, : len(row)] = (row == version).float()
+    return out
 
 
 def with_gradient(mini: TrainBatch) -> list[int]:

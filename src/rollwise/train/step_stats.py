@@ -37,6 +37,10 @@ class StepStats:
     """Sum over loss tokens of |trainer - engine| log-prob, at the parameters before any update of the step."""
     diff_tokens: float = _total("sum")
     diff_max: float = _total("max")
+    seq_gap_max: float = _total("max")
+    """The largest per-sequence mean gap over tokens generated at the trainer's own weight version."""
+    seq_gap_count: float = _total("sum")
+    """Sequences `seq_gap_max` was taken over."""
     forward_tokens: float = _total("sum")
     micro_batches: float = _total("sum")
     # the same on every rank
@@ -79,6 +83,10 @@ class StepStats:
         """The trainer-vs-engine log-prob gap of one micro-batch: its sum and max over `tokens` loss tokens."""
         self += StepStats(diff_sum=gap_sum, diff_tokens=tokens, diff_max=gap_max)
 
+    def add_seq_gap(self, gap_max: float, sequences: float) -> None:
+        """The largest per-sequence mean gap of one micro-batch's fresh sequences, and how many there were."""
+        self += StepStats(seq_gap_max=gap_max, seq_gap_count=sequences)
+
     def merge(self, parts: Sequence[StepStats]) -> StepStats:
         """The whole step's totals from every rank's (`parts` in rank order); per-rank values are this rank's.
         Sums run from zero in rank order and maxima keep the first of equals, so one rank's merge is itself."""
@@ -104,6 +112,8 @@ class StepStats:
             lr=self.lr,
             logprob_diff_mean=self.diff_sum / max(self.diff_tokens, 1.0),
             logprob_diff_max=self.diff_max,
+            logprob_diff_seq_max=self.seq_gap_max,
+            logprob_diff_seqs=self.seq_gap_count,
             train_tokens=self.train_tokens,
             forward_tokens=self.forward_tokens,
             zero_adv_sequences=self.zero_adv_sequences,

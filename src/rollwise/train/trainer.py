@@ -51,7 +51,7 @@ from rollwise.train.logprobs import PLAIN_HEAD_MODEL_TYPES, head_logprobs, sampl
 from rollwise.train.losses import LossConfig, LossFn, normalizers
 from rollwise.train.parallel import Single
 from rollwise.train.rank_split import split_for_ranks
-from rollwise.train.step_plan import MiniBatchPlan, MiniBatchTensors, StepInputs, with_gradient
+from rollwise.train.step_plan import MiniBatchPlan, MiniBatchTensors, StepInputs, fresh_tokens, with_gradient
 from rollwise.train.step_stats import StepStats
 from rollwise.train.causal_lm import as_causal_lm
 from rollwise.train.weights import weight_mode
@@ -457,7 +457,7 @@ class Trainer:
         return StepInputs(plans, dropped, len(minis), ref, prox)
 
     def train_step(self, batch: TrainBatch, loss_fn: LossFn, loss_cfg: LossConfig, *,
-                   generator: torch.Generator | None = None) -> dict[str, float]:
+                   generator: torch.Generator | None = None, fresh_version: int | None = None) -> dict[str, float]:
         """One RL step on `batch`: `cfg.updates_per_step` optimiser steps (shuffled mini-batches when > 1, drawn
         from `generator`, else from `minibatch_generator`: seeded by `cfg.seed` and this step's number, so a run
         and its resume shuffle alike), gradient accumulation over packed micro-batches. Returns float metrics:
@@ -469,6 +469,12 @@ class Trainer:
         (sequences not run because they carry no gradient: all-zero advantage or no loss token, without a KL term;
         the per-token metrics are then over the sequences that ran), micro_batches, skipped_steps, and
         wall times: train_s (all), ref_s (reference / proximal forward passes), optim_s (clip + AdamW).
+
+        fresh_version: the weight version these weights were published as. Then also logprob_diff_seq_max (the
+        largest per-sequence mean |trainer - engine| log-prob over the loss tokens generated at that version: a
+        made-up rollout shows here, however few) and logprob_diff_seqs (the sequences it was taken over). Like the
+        gap metrics it is taken before any update of the step: over every sequence that runs when the loss has a
+        proximal policy or there is one update, else over the first mini-batch's.
         """
         t0 = time.perf_counter()
         batch = batch.with_layout(batch.share_prompt and self.share_prompt)
@@ -484,7 +490,8 @@ class Trainer:
         for k, plan in enumerate(inputs.plans):
             self.optimizer.zero_grad(set_to_none=True)
             # the trainer-vs-engine gap is measured at the pre-update parameters
-            self._accumulate(plan, inputs, loss_fn, loss_cfg, stats, gap=k == 0 or inputs.prox is not None)
+            self._accumulate(plan, inputs, loss_fn, loss_cfg, stats, gap=k == 0 or inputs.prox is not None,
+                             fresh_version=fresh_version)
             optim_s += self._update(stats)
         self.optimizer.zero_grad(set_to_none=True)
         self.rl_step += 1
@@ -497,7 +504,7 @@ class Trainer:
         return stats.metrics(**timings)
 
     def _accumulate(self, plan: MiniBatchPlan, inputs: StepInputs, loss_fn: LossFn, loss_cfg: LossConfig,
-                    stats: StepStats, *, gap: bool) -> None:
+                    stats: StepStats, *, gap: bool, fresh_version: int | None = None) -> None:
         """Forward and backward over one mini-batch's packed micro-batches (gradients accumulate); under FSDP2
         also the dummy ones that keep this rank in lockstep."""
         mini = plan.batch
@@ -513,6 +520,7 @@ class Trainer:
             adv=mini.advantages.to(self.device),  # [b], or [b, T] per token
             ref=inputs.ref[sel_full, :t] if inputs.ref is not None else None,
             prox=inputs.prox[sel_full, :t] if inputs.prox is not None else None,
+            fresh=fresh_tokens(mini, fresh_version).to(self.device) if gap and fresh_version is not None else None,
         )
         extra = self._lockstep_extra(len(mini.micro_batches))
         for mb in mini.micro_batches:
@@ -540,6 +548,12 @@ class Trainer:
         if gap:  # trainer-vs-engine gap on the same tokens
             d = ((prox if prox is not None else lp.detach()) - old).abs() * m
             stats.add_gap(float(d.sum().item()), w, float(d.max().item()) if d.numel() else 0.0)
+            if fixed.fresh is not None:  # per sequence, over its tokens made at the trainer's version
+                f = fixed.fresh[sel] * m
+                n = f.sum(dim=1)
+                seq_gap = (d * f).sum(dim=1)[n > 0] / n[n > 0]
+                if seq_gap.numel():
+                    stats.add_seq_gap(float(seq_gap.max().item()), float(seq_gap.numel()))
 
     def _update(self, stats: StepStats) -> float:
         """Reduce, clip and apply the accumulated gradient (one optimiser step); -> its wall seconds."""

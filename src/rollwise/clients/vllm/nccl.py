@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any, Iterator, Mapping
 
 from rollwise.clients.http_client import HttpClient
+from rollwise.clients.paused import paused
 from rollwise.clients.remote_check import RemoteEngineError
 from rollwise.clients.sync_report import SyncReport
 
@@ -111,13 +112,12 @@ class VLLMNcclSync:
                                     f"{', '.join(sorted(devices))} (use engine.vllm.weight_transfer: disk)")
         self.tensors = dict(tensors)
         engine = self._open(http, deadline_s)
-        http.json("POST", "/pause?mode=wait", None, deadline_s=deadline_s)
         try:
-            engine.send_weights()
-            http.json("POST", "/reset_prefix_cache", None, deadline_s=deadline_s)
-            http.json("POST", "/update_weight_version", {"new_version": str(version)}, deadline_s=deadline_s)
+            with paused(http, deadline_s):
+                engine.send_weights()
+                http.json("POST", "/reset_prefix_cache", None, deadline_s=deadline_s)
+                http.json("POST", "/update_weight_version", {"new_version": str(version)}, deadline_s=deadline_s)
         finally:
-            http.json("POST", "/resume", None, deadline_s=deadline_s)
             self.tensors = {}
         return SyncReport(version, time.perf_counter() - t0, self.route, {"transport": "nccl"})
 
