@@ -5,8 +5,8 @@ hundreds of parallel regions per decode step and per training micro-batch, each 
 where another process holds one of the cores (the normal case for CPU users: a browser, a build, a second run),
 the thread sharing that core is descheduled for whole time slices; a spinning thread keeps its own core busy, so the
 scheduler cannot move the late thread there, and every region waits a slice. Measured with a busy process pinned to
-one of 2 cores (bench/shared_core.py, docs/benchmarks.md): 2 threads with libgomp's default wait took 22x as long as
-1 thread, with PASSIVE about as long as 1.
+one of 2 cores on a machine loaded by other work too (bench/shared_core.py, docs/benchmarks.md): bf16 rollouts at 2
+threads took 11.5x as long as at 1 with libgomp's default wait, and 0.30x as long with PASSIVE.
 
 The runtime reads these once, when it loads (with torch), so `rollwise`'s package import sets them when torch is
 not loaded yet; a value the user set is kept. A program that imports torch before rollwise sets them itself.
