@@ -124,3 +124,15 @@ def test_bf16_training_learns(tiny_llama):
     for _ in range(4):
         tr.train_step(batch, LOSSES["grpo"], LossConfig())
     assert tr.compute_logprobs(batch)[0, :n].sum() > before + 0.5
+
+
+def test_the_run_logs_what_train_bf16_resolved_to(monkeypatch):
+    from rollwise.config import load_config
+    from rollwise.run.setup import training_precision
+
+    assert training_precision(load_config(None, ["train.bf16=true"]), "cpu") == "bf16-autocast (train.bf16: true)"
+    monkeypatch.setattr("rollwise.train.precision.cpu_flags", lambda: EPYC)
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "ALL")
+    assert training_precision(load_config(None, []), "cpu") == "bf16-autocast (cpu avx512_bf16)"
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    assert training_precision(load_config(None, []), "cpu").startswith("float32 (cpu without native bf16")
