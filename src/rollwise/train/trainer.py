@@ -27,6 +27,9 @@ same mini-batch split and the same zero-advantage filtering, then trains on its 
 the ranks: the update equals the one-rank update up to float reassociation. The metrics are merged over ranks
 (`train/step_stats.py`).
 NOTE on LoRA: full-weight vs adapter training is a `train/weights.py` mode chosen once at build time.
+NOTE on precision: float32 or bf16 autocast over float32 master weights is a `train/precision.py` object chosen once
+at build time (`train.bf16`, 'auto' by device and CPU); every training and reference forward runs in it, the sync
+probe (`probe_logprobs`) always in float32.
 
 Deliberately left out: tensor/pipeline parallelism, optimizer offload, a fused CUDA linear + cross-entropy kernel.
 They are new modules when needed, not flags here.
