@@ -136,3 +136,35 @@ def test_the_run_logs_what_train_bf16_resolved_to(monkeypatch):
     assert training_precision(load_config(None, []), "cpu") == "bf16-autocast (cpu avx512_bf16)"
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
     assert training_precision(load_config(None, []), "cpu").startswith("float32 (cpu without native bf16")
+
+
+CAPPED = """
+import sys, torch
+sys.path.insert(0, {tests!r})
+from synthetic import make_rollouts
+from rollwise.config import TrainConfig
+from rollwise.train.batch import TrainBatch
+from rollwise.train.trainer import Trainer
+torch.set_num_threads(1)
+auto = Trainer({path!r}, TrainConfig())
+assert auto.precision.autocast_dtype is None, auto.precision  # capped below AVX512-BF16: 'auto' stays float32
+batch = TrainBatch.from_rollouts(make_rollouts(8, seed=3), 64)
+f32 = auto.compute_logprobs(batch)
+bf = Trainer({path!r}, TrainConfig(bf16=True)).compute_logprobs(batch)
+print(float((f32 - bf).abs()[batch.loss_mask.bool()].max()))
+"""
+
+
+def test_bf16_on_a_cpu_capped_below_native_bf16(tiny_llama):
+    """oneDNN capped to AVX2 (a CPU without bf16 dot products, emulated): 'auto' resolves to float32 there, and a
+    forced bf16 forward still gives float32's log-probs within bf16 rounding."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = CAPPED.format(tests=str(Path(__file__).parent), path=str(tiny_llama))
+    r = subprocess.run([sys.executable, "-c", code], env={**os.environ, "ONEDNN_MAX_CPU_ISA": "AVX2"},
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert 0 < float(r.stdout.strip().splitlines()[-1]) < LOGPROB_TOL
