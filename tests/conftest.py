@@ -10,6 +10,15 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 
 
+@pytest.fixture(autouse=True)
+def _float32_training_by_default(monkeypatch):
+    """`train.bf16: auto` resolves to float32 in tests, whatever CPU runs them: the trainer tests check float32
+    numbers against float32 references (transformers, naive losses, the engine), and CI must not take another path
+    on a CPU with AVX512-BF16 or AMX. The bf16 path is tested with `train.bf16: true` (tests/train/test_precision.py).
+    Runs launched in a subprocess resolve 'auto' on their own; the tiny runs here pass `train.bf16=false`."""
+    monkeypatch.setattr("rollwise.train.precision.cpu_flags", lambda: frozenset())
+
+
 def shared_data_dir() -> Path:
     """The real datasets' directory: `shared/data` beside the repository."""
     return REPO.parent / "shared" / "data"
@@ -116,7 +125,8 @@ TINY_BUILTIN = ["model.builtin.hidden_size=64", "model.builtin.num_layers=2", "m
 """The built-in model's shape and warm-up in loop tests (small: a 40-step warm-up takes a few seconds)."""
 
 TINY_RUN = ["rollout.prompts_per_step=4", "rollout.samples_per_prompt=4", "rollout.max_tokens=6", "env.eval_size=8",
-            "train.steps=3", "run.loggers=[jsonl]", "model.device=cpu", "algo.skip_zero_variance=false"]
+            "train.steps=3", "run.loggers=[jsonl]", "model.device=cpu", "algo.skip_zero_variance=false",
+            "train.bf16=false"]
 """A tiny RL run: 4 prompts x 4 samples, 3 steps."""
 
 

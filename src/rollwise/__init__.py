@@ -14,7 +14,10 @@ import sys
 from types import ModuleType as _ModuleType
 from typing import TYPE_CHECKING, Any
 
+from rollwise.omp_env import apply_omp_defaults
 from rollwise.types import CompletionOutput, RequestOutput, SamplingParams
+
+apply_omp_defaults()  # before anything loads torch: OpenMP reads its environment once (rollwise/omp_env.py)
 
 __version__ = "0.1.0"
 __all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "TrainResult", "train", "__version__"]

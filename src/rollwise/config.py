@@ -112,7 +112,7 @@ class ModelConfig(_Section):
     path: str = "builtin:tiny"
     """An HF causal-LM checkpoint directory, or 'builtin:tiny' for the built-in model trained from scratch."""
     dtype: Literal["float32", "bfloat16", "float16", "int8"] = "float32"
-    """Engine weights dtype. The trainer keeps float32 master weights and uses bf16 autocast on CUDA (train.bf16).
+    """Engine weights dtype. The trainer keeps float32 master weights and uses bf16 autocast where it pays (train.bf16).
     On the CPU, 'bfloat16' and 'int8' (weight-only, per-channel scales) change only the engine's linear layers
     (activations, KV cache and sampling stay float32; engine/cpu_linear.py); 'int8' is CPU-only. The behaviour
     log-probs are the low-precision sampler's; when this is not float32 the loss corrects the engine/trainer gap
@@ -650,8 +650,11 @@ class TrainConfig(_Section):
     """LoRA options."""
     gradient_checkpointing: bool = False
     """Recompute activations in backward to save memory."""
-    bf16: bool = True
-    """bf16 autocast for the training forward on CUDA (ignored on CPU, where float32 is faster)."""
+    bf16: bool | Literal["auto"] = "auto"
+    """bf16 mixed precision for the training forward and backward (torch.autocast; parameters, gradients and AdamW
+    state stay float32): true, false, or 'auto' = on for CUDA and for CPUs with native bf16 dot products (AMX or
+    AVX512-BF16 in /proc/cpuinfo, within ONEDNN_MAX_CPU_ISA), off elsewhere (train/precision.py). The post-sync
+    probe's reference is float32 either way."""
     world_size: int = Field(1, ge=1)
     """Data-parallel trainer ranks (torch.distributed: gloo on CPU, NCCL on CUDA). 1 = the trainer runs in the
     driver process; N > 1 = N rank processes (Ray actors with engine.backend 'ray'), each training on its share of

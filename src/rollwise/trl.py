@@ -538,7 +538,8 @@ def translate_args(a: Any, *, num_train_prompts: int | None = None) -> dict[str,
     if _s(a.lr_scheduler_type) != "constant":
         out["train.warmup_steps"] = warm
     out["train.seed"] = int(a.seed)
-    out["train.bf16"] = bool(a.bf16) if a.bf16 is not None else not bool(getattr(a, "fp16", False))
+    # TRL's None means "bf16 unless fp16": rollwise's 'auto' (bf16 where the device runs it natively)
+    out["train.bf16"] = bool(a.bf16) if a.bf16 is not None else (False if getattr(a, "fp16", False) else "auto")
     out["train.gradient_checkpointing"] = bool(a.gradient_checkpointing)
     if a.chat_template_kwargs:
         out["env.chat_template_kwargs"] = dict(a.chat_template_kwargs)

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import pytest
+
 from rollwise.envs.base import Task, split_of
 from rollwise.rewards.match import leading_int
 from rollwise.types import Score
@@ -36,14 +38,22 @@ class EchoEnv:
         return Score(float(ok), parts={"correct": float(ok)})
 
 
-def test_rl_raises_held_out_accuracy(tmp_path):
+@pytest.fixture(scope="module")
+def warmup_cache(tmp_path_factory):
+    """One warm-up for both precisions (the warm-up does not depend on train.bf16)."""
+    return tmp_path_factory.mktemp("echo-warmup")
+
+
+@pytest.mark.parametrize("bf16", ["false", "true"])
+def test_rl_raises_held_out_accuracy(tmp_path, warmup_cache, bf16):
+    """float32 training, and bf16 mixed precision (float32 master weights) on the same run: both must learn."""
     from rollwise.config import load_config
     from rollwise.run.loop import train
 
     cfg = load_config(None, [
         f"run.out_dir={tmp_path / 'run'}", f"env.name={__file__}:EchoEnv", "env.eval_size=100",
         "model.builtin.hidden_size=64", "model.builtin.num_layers=2", "model.builtin.intermediate_size=128",
-        "warmup.steps=150", "warmup.seconds=300", f"warmup.cache_dir={tmp_path / 'warmup'}",
+        "warmup.steps=150", "warmup.seconds=300", f"warmup.cache_dir={warmup_cache}", f"train.bf16={bf16}",
         "rollout.prompts_per_step=8", "rollout.samples_per_prompt=8", "rollout.max_tokens=5",
         "train.steps=30", "train.lr=3e-4", "train.micro_batch_tokens=512", "train.seed=0",
         "model.device=cpu", "run.cpu_threads=1", "run.loggers=[jsonl]",

@@ -230,6 +230,17 @@ def trainer_spec(cfg: RunConfig, model_dir: Path, device: str) -> TrainerSpec:
                        world_size=cfg.train.world_size, parallel=cfg.train.parallel)
 
 
+def training_precision(cfg: RunConfig, device: str) -> str:
+    """What `train.bf16` resolves to on this machine and why ('bf16-autocast (cpu avx512_bf16)'): the trainer
+    resolves it the same way when it is built (`train.precision`)."""
+    import torch
+
+    from rollwise.train.precision import train_precision
+
+    p = train_precision(cfg.train.bf16, torch.device(device))
+    return f"{p.name} ({p.reason})"
+
+
 def make_trainer(cfg: RunConfig, model_dir: Path, device: str) -> TrainerHandle:
     """The trainer handle: in-process (one rank), local rank processes (train.world_size > 1), or Ray actors
     (engine.backend 'ray', any world size)."""
@@ -662,6 +673,7 @@ def _start_workers(cfg: RunConfig, prep: _Prepared, log: Log, closers: list[Call
         closers.append(stop_scorer)
     trainer = make_trainer(cfg, prep.init_dir, prep.device)
     closers.append(trainer.shutdown)
+    log(f"training forward: {training_precision(cfg, prep.device)}")
     bind = getattr(engine, "bind_trainer", None)
     if callable(bind):  # LoRA adapter syncs read the trainer directly
         bind(trainer)

@@ -27,6 +27,9 @@ same mini-batch split and the same zero-advantage filtering, then trains on its 
 the ranks: the update equals the one-rank update up to float reassociation. The metrics are merged over ranks
 (`train/step_stats.py`).
 NOTE on LoRA: full-weight vs adapter training is a `train/weights.py` mode chosen once at build time.
+NOTE on precision: float32 or bf16 autocast over float32 master weights is a `train/precision.py` object chosen once
+at build time (`train.bf16`, 'auto' by device and CPU); every training and reference forward runs in it, the sync
+probe (`probe_logprobs`) always in float32.
 
 Deliberately left out: tensor/pipeline parallelism, optimizer offload, a fused CUDA linear + cross-entropy kernel.
 They are new modules when needed, not flags here.
@@ -50,6 +53,7 @@ from rollwise.train.errors import TrainerError
 from rollwise.train.logprobs import PLAIN_HEAD_MODEL_TYPES, head_logprobs, sampling_logprobs, token_logprobs
 from rollwise.train.losses import LossConfig, LossFn, normalizers
 from rollwise.train.parallel import Single
+from rollwise.train.precision import TrainPrecision, train_precision
 from rollwise.train.rank_split import split_for_ranks
 from rollwise.train.step_plan import MiniBatchPlan, MiniBatchTensors, StepInputs, fresh_tokens, with_gradient
 from rollwise.train.step_stats import StepStats
@@ -188,6 +192,7 @@ class Trainer:
         self.step = 0  # optimiser steps taken
         self.rl_step = 0  # train_step calls completed
         self.weight_mode = weight_mode(self.cfg.lora)
+        self.precision: TrainPrecision = train_precision(self.cfg.bf16, self.device)  # float32, or bf16 autocast where it pays
         self.lora = self.weight_mode.lora
         self.has_reference = reference
         self.model, self.ref_model = self._build_model(attn_implementation, reference)
@@ -246,11 +251,6 @@ class Trainer:
         except Exception:  # noqa: BLE001 - a tokenizer is optional here; checkpoints then copy its files instead
             return None
 
-    def _autocast(self) -> contextlib.AbstractContextManager:
-        if self.cfg.bf16 and self.device.type == "cuda":
-            return torch.autocast("cuda", dtype=torch.bfloat16)
-        return contextlib.nullcontext()
-
     def _attention_mask(self, model: torch.nn.Module, mb: PackedMicroBatch) -> torch.Tensor | None:
         impl = base_implementation(model)
         if impl == "sdpa":
@@ -287,7 +287,7 @@ class Trainer:
             mask = torch.ones(1, 1, 1, 1, dtype=torch.bool, device=self.device)
         else:
             mask = self._attention_mask(model, mb)
-        with self._autocast():
+        with self.precision.autocast():
             head = as_causal_lm(model).get_output_embeddings() if self.plain_head else None
             if head is not None:
                 body = as_causal_lm(model).get_decoder()
@@ -359,7 +359,7 @@ class Trainer:
         """`extra` zero-weighted forwards (and backwards): their gradient is exactly 0."""
         ids = torch.zeros(1, 2, dtype=torch.long, device=self.device)
         for _ in range(extra):
-            with self._autocast():
+            with self.precision.autocast():
                 out = model(input_ids=ids, use_cache=False, logits_to_keep=1)
             if backward:
                 (out.logits.float().sum() * 0.0).backward()
@@ -370,7 +370,10 @@ class Trainer:
         of logits / T truncated to top-k / top-p and renormalised (-inf outside the kept set). [P, V] on the CPU.
 
         The weight-sync check (`run.sync_check`) compares an engine's reported log-probs with these: a sync that
-        did not land, or a server reporting another log-prob mode, shows as a gap far above float noise."""
+        did not land, or a server reporting another log-prob mode, shows as a gap far above float noise.
+        NOTE: always float32, whatever `self.precision` the training forward runs in: the reference is the weights'
+        own distribution, so a float32 engine matches it to float noise, and bf16 training (whose rounding is
+        ~1e-2 in log-prob) cannot make a landed sync look like a failed one."""
         if not prompts or any(not p for p in prompts):
             raise TrainerError("probe_logprobs needs non-empty prompts")
         was_training = self.model.training
@@ -379,8 +382,7 @@ class Trainer:
         try:
             for p in prompts:
                 ids = torch.tensor([p], dtype=torch.long, device=self.device)
-                with self._autocast():
-                    logits = self.model(input_ids=ids).logits[0, -1:].float()
+                logits = self.model(input_ids=ids).logits[0, -1:].float()
                 rows.append(sampling_logprobs(logits, self.temperature, self.top_p, self.top_k)[0].cpu())
         finally:
             self.model.train(was_training)

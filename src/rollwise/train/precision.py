@@ -1,0 +1,101 @@
+"""The training forward's precision, chosen once at setup: float32, or bf16 autocast over float32 master weights.
+
+Mixed precision here is `torch.autocast(dtype=bfloat16)`: the parameters, their gradients and AdamW's moments stay
+float32 (the master weights), matmul inputs are rounded to bf16 inside the forward and its recomputation in
+backward, and the log-softmax over the vocabulary runs in float32 (`train/logprobs.py` upcasts the logits). So the
+update is a float32 update of a gradient computed at bf16 matmul precision.
+
+Whether bf16 pays depends on the device and, on the CPU, on its instruction set: CUDA has bf16 tensor cores;
+a CPU with AMX tiles or AVX512-BF16 (`vdpbf16ps`) runs oneDNN's bf16 matmul at about twice the float32 rate
+(SmolLM2-135M forward + backward: 1.75x on an AMD EPYC with AVX512-BF16, docs/benchmarks.md); a CPU without
+them emulates bf16 and loses. `train.bf16: auto` (the default) asks the CPU once, here; `true` / `false` force it.
+`ONEDNN_MAX_CPU_ISA` (oneDNN's own cap on the instruction set it may use) is honoured: capped below
+AVX512_CORE_BF16, the CPU counts as one without native bf16.
+
+Deliberately left out: float16 with loss scaling (no CPU runs it faster than bf16), and bf16 master weights or
+optimiser state (their rounding swallows AdamW updates of lr 1e-6 on weights of order 1e-2).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+__all__ = ["CPU_BF16_FLAGS", "TrainPrecision", "cpu_bf16_support", "cpu_flags", "train_precision"]
+
+CPU_BF16_FLAGS = ("amx_bf16", "avx512_bf16")
+"""/proc/cpuinfo flags of native bf16 dot products (AMX tiles, AVX512-BF16), best first."""
+
+_ONEDNN_BELOW_BF16 = frozenset({"SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE", "AVX512_CORE_VNNI"})
+"""`ONEDNN_MAX_CPU_ISA` values that forbid oneDNN the native bf16 instructions."""
+_ONEDNN_BELOW_AMX = frozenset({"AVX512_CORE_BF16", "AVX512_CORE_FP16", "AVX10_1_512"})
+"""`ONEDNN_MAX_CPU_ISA` values that allow AVX512-BF16 but not AMX."""
+
+
+@dataclass(frozen=True)
+class TrainPrecision:
+    """How the trainer's forward (and its recomputation in backward) runs. Parameters are float32 either way."""
+
+    autocast_dtype: torch.dtype | None  # None = plain float32
+    device_type: str  # 'cpu' | 'cuda'
+    reason: str  # why this was chosen, for logs and benches: 'cpu avx512_bf16', 'train.bf16: false', ...
+
+    @property
+    def name(self) -> str:
+        return "bf16-autocast" if self.autocast_dtype is not None else "float32"
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        """The context every training / reference forward runs in."""
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device_type, dtype=self.autocast_dtype)
+
+
+def cpu_flags() -> frozenset[str]:
+    """This CPU's feature flags from /proc/cpuinfo (empty where there is none: macOS, Windows)."""
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                key, _, value = line.partition(":")
+                if key.strip() in ("flags", "Features"):
+                    return frozenset(value.split())
+    except OSError:
+        pass
+    return frozenset()
+
+
+def cpu_bf16_support(flags: frozenset[str], max_isa: str | None = None) -> Literal["amx_bf16", "avx512_bf16"] | None:
+    """The best native bf16 dot product among `flags` that oneDNN may use under `max_isa` (`ONEDNN_MAX_CPU_ISA`),
+    or None (bf16 would be emulated: slower than float32)."""
+    cap = (max_isa or "").strip().upper()
+    if cap in _ONEDNN_BELOW_BF16:
+        return None
+    if "amx_bf16" in flags and "amx_tile" in flags and cap not in _ONEDNN_BELOW_AMX:
+        return "amx_bf16"
+    if "avx512_bf16" in flags or "amx_bf16" in flags:
+        return "avx512_bf16"
+    return None
+
+
+def train_precision(setting: bool | Literal["auto"], device: torch.device,
+                    flags: frozenset[str] | None = None, max_isa: str | None = None) -> TrainPrecision:
+    """`train.bf16` resolved for `device`: True / False as given; 'auto' = bf16 on CUDA and on CPUs with native
+    bf16 dot products (`cpu_bf16_support`), float32 elsewhere. `flags` / `max_isa` default to this machine's."""
+    kind = device.type
+    if setting is False:
+        return TrainPrecision(None, kind, "train.bf16: false")
+    if kind not in ("cpu", "cuda"):
+        return TrainPrecision(None, kind, f"no bf16 autocast on {kind}")
+    if setting is True:
+        return TrainPrecision(torch.bfloat16, kind, "train.bf16: true")
+    if kind == "cuda":
+        return TrainPrecision(torch.bfloat16, kind, "cuda")
+    isa = cpu_bf16_support(cpu_flags() if flags is None else flags,
+                           os.environ.get("ONEDNN_MAX_CPU_ISA") if max_isa is None else max_isa)
+    if isa is None:
+        return TrainPrecision(None, kind, "cpu without native bf16 (AMX / AVX512-BF16)")
+    return TrainPrecision(torch.bfloat16, kind, f"cpu {isa}")
