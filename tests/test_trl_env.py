@@ -680,3 +680,22 @@ def test_standalone_tools_join_each_environments_methods(tmp_path, smol_tiny, mo
 def test_tools_that_cannot_be_tools_are_refused_in_one_line(tmp_path, bad):
     with pytest.raises(TRLArgumentError, match="tools"):
         GRPOTrainer(model="smollm2-135m", args=_args(tmp_path), environment_factory=IncrementEnv, tools=bad)
+
+
+def test_a_dict_where_only_some_classes_have_get_reward_needs_no_reward_and_errors_the_others_episodes(tmp_path):
+    rows = [{"environment": "inc"}, {"environment": "game"}]
+    env = make_class_env(Rows(rows), {"inc": IncrementEnv, "game": GameEnv}, "tools", None)
+    tasks = env.load()
+    states = [env.reset(t) for t in tasks]
+    inc, game = env.score_episodes(states)
+    assert inc.error is None and inc.parts == {"IncrementEnv": 0.0}  # get_reward(): the counter is not the target
+    assert game.error and "no reward source" in game.error  # errored (trained with algo.errored_reward), as TRL's NaN
+    with pytest.raises(EnvironmentClassError, match="needs env.reward"):  # no class scores itself: refused at set-up
+        make_class_env(Rows(rows), {"coding": CodingEnv, "game": GameEnv}, "tools", None)
+    data = [{"prompt": [{"role": "user", "content": "Go."}], "environment": r["environment"]} for r in rows]
+    t = GRPOTrainer(model="smollm2-135m", args=_args(tmp_path), train_dataset=data,
+                    environment_factory={"inc": IncrementEnv, "game": GameEnv})
+    assert t.config()["env"]["rewards"] is None
+    with pytest.raises(TRLArgumentError, match="no reward source"):
+        GRPOTrainer(model="smollm2-135m", args=_args(tmp_path), train_dataset=data,
+                    environment_factory={"inc": CodingEnv, "game": GameEnv})

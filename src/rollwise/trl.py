@@ -633,7 +633,8 @@ def _reward_name(fn: Any) -> str:
 
 
 def _rewards(reward_funcs: Any, weights: Sequence[float] | None, *, env_scores: bool = False) -> list[dict[str, Any]]:
-    """env.rewards from reward_funcs; none at all only when every environment class has get_reward (`env_scores`)."""
+    """env.rewards from reward_funcs; none at all only when an environment class has get_reward (`env_scores`: as
+    TRL, the episodes of a class without one then have no reward: errored, left out as TRL leaves a None reward)."""
     if reward_funcs is None:
         reward_funcs = []
     funcs = list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
@@ -746,7 +747,7 @@ def to_rollwise(model: Any, reward_funcs: Any, args: Any, train_dataset: Any, ev
                                    "conversational (message list) prompts")
         out["env.chat_template"] = conv
     out["model.path"] = str(model)
-    env_scores = envs is not None and all(_owns_reward(cls) for cls in envs.values())
+    env_scores = envs is not None and any(_owns_reward(cls) for cls in envs.values())
     out["env.rewards"] = _rewards(reward_funcs, args.reward_weights, env_scores=env_scores) or None
     if peft_config is not None:
         out.update(_lora(peft_config))
@@ -1105,7 +1106,7 @@ TRAINER_ARGUMENTS: dict[str, str] = {
     "model": "`model.path`: a path or name rollwise loads (an HF directory, `smollm2-135m`, a .gguf); a model "
              "object is refused",
     "reward_funcs": "`env.rewards` (`fn`, `weight` from reward_weights, `name` = the function's `__name__`); sync or "
-                    "async functions; optional when every environment class has get_reward(); a reward model (a hub "
+                    "async functions; optional when an environment class has get_reward() (the episodes of a class without one are then errored: no reward, as TRL); a reward model (a hub "
                     "id or a model object) is refused",
     "train_dataset": "`env.kwargs.path` (a datasets.Dataset or a list of dicts with a `prompt` column, standard or "
                      "conversational; with an environment_factory the prompt may be left out: reset() fills it); None "

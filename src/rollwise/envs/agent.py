@@ -241,9 +241,12 @@ def _own_reward(probe: object) -> bool:
 
 def _sum_scores(user: Score | None, own: Score | None) -> Score:
     """The configured reward plus the environment's own (`get_reward`, weight 1, as TRL sums them)."""
+    if user is None and own is None:  # a class without get_reward beside ones with it, and no env.reward
+        return Score(0.0, error="no reward source: the episode's environment class has no get_reward() and env.reward "
+                                "is not set")
     if user is None or own is None:
         got = user or own
-        assert got is not None  # NOTE: set-up refuses a class with neither (ToolEnv.__post_init__)
+        assert got is not None
         return got
     errors = [e for e in (user.error, own.error) if e]
     total = user.value + own.value
@@ -309,7 +312,9 @@ class ToolEnv:
         self._said_no_process = False
         self._choose_isolation()
         unscored = [self._where(n) for n, own in self._owns_reward.items() if not own]
-        if self.reward is None and unscored:
+        # NOTE: as TRL, a dict where only some classes have get_reward needs no env.reward: the others' episodes have
+        # no reward source and are errored with that reason (`_sum_scores`)
+        if self.reward is None and unscored and len(unscored) == len(self._owns_reward):
             raise EnvironmentClassError(f"env.environment {unscored[0]!r} needs env.reward or env.rewards, or a "
                                         "get_reward() method: a function that scores episodes, e.g. "
                                         "fn(completions, environments, **kwargs)")
