@@ -10,13 +10,18 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(autouse=True)
-def _float32_training_by_default(monkeypatch):
+@pytest.fixture(autouse=True, scope="session")
+def _float32_training_by_default():
     """`train.bf16: auto` resolves to float32 in tests, whatever CPU runs them: the trainer tests check float32
     numbers against float32 references (transformers, naive losses, the engine), and CI must not take another path
     on a CPU with AVX512-BF16 or AMX. The bf16 path is tested with `train.bf16: true` (tests/train/test_precision.py).
-    Runs launched in a subprocess resolve 'auto' on their own; the tiny runs here pass `train.bf16=false`."""
-    monkeypatch.setattr("rollwise.train.precision.cpu_flags", lambda: frozenset())
+    Session-scoped so that module-scoped fixtures (a Trainer built once per module) are covered too; runs launched
+    in a subprocess get ROLLWISE_TRAIN_BF16_AUTO=0 through the environment (train/precision.py)."""
+    mp = pytest.MonkeyPatch()
+    mp.setattr("rollwise.train.precision.cpu_flags", lambda: frozenset())
+    mp.setenv("ROLLWISE_TRAIN_BF16_AUTO", "0")
+    yield
+    mp.undo()
 
 
 def shared_data_dir() -> Path:

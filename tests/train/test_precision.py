@@ -24,6 +24,18 @@ AVX2 = frozenset({"avx2", "fma"})
 LOGPROB_TOL = 1e-2
 
 
+@pytest.fixture(autouse=True)
+def _auto_resolves_here(monkeypatch):
+    """These tests resolve 'auto' themselves: the suite-wide hold on float32 (tests/conftest.py) is lifted."""
+    monkeypatch.delenv("ROLLWISE_TRAIN_BF16_AUTO", raising=False)
+
+
+def test_the_hold_keeps_auto_at_float32(monkeypatch):
+    monkeypatch.setenv("ROLLWISE_TRAIN_BF16_AUTO", "0")
+    assert train_precision("auto", CPU, flags=SPR, max_isa="").autocast_dtype is None
+    assert train_precision(True, CPU, flags=SPR, max_isa="").autocast_dtype is torch.bfloat16  # true still forces
+
+
 @pytest.mark.parametrize("flags, max_isa, want", [
     (SPR, None, "amx_bf16"), (EPYC, None, "avx512_bf16"), (AVX2, None, None), (frozenset(), None, None),
     (SPR, "AVX512_CORE_BF16", "avx512_bf16"), (SPR, "avx512_core", None), (EPYC, "AVX2", None), (SPR, "ALL", "amx_bf16"),

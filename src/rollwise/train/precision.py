@@ -92,6 +92,8 @@ def train_precision(setting: bool | Literal["auto"], device: torch.device,
         return TrainPrecision(None, kind, f"no bf16 autocast on {kind}")
     if setting is True:
         return TrainPrecision(torch.bfloat16, kind, "train.bf16: true")
+    if os.environ.get("ROLLWISE_TRAIN_BF16_AUTO") == "0":  # 'auto' held to float32 (e.g. a test suite's runs)
+        return TrainPrecision(None, kind, "train.bf16: auto, held to float32 by ROLLWISE_TRAIN_BF16_AUTO=0")
     if kind == "cuda":
         return TrainPrecision(torch.bfloat16, kind, "cuda")
     isa = cpu_bf16_support(cpu_flags() if flags is None else flags,
