@@ -8,7 +8,6 @@ import json
 import os
 import signal
 import subprocess
-import threading
 
 import pytest
 
@@ -38,16 +37,18 @@ def rank_pids() -> list[int]:
 
 
 def kill_a_rank_at(monkeypatch, step: int, fired: list[int]) -> None:
-    """SIGKILL rank 1 a few ms into the train step of `step` (the first time only)."""
+    """SIGKILL rank 1 as the train step of `step` starts (the first time only), and wait for it to be dead: a timer
+    a few ms in would race the step itself, which a tiny model finishes in less."""
     from rollwise.cluster.ranks import LocalRanks
 
     original = LocalRanks.train_step
 
     def train_step(self, rollouts):
         if self.version == step - 1 and not fired:
-            pid = self.procs[1].pid
-            fired.append(pid)
-            threading.Timer(0.01, os.kill, (pid, signal.SIGKILL)).start()
+            proc = self.procs[1]
+            fired.append(proc.pid)
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.join(30)
         return original(self, rollouts)
 
     monkeypatch.setattr(LocalRanks, "train_step", train_step)
