@@ -652,9 +652,10 @@ class TrainConfig(_Section):
     """Recompute activations in backward to save memory."""
     bf16: bool | Literal["auto"] = "auto"
     """bf16 mixed precision for the training forward and backward (torch.autocast; parameters, gradients and AdamW
-    state stay float32): true, false, or 'auto' = on for CUDA and for CPUs with native bf16 dot products (AMX or
-    AVX512-BF16 in /proc/cpuinfo, within ONEDNN_MAX_CPU_ISA), off elsewhere (train/precision.py). The post-sync
-    probe's reference is float32 either way."""
+    state stay float32): true, false, or 'auto' = on for CUDA, off on the CPU (train/precision.py). On CPUs with
+    native bf16 dot products (AMX or AVX512-BF16) `true` makes the training step 2-3x faster; it is opt-in there
+    because a bf16 run of the tool recipe collapsed where float32 learned (docs/speed.md). The post-sync probe's
+    reference is float32 either way."""
     world_size: int = Field(1, ge=1)
     """Data-parallel trainer ranks (torch.distributed: gloo on CPU, NCCL on CUDA). 1 = the trainer runs in the
     driver process; N > 1 = N rank processes (Ray actors with engine.backend 'ray'), each training on its share of

@@ -44,15 +44,17 @@ def test_cpu_bf16_support_reads_flags_and_the_onednn_cap(flags, max_isa, want):
     assert cpu_bf16_support(flags, max_isa) == want
 
 
-def test_auto_is_bf16_where_the_device_runs_it_natively():
+def test_auto_is_bf16_on_cuda_and_float32_on_the_cpu():
     def resolve(setting, device, flags=EPYC):
         return train_precision(setting, device, flags=flags, max_isa="").autocast_dtype
-    assert resolve("auto", CPU) is torch.bfloat16 and resolve("auto", CPU, SPR) is torch.bfloat16
+    # on the CPU bf16 is opt-in: 'auto' keeps float32 even where it runs natively, and says so
+    assert resolve("auto", CPU) is None and resolve("auto", CPU, SPR) is None
     assert resolve("auto", CPU, AVX2) is None and resolve("auto", CPU, frozenset()) is None
+    assert resolve(True, CPU, AVX2) is torch.bfloat16 and resolve(True, CPU) is torch.bfloat16
     assert resolve("auto", CUDA, AVX2) is torch.bfloat16
     assert resolve(True, CPU, AVX2) is torch.bfloat16 and resolve(False, CPU) is None and resolve(False, CUDA) is None
     assert train_precision("auto", CPU, flags=SPR, max_isa="AVX2").reason.startswith("cpu without native bf16")
-    assert train_precision("auto", CPU, flags=EPYC, max_isa="").reason == "cpu avx512_bf16"
+    assert train_precision("auto", CPU, flags=EPYC, max_isa="").reason.startswith("cpu avx512_bf16: 'auto' keeps float32")
 
 
 def test_config_accepts_true_false_auto():
@@ -145,7 +147,7 @@ def test_the_run_logs_what_train_bf16_resolved_to(monkeypatch):
     assert training_precision(load_config(None, ["train.bf16=true"]), "cpu") == "bf16-autocast (train.bf16: true)"
     monkeypatch.setattr("rollwise.train.precision.cpu_flags", lambda: EPYC)
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "ALL")
-    assert training_precision(load_config(None, []), "cpu") == "bf16-autocast (cpu avx512_bf16)"
+    assert training_precision(load_config(None, []), "cpu").startswith("float32 (cpu avx512_bf16: 'auto' keeps float32")
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
     assert training_precision(load_config(None, []), "cpu").startswith("float32 (cpu without native bf16")
 
