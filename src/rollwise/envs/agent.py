@@ -255,6 +255,25 @@ def _sum_scores(user: Score | None, own: Score | None) -> Score:
     return Score(total, parts={**user.parts, **own.parts}, error="; ".join(errors) or None, info=dict(user.info))
 
 
+def choose_isolation(isolation: str, spec: str, probes: dict[str, object], fallback: str) -> str:
+    """'process' where it can work (fork exists, each probe instance's state pickles), else 'thread' with one warning
+    (`fallback`: what that costs); decided once at set-up. `probes`: label -> an instance of each class."""
+    if isolation not in ("process", "thread"):
+        raise EnvironmentClassError(f"{spec}: isolation must be 'process' or 'thread', got {isolation!r}")
+    if isolation == "thread":
+        return isolation
+    why = None if can_fork() else "this platform has no fork"
+    for label, probe in probes.items():
+        try:
+            pickle.dumps(instance_state(probe))
+        except Exception as e:  # noqa: BLE001 - the user's class: say which and why
+            why = why or f"{label} cannot be pickled ({describe(e)})"
+    if why:
+        warnings.warn(f"{spec}: {fallback}: {why}", RuntimeWarning, stacklevel=4)
+        return "thread"
+    return isolation
+
+
 @dataclass
 class ToolEnv:
     """A user's tool class, or several by name, as a rollwise multi-turn environment (see the module docstring)."""
@@ -326,20 +345,8 @@ class ToolEnv:
 
     def _choose_isolation(self) -> None:
         """Process isolation where it can work (see `isolation`), decided once at set-up."""
-        if self.isolation not in ("process", "thread"):
-            raise EnvironmentClassError(f"{self.spec}: isolation must be 'process' or 'thread', got {self.isolation!r}")
-        if self.isolation == "thread":
-            return
-        why = None if can_fork() else "this platform has no fork"
-        for name, pool in self._pool.items():
-            try:
-                pickle.dumps(instance_state(pool[0]))
-            except Exception as e:  # noqa: BLE001 - the user's class: say which and why
-                why = why or f"{self._where(name)} cannot be pickled ({describe(e)})"
-        if why:
-            warnings.warn(f"{self.spec}: tools run in threads, where a call past tool_timeout_s cannot be stopped: "
-                          f"{why}", RuntimeWarning, stacklevel=3)
-            self.isolation = "thread"
+        self.isolation = choose_isolation(self.isolation, self.spec, {self._where(n): p[0] for n, p in self._pool.items()},
+                                          "tools run in threads, where a call past tool_timeout_s cannot be stopped")
 
     def __getstate__(self) -> dict[str, Any]:
         """Picklable (Ray ships environments to its actors): without the lock and the pooled instances."""
@@ -633,18 +640,8 @@ class GymEnv:
         if missing:
             raise EnvironmentClassError(f"{self.spec}: environment_api 'gym' needs reset() and step(action); it has "
                                         f"no {' or '.join(missing)}")
-        if self.isolation not in ("process", "thread"):
-            raise EnvironmentClassError(f"{self.spec}: isolation must be 'process' or 'thread', got {self.isolation!r}")
-        if self.isolation == "process":
-            why = None if can_fork() else "this platform has no fork"
-            try:
-                pickle.dumps(instance_state(probe))
-            except Exception as e:  # noqa: BLE001 - the user's class: say which and why
-                why = why or f"{self.spec} cannot be pickled ({describe(e)})"
-            if why:
-                warnings.warn(f"{self.spec}: step runs in this process, where a step past its time cannot be stopped: "
-                              f"{why}", RuntimeWarning, stacklevel=3)
-                self.isolation = "thread"
+        self.isolation = choose_isolation(self.isolation, self.spec, {self.spec: probe},
+                                          "step runs in this process, where a step past its time cannot be stopped")
 
     @property
     def name(self) -> str:
