@@ -248,6 +248,10 @@ class EngineConfig(_Section):
     """KV-cache blocks; None = enough for max_num_seqs full-length sequences, capped by kv_cache_gb."""
     kv_cache_gb: float = Field(4.0, gt=0)
     """Memory cap for the KV cache when num_kv_blocks is None."""
+    kv_cache_dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+    """The in-process engine's KV-cache dtype (vLLM's `--kv-cache-dtype`). 'auto' = bfloat16 when model.dtype is
+    bfloat16 or int8 on the CPU (K/V rounded once on the way in; a decode step reads half the cache bytes), else the
+    model's dtype (float32 stays exact); 'float32' / 'bfloat16' as given."""
     enable_prefix_caching: bool = True
     """Share KV blocks between samples of one prompt (and repeated prefixes)."""
     logprobs_mode: Literal["processed", "raw"] = "processed"

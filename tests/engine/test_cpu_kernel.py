@@ -210,3 +210,67 @@ def test_layer_ops_match_the_torch_ops():
     untouched = torch.ones(nb * bs, dtype=torch.bool)
     untouched[slots] = False
     assert flat[:, :, untouched].abs().sum().item() == 0
+
+
+def test_kernels_on_a_bf16_cache_match_the_widened_cache():
+    """A bfloat16 KV cache: `rope_store` rounds K and V as torch rounds (bit for bit, NaN kept a NaN), and the
+    attention over it equals the float32 reference on the widened cache."""
+    ops = cpu_kernels.layer_ops()
+    fn = cpu_kernels.paged_decode_kernel()
+    if ops is None or fn is None:
+        pytest.skip(f"CPU kernels unavailable here: {cpu_kernels._EXT.failed}")
+    g = torch.Generator().manual_seed(1)
+    n, h_, kvh, d, nb, bs = 7, 9, 3, 64, 12, 4
+    qkv = torch.randn(n, (h_ + 2 * kvh) * d, generator=g) * 3
+    qkv[0, (h_ + kvh) * d] = float("nan")  # a NaN in a V row
+    qkv[1, (h_ + kvh) * d + 1] = 1.0 + 2**-8  # exactly halfway between two bf16 values: rounds to even
+    ang = torch.rand(n, d // 2, generator=g) * 6
+    cos, sin = torch.cat([ang.cos()] * 2, -1), torch.cat([ang.sin()] * 2, -1)
+    slots = torch.tensor([3, 17, 0, 39, 22, 5, 44])
+    c32 = torch.zeros(2, kvh, nb, bs, d)
+    c16 = torch.zeros(2, kvh, nb, bs, d, dtype=torch.bfloat16)
+    q32 = ops.rope_store(qkv, cos, sin, c32, slots, h_, kvh)
+    q16 = ops.rope_store(qkv, cos, sin, c16, slots, h_, kvh)
+    assert torch.equal(q32, q16)
+    f32, f16 = c32.view(2, kvh, -1, d), c16.view(2, kvh, -1, d)
+    want, got = f32[:, :, slots].to(torch.bfloat16), f16[:, :, slots]
+    nan = want.isnan()
+    assert torch.equal(got.isnan(), nan) and int(nan.sum()) == 1, "a NaN stays a NaN (its payload bits may differ)"
+    assert torch.equal(want.view(torch.int16)[~nan], got.view(torch.int16)[~nan]), "rounded as torch rounds"
+    # attention over a bf16 cache = the naive float32 attention on the widened values
+    for h, kv, bsz, dd, mb in [(9, 3, 16, 64, 6), (4, 2, 8, 128, 5), (6, 2, 4, 32, 5)]:
+        k = torch.randn(kv, 50, bsz, dd, generator=g).bfloat16()
+        v = torch.randn(kv, 50, bsz, dd, generator=g).bfloat16()
+        bt = torch.randperm(50, generator=g)[: 5 * mb].view(5, mb).contiguous()
+        cl = torch.randint(1, mb * bsz + 1, (5,), generator=g)
+        q = torch.randn(5, h, dd, generator=g)
+        got = fn(q, k, v, bt, cl, dd**-0.5)
+        assert (got - naive(q, k.float(), v.float(), bt, cl)).abs().max().item() < 1e-5
+
+
+@pytest.mark.parametrize("dtype, setting, want", [
+    ("float32", "auto", torch.float32), ("bfloat16", "auto", torch.bfloat16), ("int8", "auto", torch.bfloat16),
+    ("float32", "bfloat16", torch.bfloat16), ("bfloat16", "float32", torch.float32)])
+def test_kv_cache_dtype_follows_the_engine_precision(tiny_ckpts, dtype, setting, want):
+    llm = LLM(tiny_ckpts["qwen3"], dtype=dtype, kv_cache_dtype=setting, block_size=4)
+    assert llm.engine.runner.kv_dtype == want and all(c.dtype == want for c in llm.engine.runner.kv_caches)
+
+
+def test_kv_cache_dtype_refuses_unknown_values(tiny_ckpts):
+    with pytest.raises(ValueError, match="kv_cache_dtype"):
+        LLM(tiny_ckpts["qwen3"], kv_cache_dtype="fp8")
+
+
+def test_bf16_cache_same_outputs_with_and_without_kernels(tiny_ckpts, monkeypatch):
+    """The fused kernels on a bfloat16 cache and the torch paths (which round on index_copy_ and widen the gather)
+    give the same samples and log-probs; both stay close to the float32 cache."""
+    sp = SamplingParams(n=3, temperature=1.0, max_tokens=20, seed=5, ignore_eos=True)
+    with_k = LLM(tiny_ckpts["llama"], block_size=4, kv_cache_dtype="bfloat16").generate(PROMPTS, sp)
+    f32 = LLM(tiny_ckpts["llama"], block_size=4).generate(PROMPTS, sp)
+    monkeypatch.setattr(cpu_kernels, "paged_decode_kernel", lambda: None)
+    llm = LLM(tiny_ckpts["llama"], block_size=4, kv_cache_dtype="bfloat16")
+    assert llm.engine.runner._kernel is None
+    _same_outputs(with_k, llm.generate(PROMPTS, sp))
+    gaps = [abs(x - y) for a, b in zip(with_k, f32) for oa, ob in zip(a.outputs, b.outputs) if oa.token_ids == ob.token_ids
+            for x, y in zip(oa.logprobs, ob.logprobs)]
+    assert gaps and max(gaps) < 0.05

@@ -55,13 +55,13 @@ def test_int8_tiles_match_dequantized_weights(shape):
     n, k, m = shape
     g = torch.Generator().manual_seed(11 * n + m)
     x, w, b = torch.randn(n, k, generator=g), torch.randn(m, k, generator=g) * 0.05, torch.randn(m, generator=g)
-    p = cl.pack(w, b, "int8")
+    p = cl.pack(w, b, "int8", max_rows=16)
     q, s = cl.quantize_int8(w)
     assert torch.equal(p.dequantized(), q.float() * s[:, None])
     assert (p.dequantized() - w).abs().max() <= s.max() / 2 + 1e-7  # round-to-nearest per channel
     want = _ref(x.bfloat16().float(), p.dequantized(), b)
     y = p(x)
-    if n <= cl.INT8_PACKED_MAX_ROWS:  # the packed kernel: float32 results
+    if n <= 16:  # the packed kernel: float32 results
         torch.testing.assert_close(y, want, rtol=1e-5, atol=2e-5)
     else:  # the wide path: the bf16 matmul rounds its result to bf16
         torch.testing.assert_close(y, want, rtol=1e-2, atol=1e-2 * float(want.abs().max()))
@@ -188,9 +188,9 @@ def test_int8_needs_the_local_cpu_engine():
 def test_bf16_mode_switches_layout_by_rows_with_the_same_numbers():
     g = torch.Generator().manual_seed(9)
     w, b = torch.randn(96, 64, generator=g) * 0.1, torch.randn(96, generator=g)
-    f = cl.make_fast(w, b, "bfloat16")
+    f = cl.make_fast(w, b, "bfloat16", max_rows=16)
     assert isinstance(f, cl.Bf16Dual)
-    for n in (cl.BF16_PACKED_MAX_ROWS, cl.BF16_PACKED_MAX_ROWS + 1):
+    for n in (16, 17):
         x = torch.randn(n, 64, generator=g)
         want = _ref(x.bfloat16().float(), w.bfloat16().float(), b)
         torch.testing.assert_close(f(x), want, rtol=1e-2, atol=1e-2 * float(want.abs().max()))
@@ -219,3 +219,33 @@ def test_prepacked_bf16_weights_give_the_plain_matmul_bit_for_bit():
     f = cl.make_fast(w, None, "bfloat16")
     wide = f.wide if isinstance(f, cl.Bf16Dual) else f
     assert wide.weight.is_mkldnn == cl._ONEDNN_PREPACK
+
+
+@pytest.mark.parametrize("isa, rows", [("amx_bf16", cl.PACKED_MAX_ROWS_AMX), ("avx512_bf16", cl.PACKED_MAX_ROWS_AVX512),
+                                       (None, cl.PACKED_MAX_ROWS_AVX512)])
+def test_packed_row_limit_follows_the_cpu(isa, rows):
+    """With AMX oneDNN's tiles beat the packed kernels past 16 rows; without, the packed kernels run the whole decode
+    batch. The choice is the CPU's (and ONEDNN_MAX_CPU_ISA's), made once per weight load."""
+    assert cl.packed_max_rows(isa) == rows
+
+
+def test_packed_row_limit_honours_the_onednn_cap(monkeypatch):
+    from rollwise import cpu_features
+
+    monkeypatch.setattr(cpu_features, "cpu_flags", lambda: frozenset({"avx512_bf16", "amx_bf16", "amx_tile"}))
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
+    assert cl.packed_max_rows() == cl.PACKED_MAX_ROWS_AMX
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX512_CORE_BF16")
+    assert cl.packed_max_rows() == cl.PACKED_MAX_ROWS_AVX512
+
+
+@needs_kernels
+def test_make_fast_carries_the_row_limit_to_both_formats():
+    g = torch.Generator().manual_seed(3)
+    w, b = torch.randn(64, 32, generator=g) * 0.1, torch.randn(64, generator=g)
+    f = cl.make_fast(w, b, "bfloat16", max_rows=200)
+    assert isinstance(f, cl.Bf16Dual) and f.max_rows == 200
+    q = cl.make_fast(w, b, "int8", max_rows=200)
+    assert isinstance(q, cl.PackedWeight) and q.max_rows == 200
+    x = torch.randn(150, 32, generator=g)  # past the AMX limit, inside this one: the packed tiles, float32 results
+    torch.testing.assert_close(q(x), _ref(x.bfloat16().float(), q.dequantized(), b), rtol=1e-5, atol=2e-5)

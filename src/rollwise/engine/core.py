@@ -18,7 +18,7 @@ import torch
 
 from rollwise.config import EngineConfig  # the one definition of the engine knobs; the sizing fields are read here
 from rollwise.engine.block_manager import BlockManager
-from rollwise.engine.model_runner import ModelRunner, engine_precision
+from rollwise.engine.model_runner import ModelRunner, engine_precision, kv_cache_dtype
 from rollwise.engine.scheduler import Scheduler, SchedulerConfig
 from rollwise.engine.sequence import Sequence, SeqStatus
 from rollwise.engine.speculative import DraftSpec, RequestDrafter, SpecStats, StepCost, accepted_prefix
@@ -85,8 +85,8 @@ class EngineCore:
         cfg = self.config
         max_len = cfg.max_model_len or min(getattr(hf_config, "max_position_embeddings", 4096), 4096)
         self.max_model_len = min(max_len, model.cos_cached.shape[0])
-        dtype = model.embed_tokens.weight.dtype
-        per_block = ModelRunner.kv_bytes_per_block(model.spec, cfg.block_size, dtype)
+        kv_dtype = kv_cache_dtype(cfg.kv_cache_dtype, model.embed_tokens.weight.dtype, linear_kind)
+        per_block = ModelRunner.kv_bytes_per_block(model.spec, cfg.block_size, kv_dtype)
         if cfg.num_kv_blocks is not None:
             num_blocks = cfg.num_kv_blocks
         else:
@@ -96,7 +96,8 @@ class EngineCore:
         self.scheduler = Scheduler(
             SchedulerConfig(cfg.max_num_seqs, cfg.max_num_batched_tokens, self.max_model_len), self.block_manager
         )
-        self.runner = ModelRunner(model, num_blocks, cfg.block_size, self.device, cfg.logprobs_mode, linear_kind)
+        self.runner = ModelRunner(model, num_blocks, cfg.block_size, self.device, cfg.logprobs_mode, linear_kind,
+                                  kv_dtype)
         self.eos_token_ids = frozenset(_eos_ids(hf_config, tokenizer))
         self.weight_version = 0
         self.requests: dict[str, _Request] = {}

@@ -20,8 +20,9 @@ passes are what separates the step from the matmul limit.
 All use `exp_nonpos`, an exp written as plain arithmetic (2^k times a degree-7 polynomial, relative error under
 1e-7) so that the compiler vectorises the loops that call it; libm's scalar exp was half of the attention time.
 
-They are float32-only and optional: if no compiler or ninja is available, or `ROLLWISE_CPU_KERNELS=0`, the
-engine uses the torch paths, with the same results to float32 rounding.
+They compute in float32 (the KV cache may be held in bfloat16: `rope_store` rounds to it, the attention widens from
+it, half the bytes per decode step) and are optional: if no compiler or ninja is available, or
+`ROLLWISE_CPU_KERNELS=0`, the engine uses the torch paths, with the same results to float32 rounding.
 """
 
 from __future__ import annotations
@@ -64,14 +65,33 @@ static inline float exp_nonpos(float x) {
   return x < -87.0f ? 0.f : p * scale;
 }
 
-// One 16-token K or V block is one 4 KB page, where the hardware prefetcher stops: ask for the next block ahead.
-static inline void prefetch_floats(const float* p, int64_t n) {
+// One 16-token K or V block is one 4 KB page (float32), where the hardware prefetcher stops: ask for the next block.
+template <typename T>
+static inline void prefetch_block(const T* p, int64_t n) {
   const char* c = reinterpret_cast<const char*>(p);
-  for (int64_t o = 0; o < n * 4; o += 64) __builtin_prefetch(c + o);
+  for (int64_t o = 0; o < n * static_cast<int64_t>(sizeof(T)); o += 64) __builtin_prefetch(c + o);
 }
 
-template <int DC>
-static void attn_rows(const float* qp, const float* kp, const float* vp, const int64_t* bt, const int64_t* cl,
+// KV-cache elements: float32, or bfloat16 held as its 16 bits (upper half of a float32: widening is a shift, which
+// the compiler vectorises inside the dot products; rounding to it is round-to-nearest-even, as torch rounds).
+static inline float kv_load(const float* p, int64_t i) { return p[i]; }
+static inline float kv_load(const uint16_t* p, int64_t i) {
+  const uint32_t bits = static_cast<uint32_t>(p[i]) << 16;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+static inline void kv_store(float* p, int64_t i, float x) { p[i] = x; }
+static inline void kv_store(uint16_t* p, int64_t i, float x) {
+  uint32_t bits;
+  std::memcpy(&bits, &x, 4);
+  if ((bits & 0x7fffffffu) > 0x7f800000u) { p[i] = static_cast<uint16_t>((bits >> 16) | 0x40u); return; }  // NaN stays NaN
+  bits += 0x7fffu + ((bits >> 16) & 1u);
+  p[i] = static_cast<uint16_t>(bits >> 16);
+}
+
+template <int DC, typename T>
+static void attn_rows(const float* qp, const T* kp, const T* vp, const int64_t* bt, const int64_t* cl,
                       float* op, int64_t begin, int64_t end, int64_t H, int64_t KVH, int64_t NB, int64_t BS,
                       int64_t MB, int64_t Drt, float sc) {
   const int64_t D = DC > 0 ? DC : Drt;
@@ -86,16 +106,16 @@ static void attn_rows(const float* qp, const float* kp, const float* vp, const i
     const int64_t* table = bt + b * MB;
     const int64_t nblk = (ctx + BS - 1) / BS;
     for (int64_t bi = 0; bi < nblk; ++bi) {
-      const float* kblk = kp + (kh * NB + table[bi]) * BS * D;
-      if (bi + 1 < nblk) prefetch_floats(kp + (kh * NB + table[bi + 1]) * BS * D, BS * D);
+      const T* kblk = kp + (kh * NB + table[bi]) * BS * D;
+      if (bi + 1 < nblk) prefetch_block(kp + (kh * NB + table[bi + 1]) * BS * D, BS * D);
       const int64_t t0 = bi * BS, n = std::min(BS, ctx - t0);
       for (int64_t j = 0; j < n; ++j) {
-        const float* __restrict__ kt = kblk + j * D;
+        const T* __restrict__ kt = kblk + j * D;
         for (int64_t g = 0; g < G; ++g) {
           const float* __restrict__ qg = qs.data() + g * D;
           float acc = 0.f;
 #pragma omp simd reduction(+ : acc)
-          for (int64_t d = 0; d < D; ++d) acc += qg[d] * kt[d];
+          for (int64_t d = 0; d < D; ++d) acc += qg[d] * kv_load(kt, d);
           s[g * ctx + t0 + j] = acc;
         }
       }
@@ -112,43 +132,58 @@ static void attn_rows(const float* qp, const float* kp, const float* vp, const i
     }
     float* ob = op + (b * H + kh * G) * D;
     for (int64_t bi = 0; bi < nblk; ++bi) {
-      const float* vblk = vp + (kh * NB + table[bi]) * BS * D;
-      if (bi + 1 < nblk) prefetch_floats(vp + (kh * NB + table[bi + 1]) * BS * D, BS * D);
+      const T* vblk = vp + (kh * NB + table[bi]) * BS * D;
+      if (bi + 1 < nblk) prefetch_block(vp + (kh * NB + table[bi + 1]) * BS * D, BS * D);
       const int64_t t0 = bi * BS, n = std::min(BS, ctx - t0);
       for (int64_t g = 0; g < G; ++g) {
         float* __restrict__ og = ob + g * D;
         const float* __restrict__ sg = s.data() + g * ctx + t0;
         for (int64_t j = 0; j < n; ++j) {
           const float w = sg[j];
-          const float* __restrict__ vt = vblk + j * D;
+          const T* __restrict__ vt = vblk + j * D;
 #pragma omp simd
-          for (int64_t d = 0; d < D; ++d) og[d] += w * vt[d];
+          for (int64_t d = 0; d < D; ++d) og[d] += w * kv_load(vt, d);
         }
       }
     }
   }
 }
 
+template <typename T>
+static void paged_attention_all(const float* qp, const T* kp, const T* vp, const int64_t* bt, const int64_t* cl,
+                                float* op, int64_t B, int64_t H, int64_t KVH, int64_t NB, int64_t BS, int64_t MB,
+                                int64_t D, float sc) {
+  at::parallel_for(0, B * KVH, 1, [&](int64_t begin, int64_t end) {
+    if (D == 64) attn_rows<64, T>(qp, kp, vp, bt, cl, op, begin, end, H, KVH, NB, BS, MB, D, sc);
+    else if (D == 128) attn_rows<128, T>(qp, kp, vp, bt, cl, op, begin, end, H, KVH, NB, BS, MB, D, sc);
+    else attn_rows<0, T>(qp, kp, vp, bt, cl, op, begin, end, H, KVH, NB, BS, MB, D, sc);
+  });
+}
+
+// q [B, H, D] float32; k_cache, v_cache [KVH, NB, BS, D] float32 or bfloat16 (the same dtype).
 torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
                                      torch::Tensor block_tables, torch::Tensor context_lens, double scale) {
-  TORCH_CHECK(q.dtype() == torch::kFloat32 && k_cache.dtype() == torch::kFloat32, "float32 only");
+  const bool bf16 = k_cache.dtype() == torch::kBFloat16;
+  TORCH_CHECK(q.dtype() == torch::kFloat32 && (bf16 || k_cache.dtype() == torch::kFloat32) &&
+              v_cache.dtype() == k_cache.dtype(), "q float32, caches float32 or bfloat16");
   TORCH_CHECK(q.is_contiguous() && k_cache.is_contiguous() && v_cache.is_contiguous(), "contiguous inputs");
   const int64_t B = q.size(0), H = q.size(1), D = q.size(2);
   const int64_t KVH = k_cache.size(0), NB = k_cache.size(1), BS = k_cache.size(2);
   const int64_t MB = block_tables.size(1);
   auto out = torch::zeros_like(q);
   const float* qp = q.data_ptr<float>();
-  const float* kp = k_cache.data_ptr<float>();
-  const float* vp = v_cache.data_ptr<float>();
   const int64_t* bt = block_tables.data_ptr<int64_t>();
   const int64_t* cl = context_lens.data_ptr<int64_t>();
   float* op = out.data_ptr<float>();
   const float sc = static_cast<float>(scale);
-  at::parallel_for(0, B * KVH, 1, [&](int64_t begin, int64_t end) {
-    if (D == 64) attn_rows<64>(qp, kp, vp, bt, cl, op, begin, end, H, KVH, NB, BS, MB, D, sc);
-    else if (D == 128) attn_rows<128>(qp, kp, vp, bt, cl, op, begin, end, H, KVH, NB, BS, MB, D, sc);
-    else attn_rows<0>(qp, kp, vp, bt, cl, op, begin, end, H, KVH, NB, BS, MB, D, sc);
-  });
+  if (bf16) {
+    const uint16_t* kp = reinterpret_cast<const uint16_t*>(k_cache.data_ptr());
+    const uint16_t* vp = reinterpret_cast<const uint16_t*>(v_cache.data_ptr());
+    paged_attention_all<uint16_t>(qp, kp, vp, bt, cl, op, B, H, KVH, NB, BS, MB, D, sc);
+  } else {
+    paged_attention_all<float>(qp, k_cache.data_ptr<float>(), v_cache.data_ptr<float>(), bt, cl, op, B, H, KVH, NB,
+                               BS, MB, D, sc);
+  }
   return out;
 }
 
@@ -274,14 +309,50 @@ torch::Tensor silu_mul(torch::Tensor gu) {
 }
 
 // RoPE on the q and k parts of qkv [N, (H + 2 KVH) * D] (rotate-half layout, cos/sin [N, D]); the rotated k and the v
-// are written to the cache ([2, KVH, S, D] viewed flat, S = blocks * block_size) at slots [N]; returns q [N, H, D].
+// are written to the cache ([2, KVH, S, D] viewed flat, S = blocks * block_size; float32 or bfloat16) at slots [N];
+// returns q [N, H, D].
+template <typename T>
+static void rope_store_rows(const float* xp, const float* cp, const float* sp, const int64_t* sl, float* qp, T* kc,
+                            int64_t N, int64_t H, int64_t KVH, int64_t D, int64_t W, int64_t S) {
+  const int64_t half = D / 2;
+  T* vc = kc + KVH * S * D;
+  at::parallel_for(0, N, 4, [&](int64_t begin, int64_t end) {
+    std::vector<float> kr(D);
+    for (int64_t n = begin; n < end; ++n) {
+      const float* x = xp + n * W;
+      const float* c = cp + n * D;
+      const float* s = sp + n * D;
+      const int64_t slot = sl[n];
+      for (int64_t h = 0; h < H + KVH; ++h) {
+        const float* xi = x + h * D;
+        float* o = h < H ? qp + (n * H + h) * D : kr.data();
+#pragma omp simd
+        for (int64_t i = 0; i < half; ++i) {
+          o[i] = xi[i] * c[i] + (-xi[i + half]) * s[i];
+          o[i + half] = xi[i + half] * c[i + half] + xi[i] * s[i + half];
+        }
+        if (h >= H) {
+          T* kd = kc + ((h - H) * S + slot) * D;
+          for (int64_t i = 0; i < D; ++i) kv_store(kd, i, kr[i]);
+        }
+      }
+      for (int64_t h = 0; h < KVH; ++h) {
+        const float* vi = x + (H + KVH + h) * D;
+        T* o = vc + (h * S + slot) * D;
+        for (int64_t i = 0; i < D; ++i) kv_store(o, i, vi[i]);
+      }
+    }
+  });
+}
+
 torch::Tensor rope_store(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin, torch::Tensor cache,
                          torch::Tensor slots, int64_t H, int64_t KVH) {
-  TORCH_CHECK(qkv.dtype() == torch::kFloat32 && cache.dtype() == torch::kFloat32 && cos.dtype() == torch::kFloat32,
-              "float32 only");
+  const bool bf16 = cache.dtype() == torch::kBFloat16;
+  TORCH_CHECK(qkv.dtype() == torch::kFloat32 && (bf16 || cache.dtype() == torch::kFloat32) &&
+              cos.dtype() == torch::kFloat32, "qkv float32, cache float32 or bfloat16");
   TORCH_CHECK(qkv.is_contiguous() && cos.is_contiguous() && sin.is_contiguous() && cache.is_contiguous() &&
               slots.is_contiguous(), "contiguous inputs");
-  const int64_t N = qkv.size(0), D = cos.size(1), half = D / 2, W = qkv.size(1);
+  const int64_t N = qkv.size(0), D = cos.size(1), W = qkv.size(1);
   TORCH_CHECK(W == (H + 2 * KVH) * D && cache.size(0) == 2 && cache.size(1) == KVH, "qkv / cache shapes");
   const int64_t S = cache.numel() / (2 * KVH * D);
   auto q = torch::empty({N, H, D}, qkv.options());
@@ -290,35 +361,13 @@ torch::Tensor rope_store(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin
   const float* sp = sin.data_ptr<float>();
   const int64_t* sl = slots.data_ptr<int64_t>();
   float* qp = q.data_ptr<float>();
-  float* kc = cache.data_ptr<float>();
-  float* vc = kc + KVH * S * D;
-  at::parallel_for(0, N, 4, [&](int64_t begin, int64_t end) {
-    for (int64_t n = begin; n < end; ++n) {
-      const float* x = xp + n * W;
-      const float* c = cp + n * D;
-      const float* s = sp + n * D;
-      const int64_t slot = sl[n];
-      for (int64_t h = 0; h < H + KVH; ++h) {
-        const float* xi = x + h * D;
-        float* o = h < H ? qp + (n * H + h) * D : kc + ((h - H) * S + slot) * D;
-#pragma omp simd
-        for (int64_t i = 0; i < half; ++i) {
-          o[i] = xi[i] * c[i] + (-xi[i + half]) * s[i];
-          o[i + half] = xi[i + half] * c[i + half] + xi[i] * s[i + half];
-        }
-      }
-      for (int64_t h = 0; h < KVH; ++h) {
-        const float* vi = x + (H + KVH + h) * D;
-        float* o = vc + (h * S + slot) * D;
-        for (int64_t i = 0; i < D; ++i) o[i] = vi[i];
-      }
-    }
-  });
+  if (bf16) rope_store_rows<uint16_t>(xp, cp, sp, sl, qp, reinterpret_cast<uint16_t*>(cache.data_ptr()), N, H, KVH, D, W, S);
+  else rope_store_rows<float>(xp, cp, sp, sl, qp, cache.data_ptr<float>(), N, H, KVH, D, W, S);
   return q;
 }
 """
 
-_EXT = InlineExtension("rollwise_cpu_kernels_v4", _SOURCE,
+_EXT = InlineExtension("rollwise_cpu_kernels_v5", _SOURCE,
                        ["paged_decode_attention", "sample_rows", "add_rmsnorm_", "silu_mul", "rope_store"],
                        "CPU decode kernels", "the torch paths")
 

@@ -209,15 +209,27 @@ torch::Tensor packed_linear(torch::Tensor x, torch::Tensor w, int64_t kind, int6
 """
 
 KINDS = {"float32": 0, "bfloat16": 1, "int8": 2}
-INT8_PACKED_MAX_ROWS = 16
-"""int8 rows up to this run the packed kernel (memory-bound: a quarter of the float32 bytes); more rows run
-`PackedWeight._int8_wide` (arithmetic-bound: the AMX bf16 matmul on prepacked weights)."""
-BF16_PACKED_MAX_ROWS = 16
-"""bfloat16 rows up to this run the packed tiles; more rows run oneDNN's bf16 matmul on prepacked weights
-(`Bf16Dual`).
-NOTE: a single [8, 576] x [576, 3072] call is faster through oneDNN (255 against 303 us here), but in the engine at
+PACKED_MAX_ROWS_AMX = 16
+"""With AMX (oneDNN may use it): bfloat16 and int8 rows up to this run the packed tiles; more rows run oneDNN's bf16
+matmul on prepacked weights (AMX tiles: 3-5x the AVX512-BF16 kernel at 64 rows on an Intel Xeon).
+NOTE: a single [8, 576] x [576, 3072] call is faster through oneDNN (255 against 303 us there), but in the engine at
 8 rows the packed tiles win (2 threads: 3.84 s against 4.70 s for 8 x 128 tokens, 1 thread: level): they split the
 output columns over the threads, while oneDNN at a few rows does not scale past one."""
+PACKED_MAX_ROWS_AVX512 = 256
+"""Without AMX (AVX512-BF16 only, or oneDNN capped below AMX): oneDNN's bf16 matmul runs the same `vdpbf16ps` as
+the packed tiles, and the tiles win up to here (SmolLM2-135M's linear layers, 2 threads, AMD EPYC: 1.66x at 16 rows,
+1.39x at 64, 1.23x at 128 and 256; bench/linear_kernels.py); oneDNN's blocking takes over for prefills beyond."""
+
+
+def packed_max_rows(isa: str | None = None) -> int:
+    """The most rows the packed bf16 / int8 tiles take before oneDNN's bf16 matmul does, for this CPU (`isa`: a
+    `cpu_features.cpu_bf16_support` value; default this machine's under `ONEDNN_MAX_CPU_ISA`). Read once per weight
+    load (`make_fast`), never per step."""
+    from rollwise.cpu_features import machine_bf16_support
+
+    isa = machine_bf16_support() if isa is None else isa
+    return PACKED_MAX_ROWS_AMX if isa == "amx_bf16" else PACKED_MAX_ROWS_AVX512
+
 
 _EXT = InlineExtension("rollwise_cpu_linear_v2", _SOURCE, ["packed_linear", "has_avx512"], "packed CPU linear kernels",
                        "torch's F.linear", check=lambda m: None if m.has_avx512() else "this CPU or compiler has no AVX-512 BF16")
@@ -253,6 +265,7 @@ class PackedWeight:
     scale: torch.Tensor | None  # [Mp] float32 per-channel scales (int8 only)
     bias: torch.Tensor | None  # [Mp] float32
     wide: torch.Tensor | None = None  # int8 only: the integers as a bf16 [M, K] matrix (exact, prepacked) for many rows
+    max_rows: int = PACKED_MAX_ROWS_AMX  # int8 only: more rows than this run `_int8_wide` (`packed_max_rows`)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """x [..., K] float32 -> [..., M] float32."""
@@ -262,7 +275,7 @@ class PackedWeight:
         x2 = x.reshape(-1, self.in_features)
         if x2.dtype != torch.float32 or not x2.is_contiguous():
             x2 = x2.float().contiguous()
-        if self.kind == "int8" and x2.shape[0] > INT8_PACKED_MAX_ROWS:
+        if self.kind == "int8" and x2.shape[0] > self.max_rows:
             return self._int8_wide(x2).reshape(*shape[:-1], self.out_features)
         y = m.packed_linear(x2, self.data, KINDS[self.kind], self.in_features, self.padded_out, self.scale, self.bias)
         if self.padded_out != self.out_features:
@@ -293,8 +306,9 @@ class PackedWeight:
         return t.float() * self.scale[:M, None]
 
 
-def pack(weight: torch.Tensor, bias: torch.Tensor | None, kind: str) -> PackedWeight:
-    """Pack a [M, K] weight (any float dtype) into `kind`'s tiles."""
+def pack(weight: torch.Tensor, bias: torch.Tensor | None, kind: str, max_rows: int | None = None) -> PackedWeight:
+    """Pack a [M, K] weight (any float dtype) into `kind`'s tiles. `max_rows` (int8): the most rows the tiles take
+    (default `packed_max_rows()`, this CPU's)."""
     if kind not in KINDS:
         raise ValueError(f"unknown packed weight kind {kind!r}; use one of {', '.join(KINDS)}")
     w = weight.detach().float()
@@ -326,29 +340,30 @@ def pack(weight: torch.Tensor, bias: torch.Tensor | None, kind: str) -> PackedWe
         b = torch.zeros(Mp, dtype=torch.float32)
         b[:M] = bias.detach().float()
     wide = prepack_bf16(q.to(torch.bfloat16)) if kind == "int8" else None
-    return PackedWeight(kind, data, M, K, Mp, scale, b, wide)
+    return PackedWeight(kind, data, M, K, Mp, scale, b, wide, packed_max_rows() if max_rows is None else max_rows)
 
 
 @dataclass
 class Bf16Dual:
-    """bfloat16 at every batch size: the packed AVX512-BF16 tiles up to `BF16_PACKED_MAX_ROWS` rows (decode tail: one
-    streamed pass over the weights), torch's bf16 matmul (oneDNN, AMX where present) above. Both give bf16 inputs
+    """bfloat16 at every batch size: the packed AVX512-BF16 tiles up to `max_rows` rows (`packed_max_rows`: the decode
+    tail, or every decode batch without AMX), torch's bf16 matmul (oneDNN, AMX where present) above. Both give bf16 inputs
     with float32 accumulation; the oneDNN path also rounds its result to bf16. Holds both layouts (2 x the bf16
     bytes: the float32 size)."""
 
     packed: PackedWeight
     wide: "Bf16Weight"
+    max_rows: int = PACKED_MAX_ROWS_AMX
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // x.shape[-1]
-        return self.packed(x) if rows <= BF16_PACKED_MAX_ROWS else self.wide(x)
+        return self.packed(x) if rows <= self.max_rows else self.wide(x)
 
 
 @dataclass
 class Bf16Weight:
     """bfloat16 weights through torch's bf16 matmul (oneDNN; on CPUs with AMX it uses the tiles), on weights prepacked
     in oneDNN's layout (`prepack_bf16`): activations rounded to bfloat16, the result back in float32. Used above
-    `BF16_PACKED_MAX_ROWS` rows, and at every batch size where the packed kernels cannot run."""
+    `Bf16Dual.max_rows` rows, and at every batch size where the packed kernels cannot run."""
 
     weight: torch.Tensor  # [M, K] bfloat16, plain or `prepack_bf16`'s
     bias: torch.Tensor | None  # [M] float32
@@ -416,17 +431,18 @@ class DequantWeight:
 
 # NOTE: which format runs at which batch size is decided here, once per weight load, never per step.
 # float32 uses the packed kernel at every row count (measured here at 8, 64, 300, 512 and 2048 rows: at or above
-# MKL's sgemm, 2x at 8 rows); bfloat16 and int8 use the packed kernels up to BF16_PACKED_MAX_ROWS /
-# INT8_PACKED_MAX_ROWS rows and oneDNN's bf16 matmul on prepacked weights (on this machine AMX, 3-5x the AVX512-BF16
-# kernel at 64 rows) above.
-def make_fast(weight: torch.Tensor, bias: torch.Tensor | None,
-              kind: str) -> PackedWeight | Bf16Dual | Bf16Weight | DequantWeight | None:
-    """The `Linear.fast` callable for one weight in `kind` (float32 | bfloat16 | int8); None = plain F.linear."""
+# MKL's sgemm, 2x at 8 rows); bfloat16 and int8 use the packed kernels up to `packed_max_rows()` rows (chosen by
+# the CPU: 16 with AMX, 256 without) and oneDNN's bf16 matmul on prepacked weights above.
+def make_fast(weight: torch.Tensor, bias: torch.Tensor | None, kind: str,
+              max_rows: int | None = None) -> PackedWeight | Bf16Dual | Bf16Weight | DequantWeight | None:
+    """The `Linear.fast` callable for one weight in `kind` (float32 | bfloat16 | int8); None = plain F.linear.
+    `max_rows`: the packed tiles' row limit for bfloat16 / int8 (default `packed_max_rows()`, this CPU's)."""
+    rows = packed_max_rows() if max_rows is None else max_rows
     if kind == "bfloat16":
         wide = Bf16Weight(prepack_bf16(weight), None if bias is None else bias.detach().float().clone())
-        return Bf16Dual(pack(weight, bias, kind), wide) if available() else wide
+        return Bf16Dual(pack(weight, bias, kind, rows), wide, rows) if available() else wide
     if available():
-        return pack(weight, bias, kind)
+        return pack(weight, bias, kind, rows)
     if kind == "int8":
         q, s = quantize_int8(weight)
         return DequantWeight(q.float() * s[:, None], None if bias is None else bias.detach().float().clone())
@@ -438,10 +454,11 @@ def prepare_linears(model: torch.nn.Module, kind: str) -> int:
     from rollwise.models.decoder import Linear
 
     n = 0
+    rows = packed_max_rows()
     for mod in model.modules():
         if isinstance(mod, Linear):
             mod.fast = None
-            mod.fast = make_fast(mod.weight, mod.bias, kind)
+            mod.fast = make_fast(mod.weight, mod.bias, kind, rows)
             n += 1
     return n
 

@@ -1,7 +1,7 @@
 """The one torch-heavy part of the engine: turns a `SchedulerOutput` into tensors, runs the model, samples.
 
-It owns the model weights and the paged KV cache ([2, num_blocks, block_size, kv_heads, head_dim] per
-layer). Everything it is told comes from the scheduler as ids and counts.
+It owns the model weights and the paged KV cache ([2, kv_heads, num_blocks, block_size, head_dim] per layer, in
+`kv_cache_dtype`). Everything it is told comes from the scheduler as ids and counts.
 """
 
 from __future__ import annotations
@@ -51,6 +51,21 @@ def engine_precision(dtype: str | torch.dtype, device: torch.device) -> tuple[to
     return DTYPES[name], None
 
 
+KV_CACHE_DTYPES = ("auto", "float32", "bfloat16")
+
+
+def kv_cache_dtype(setting: str, param_dtype: torch.dtype, linear_kind: str | None) -> torch.dtype:
+    """The KV cache's dtype for `engine.kv_cache_dtype`: 'auto' = bfloat16 where the engine's matmuls already round
+    to bfloat16 (the CPU's 'bfloat16' and 'int8' modes: the cache then costs no further precision class, and a decode
+    step reads half the bytes), else the parameters' dtype (float32 stays exact; a GPU model cast to bf16 or fp16
+    keeps its own); 'float32' / 'bfloat16' as given."""
+    if setting not in KV_CACHE_DTYPES:
+        raise ValueError(f"unknown kv_cache_dtype {setting!r}; use one of {', '.join(KV_CACHE_DTYPES)}")
+    if setting == "auto":
+        return torch.bfloat16 if linear_kind in ("bfloat16", "int8") else param_dtype
+    return DTYPES[setting]
+
+
 Brancher = Callable[[SchedulerOutput, torch.Tensor], list[tuple[int, Sequence]]]
 """(step output, logits rows [len(sample_seqs), V]) -> [(row index, forked sequence)] (engine/tree.py)."""
 
@@ -63,8 +78,10 @@ class StepResult:
 
 class ModelRunner:
     def __init__(self, model: DecoderLM, num_blocks: int, block_size: int, device: torch.device,
-                 logprobs_mode: LogprobsMode = "processed", linear_kind: str | None = None) -> None:
-        """linear_kind: the CPU linear-weight format (`engine_precision`); None = plain F.linear on the parameters."""
+                 logprobs_mode: LogprobsMode = "processed", linear_kind: str | None = None,
+                 kv_dtype: torch.dtype | None = None) -> None:
+        """linear_kind: the CPU linear-weight format (`engine_precision`); None = plain F.linear on the parameters.
+        kv_dtype: the KV cache's dtype (`kv_cache_dtype`); None = the parameters'."""
         self.model = model
         self.linear_kind = linear_kind
         self.logprobs_mode = logprobs_mode
@@ -77,6 +94,7 @@ class ModelRunner:
         self._workspace: tuple[torch.Tensor, torch.Tensor] | None = None
         self._per_block = spec.num_kv_heads * block_size * spec.head_dim
         self._dtype = dtype
+        self.kv_dtype = dtype if kv_dtype is None else kv_dtype
         self._kernel = None
         self._layer_ops = None
         self._sample_kernel = None
@@ -89,7 +107,8 @@ class ModelRunner:
                 self._layer_ops = cpu_kernels.layer_ops()
         self.refresh_weights()
         for layer in model.layers:
-            cache = torch.zeros(2, spec.num_kv_heads, num_blocks, block_size, spec.head_dim, dtype=dtype, device=device)
+            cache = torch.zeros(2, spec.num_kv_heads, num_blocks, block_size, spec.head_dim, dtype=self.kv_dtype,
+                                device=device)
             attn = layer.self_attn
             assert isinstance(attn, Attention)  # torch types a ModuleList's items as plain Modules
             attn.kv_cache = cache
@@ -186,8 +205,8 @@ class ModelRunner:
         ws = self._workspace
         if ws is None or ws[0].numel() < need:
             cap = max(need, 2 * (ws[0].numel() if ws is not None else 0))
-            ws = (torch.empty(cap, dtype=self._dtype, device=self.device),
-                  torch.empty(cap, dtype=self._dtype, device=self.device))
+            ws = (torch.empty(cap, dtype=self.kv_dtype, device=self.device),
+                  torch.empty(cap, dtype=self.kv_dtype, device=self.device))
             self._workspace = ws
         return ws
 

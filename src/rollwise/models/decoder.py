@@ -136,8 +136,10 @@ class Attention(nn.Module):
         cache = self.kv_cache
         assert cache is not None, "KV cache not allocated"
         flat = cache.view(2, self.kvh, -1, self.d)  # [2, kvh, num_blocks * block_size, d]
-        flat[0].index_copy_(1, meta.slot_mapping, k.transpose(0, 1))
-        flat[1].index_copy_(1, meta.slot_mapping, v.transpose(0, 1))
+        # NOTE: the cache may be held in a lower precision than the activations (engine.kv_cache_dtype): K/V are
+        # rounded on the way in and widened on the way out; a prefill attends to its own fresh K/V (as vLLM does)
+        flat[0].index_copy_(1, meta.slot_mapping, k.transpose(0, 1).to(cache.dtype))
+        flat[1].index_copy_(1, meta.slot_mapping, v.transpose(0, 1).to(cache.dtype))
         if meta.is_prefill:
             out = self._prefill(q, k, v, meta)
         else:
@@ -156,7 +158,7 @@ class Attention(nn.Module):
                 o = F.scaled_dot_product_attention(qi, ki, vi, is_causal=True, scale=self.scale, enable_gqa=True)
             else:
                 ctx = num_cached + q_len
-                kv = self.kv_cache[:, :, table].reshape(2, self.kvh, -1, self.d)[:, :, :ctx]  # [2, kvh, ctx, d]
+                kv = self.kv_cache[:, :, table].reshape(2, self.kvh, -1, self.d)[:, :, :ctx].to(q.dtype)  # [2, kvh, ctx, d]
                 ki = kv[0].unsqueeze(0)
                 vi = kv[1].unsqueeze(0)
                 qpos = torch.arange(num_cached, ctx, device=q.device)
@@ -178,6 +180,8 @@ class Attention(nn.Module):
         kbuf, vbuf = (w[:n].view(shape) for w in meta.workspace)
         k = torch.index_select(self.kv_cache[0], 1, bt, out=kbuf).view(self.kvh, b, -1, self.d)  # [kvh, B, L, d]
         v = torch.index_select(self.kv_cache[1], 1, bt, out=vbuf).view(self.kvh, b, -1, self.d)
+        if k.dtype != q.dtype:  # a lower-precision cache (engine.kv_cache_dtype) on the torch path: widen the gather
+            k, v = k.to(q.dtype), v.to(q.dtype)
         g = self.h // self.kvh
         qg = q.view(b, self.kvh, g, self.d).transpose(0, 1)  # [kvh, B, g, d]: a group's query heads share keys
         if meta.decode_bias is not None:

@@ -131,7 +131,7 @@ def check_served_template(env_cfg: EnvConfig, env: Environment, engine: Engine, 
 def engine_kwargs(engine_cfg: EngineConfig, seed: int) -> dict[str, Any]:
     """`LLM(...)` keyword arguments: the sizing fields of the `engine` section, and the seed."""
     sizing = ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "block_size", "num_kv_blocks", "kv_cache_gb",
-              "enable_prefix_caching")
+              "kv_cache_dtype", "enable_prefix_caching")
     return {**{k: getattr(engine_cfg, k) for k in sizing}, "seed": seed}
 
 
