@@ -1359,7 +1359,8 @@ def _suggest(parts: list[str], i: int, siblings: list[str], all_keys: list[str])
         return fix(pref[0])
     # 2. A key that exists in another section ('rollout.lr' or top-level 'lr' for 'train.lr').
     if i == len(parts) - 1:
-        elsewhere = [k for k in all_keys if k.rsplit(".", 1)[-1] == bad]
+        # the shallowest first: 'lr' is train.lr, not the critic's algo.critic.lr
+        elsewhere = sorted((k for k in all_keys if k.rsplit(".", 1)[-1] == bad), key=lambda k: k.count("."))
         if elsewhere:
             return f" (did you mean '{elsewhere[0]}'?)"
     # 3. A typo.
@@ -1367,7 +1368,7 @@ def _suggest(parts: list[str], i: int, siblings: list[str], all_keys: list[str])
     if near:
         return fix(near[0])
     by_leaf: dict[str, str] = {}
-    for k in all_keys:
+    for k in sorted(all_keys, key=lambda k: k.count(".")):  # the shallowest key of each leaf name
         by_leaf.setdefault(k.rsplit(".", 1)[-1], k)
     leaf_near = difflib.get_close_matches(parts[-1], list(by_leaf), n=1, cutoff=0.75)
     return f" (did you mean '{by_leaf[leaf_near[0]]}'?)" if leaf_near else ""
