@@ -275,8 +275,9 @@ def actor_critic_step(trainer: Trainer, critic: Critic, batch: TrainBatch, rollo
                       loss_fn: LossFn, loss_cfg: LossConfig, *, fresh_version: int | None = None) -> dict[str, float]:
     """One RL step of PPO with a critic (the module docstring's four lines): the policy's metrics as
     `Trainer.train_step` returns them (none during the critic's warm-up), and `critic/*`: value_loss,
-    value_clip_frac, explained_var (of this step's returns by the values before the critic's update), value_mean,
-    return_mean, grad_norm, lr, warmup (1 while the policy waits for the critic), train_s."""
+    value_clip_frac, explained_var (of this step's returns by the values before the critic's update; absent when
+    the returns do not vary), value_mean, return_mean, grad_norm, lr, warmup (1 while the policy waits for the
+    critic), train_s."""
     t0 = time.perf_counter()
     g = critic.spec.gae
     values = critic.values(batch)  # [B, T] at the critic before this step
@@ -296,10 +297,12 @@ def actor_critic_step(trainer: Trainer, critic: Critic, batch: TrainBatch, rollo
     n = max(int(on.sum().item()), 1)
     out.update({
         "critic/value_loss": cm["value_loss"], "critic/value_clip_frac": cm["value_clip_frac"],
-        "critic/explained_var": explained_variance(values, ret, mask),
         "critic/value_mean": float(values[on].sum().item() / n), "critic/return_mean": float(ret[on].sum().item() / n),
         "critic/grad_norm": cm["grad_norm"], "critic/lr": cm["lr"], "critic/warmup": float(warmup),
         "critic/train_s": time.perf_counter() - t_critic,
     })
+    ev = explained_variance(values, ret, mask)
+    if math.isfinite(ev):  # returns that do not vary leave nothing to explain: the key is left out, never NaN
+        out["critic/explained_var"] = ev
     out["train_s"] = time.perf_counter() - t0  # the whole step: values, the policy's update and the critic's
     return out
