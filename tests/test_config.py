@@ -207,6 +207,14 @@ def test_every_config_key_is_read_somewhere():
      "'rollout.tree.first_segment_tokens' is set but has no effect unless rollout.tree.branch is not 'off'"),
     (["rollout.tree.branch=fixed", "rollout.tree.entropy_threshold=2"],
      "'rollout.tree.entropy_threshold' is set but has no effect unless rollout.tree.branch is 'entropy'"),
+    # PPO with a critic (docs/ppo.md): one advantage per token, one rank, and a baseline that is not the group's
+    (["algo.advantage=gae", "algo.loss=gspo"], "algo.advantage 'gae' gives one advantage per token, and algo.loss "
+                                               "'gspo' takes one per sequence"),
+    (["algo.advantage=gae", "train.world_size=2"], "algo.advantage 'gae' trains its critic on one rank"),
+    (["algo.critic.lr=1e-3"], "'algo.critic.lr' is set but has no effect unless algo.advantage is 'gae'"),
+    (["algo.gae.lam=0.95"], "'algo.gae.lam' is set but has no effect unless algo.advantage is 'gae'"),
+    (["algo.advantage=gae", "algo.skip_zero_variance=false"],
+     "'algo.skip_zero_variance' is set but has no effect unless algo.advantage is not 'gae'"),
 ])
 def test_combinations_that_cannot_work_are_refused_at_load(overrides, message):
     with pytest.raises(ConfigError) as e:
@@ -215,6 +223,9 @@ def test_combinations_that_cannot_work_are_refused_at_load(overrides, message):
 
 
 def test_keys_that_take_effect_pass_and_a_saved_run_config_is_not_second_guessed(tmp_path):
+    cfg = load_config(None, ["algo.advantage=gae", "algo.loss=ppo", "algo.gae.lam=0.95", "algo.critic.lr=1e-3",
+                             "algo.critic.cliprange_value=null", "algo.critic.warmup_steps=2"])
+    assert cfg.algo.gae.lam == 0.95 and cfg.algo.critic.cliprange_value is None and cfg.algo.critic.warmup_steps == 2
     cfg = load_config(None, ["control.policy=early_stop", "control.confidence=0.5", "engine.max_num_seqs=8",
                              "replay.enabled=true", "replay.max_age=2", "algo.kl_coef=0.1", "algo.kl_estimator=k1"])
     assert cfg.control.confidence == 0.5 and cfg.replay.max_age == 2

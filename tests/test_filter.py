@@ -185,3 +185,26 @@ def test_no_signal_says_why_a_step_trained_nothing():
     why = step([long, same], FilterRules(overlong_filter=True, max_tokens=6))
     assert why == ("1/2 groups had equal rewards; the other groups' 2 rollouts: 2 filtered "
                    "(overlong filtering: hit max_tokens=6)")
+
+
+def test_a_critic_baseline_trains_groups_of_equal_rewards():
+    """`algo.advantage: gae`: every token's advantage is its return minus the critic's value, so an all-correct group
+    still teaches; it is counted as zero-variance but not dropped, and the step is not reported as signal-free.
+    The scalar advantage left on each rollout is its return (the reward its advantages see), errored ones as wrong."""
+    from rollwise.config import AlgoConfig
+    from rollwise.filter import no_signal
+
+    rules = FilterRules.from_config(AlgoConfig(advantage="gae"))
+    assert rules.critic_baseline and not FilterRules.from_config(AlgoConfig()).critic_baseline
+    same = RolloutGroup("p", "g", [_ro(0, 1.0), _ro(1, 1.0)])
+    mixed = RolloutGroup("q", "h", [_ro(0, 1.0, gid="h"), _ro(1, 0.0, gid="h"), _ro(2, None, "errored", gid="h")])
+    assign_advantages([same, mixed], "gae", rules=rules)
+    assert [r.advantage for r in same.rollouts + mixed.rollouts] == [1.0, 1.0, 1.0, 0.0, 0.0]
+    sel = select([same, mixed], rules)
+    assert sel.zero_variance_groups == 1 and set(map(id, sel.trainable)) == set(map(id, same.rollouts + mixed.rollouts))
+    zeros = RolloutGroup("z", "z", [_ro(0, 0.0, gid="z"), _ro(1, 0.0, gid="z")])
+    assign_advantages([zeros], "gae", rules=rules)
+    assert no_signal([zeros], select([zeros], rules).trainable, rules) is None
+    # the group baseline drops the same equal group
+    assign_advantages([same], "grpo")
+    assert select([same], FilterRules()).trainable == []

@@ -47,6 +47,8 @@ __all__ = [
     "EnvConfig",
     "RolloutConfig",
     "AlgoConfig",
+    "GaeConfig",
+    "CriticConfig",
     "LoraConfig",
     "TrainConfig",
     "RunOptions",
@@ -500,7 +502,7 @@ class RolloutConfig(_Section):
     """Tree rollouts: a group's samples share their beginnings and branch where the policy is unsure."""
 
 
-AdvantageName = Literal["grpo", "dr_grpo", "rloo", "reinforce_pp", "tree"]
+AdvantageName = Literal["grpo", "dr_grpo", "rloo", "reinforce_pp", "tree", "gae"]
 LossName = Literal["ppo", "grpo", "dr_grpo", "dapo", "gspo"]
 
 
@@ -546,12 +548,55 @@ class CorrectionConfig(_Section):
         return self
 
 
+class GaeConfig(_Section):
+    """Generalized advantage estimation (Schulman et al. 2016) with `algo.advantage: gae`: per-token advantages from
+    the critic's values (docs/ppo.md). verl's `algorithm.gamma` / `algorithm.lam`, OpenRLHF's `--gamma` / `--lambd`."""
+
+    gamma: float = Field(1.0, ge=0, le=1)
+    """Discount per policy token. 1 (verl's default): the episode's reward counts fully at every token."""
+    lam: float = Field(1.0, ge=0, le=1)
+    """GAE's lambda: 1 = Monte-Carlo advantages (return - value, unbiased, higher variance); lower values lean on
+    the critic's next-token values (less variance, biased by the critic's errors). verl defaults to 1; 0.95 is
+    the classic PPO choice."""
+    whiten: bool = True
+    """Whiten the advantages over the batch's policy tokens (subtract their mean, divide by their std), as verl and
+    OpenRLHF do: the loss sees one scale whatever the rewards' scale."""
+
+
+class CriticConfig(_Section):
+    """The value model of `algo.advantage: gae`: a separate critic (the policy's architecture with a one-output
+    value head in place of the LM head, HF `AutoModelForTokenClassification`, as verl's critic) with its own AdamW
+    (docs/ppo.md). Saved with every checkpoint (`checkpoints/step-N/critic/`) and restored on resume."""
+
+    model: str | None = None
+    """The critic's starting weights: an HF checkpoint directory (a causal LM: its body, with a new value head
+    starting at 0; or a saved critic, `checkpoints/step-N/critic`), a .gguf file or a known name. None = the policy's
+    initial model (after warm-up or SFT), verl's default. It must share the policy's tokenizer."""
+    lr: float = Field(1e-5, gt=0)
+    """The critic's AdamW learning rate (constant). verl's `critic.optim.lr` default; the built-in tiny model
+    learns its values at about 1e-3."""
+    cliprange_value: float | None = Field(0.5, gt=0)
+    """Value clipping (verl's `critic.cliprange_value`, OpenRLHF's `--value_clip`): a new value is kept within this
+    distance of the value the step's advantages were computed with, and the loss takes the worse of the clipped
+    and unclipped squared errors. None = plain squared error."""
+    grad_clip: float | None = Field(1.0, gt=0)
+    """Clip the critic's global gradient norm to this; None = no clipping."""
+    updates_per_step: int = Field(1, ge=1)
+    """The critic's optimiser steps per RL step (its batch split into this many shuffled mini-batches; verl's
+    critic.ppo_epochs x mini-batches)."""
+    warmup_steps: int = Field(0, ge=0)
+    """RL steps at the start in which only the critic trains and the policy is left as it is (verl's
+    `trainer.critic_warmup`, OpenRLHF's `--freezing_actor_steps`): the policy's first updates then see a critic that
+    has learned something."""
+
+
 class AlgoConfig(_Section):
     """The RL algorithm: which advantage estimator, which loss, and their knobs."""
 
     advantage: AdvantageName = "grpo"
     """Advantage estimator (`rollwise.train.advantages.ADVANTAGE_NAMES`); 'tree' gives per-token credit from the
-    completions' shared prefixes (TreeRL), for every loss but gspo (one advantage per sequence)."""
+    completions' shared prefixes (TreeRL), for every loss but gspo (one advantage per sequence); 'gae' gives
+    per-token advantages from a learned value model (PPO with a critic: `algo.critic`, `algo.gae`, docs/ppo.md)."""
     loss: LossName = "grpo"
     """Policy loss (`rollwise.train.losses.LOSSES`)."""
     adv_eps: float = Field(1e-6, gt=0)
@@ -577,7 +622,8 @@ class AlgoConfig(_Section):
     max_length: int | None = Field(None, ge=1)
     """Dr. GRPO's constant length normaliser; None = rollout.max_tokens."""
     skip_zero_variance: bool = True
-    """Drop groups whose rewards are all equal (they carry no GRPO signal) from the train batch."""
+    """Drop groups whose rewards are all equal (they carry no GRPO signal) from the train batch. Not with
+    `advantage: gae`, whose baseline is the critic: there a group of equal rewards still teaches, and trains."""
     errored_reward: float | None = 0.0
     """What an errored rollout (a user's reward function raised, the sandbox could not be built; never an output
     the built-in verifiers can blame on the policy: those are wrong answers) counts as in advantages. A number: a
@@ -597,6 +643,10 @@ class AlgoConfig(_Section):
     overlong_cache: int | None = Field(None, ge=1)
     """L_cache of the soft overlong punishment, in tokens (at most rollout.max_tokens); None = rollout.max_tokens
     // 5 (the paper's 4096 of 20480)."""
+    gae: GaeConfig = Field(default_factory=GaeConfig)
+    """GAE's gamma, lambda and whitening (`advantage: gae`)."""
+    critic: CriticConfig = Field(default_factory=CriticConfig)
+    """The value model of `advantage: gae`: its starting weights, learning rate, value clipping, warm-up."""
 
     @model_validator(mode="after")
     def _one_correction(self) -> AlgoConfig:
@@ -1027,6 +1077,10 @@ _APPLIES_WHEN: list[tuple[str, Any, str]] = [
     ("replay.max_reuse", lambda c: c.replay.enabled, "replay.enabled is true"),
     ("replay.capacity", lambda c: c.replay.enabled, "replay.enabled is true"),
     ("algo.reinforce_baseline", lambda c: c.algo.advantage == "reinforce_pp", "algo.advantage is 'reinforce_pp'"),
+    ("algo.gae", lambda c: c.algo.advantage == "gae", "algo.advantage is 'gae'"),
+    ("algo.critic", lambda c: c.algo.advantage == "gae", "algo.advantage is 'gae'"),
+    ("algo.skip_zero_variance", lambda c: c.algo.advantage != "gae",
+     "algo.advantage is not 'gae' (a critic's baseline trains on groups of equal rewards too)"),
     ("algo.kl_estimator", lambda c: c.algo.kl_coef > 0, "algo.kl_coef > 0"),
     ("algo.correction.low", lambda c: c.algo.correction.mode != "none", "algo.correction.mode is set"),
     ("algo.correction.high", lambda c: c.algo.correction.mode != "none", "algo.correction.mode is set"),
@@ -1137,9 +1191,12 @@ def cross_section_problems(cfg: RunConfig) -> list[str]:
     if c.engine.logprobs_mode != "processed":
         out.append("engine.logprobs_mode 'raw' records log-probs of another distribution than the one sampled from: "
                    "the trainer's importance ratios need 'processed'")
-    if c.algo.advantage == "tree" and c.algo.loss == "gspo":
-        out.append("algo.advantage 'tree' gives one advantage per token, and algo.loss 'gspo' takes one per sequence: "
-                   "use another loss (grpo, dapo, dr_grpo, ppo) or another estimator")
+    if c.algo.advantage in ("tree", "gae") and c.algo.loss == "gspo":
+        out.append(f"algo.advantage '{c.algo.advantage}' gives one advantage per token, and algo.loss 'gspo' takes one "
+                   "per sequence: use another loss (grpo, dapo, dr_grpo, ppo) or another estimator")
+    if c.algo.advantage == "gae" and c.train.world_size > 1:
+        out.append("algo.advantage 'gae' trains its critic on one rank: it needs train.world_size 1 (use a "
+                   "group-baseline estimator such as grpo or rloo with several ranks)")
     if c.rollout.temperature == 0:
         out.append("rollout.temperature 0 (greedy) gives every sample of a group the same completion: RL needs "
                    "temperature > 0")
@@ -1306,7 +1363,8 @@ def _suggest(parts: list[str], i: int, siblings: list[str], all_keys: list[str])
         return fix(pref[0])
     # 2. A key that exists in another section ('rollout.lr' or top-level 'lr' for 'train.lr').
     if i == len(parts) - 1:
-        elsewhere = [k for k in all_keys if k.rsplit(".", 1)[-1] == bad]
+        # the shallowest first: 'lr' is train.lr, not the critic's algo.critic.lr
+        elsewhere = sorted((k for k in all_keys if k.rsplit(".", 1)[-1] == bad), key=lambda k: k.count("."))
         if elsewhere:
             return f" (did you mean '{elsewhere[0]}'?)"
     # 3. A typo.
@@ -1314,7 +1372,7 @@ def _suggest(parts: list[str], i: int, siblings: list[str], all_keys: list[str])
     if near:
         return fix(near[0])
     by_leaf: dict[str, str] = {}
-    for k in all_keys:
+    for k in sorted(all_keys, key=lambda k: k.count(".")):  # the shallowest key of each leaf name
         by_leaf.setdefault(k.rsplit(".", 1)[-1], k)
     leaf_near = difflib.get_close_matches(parts[-1], list(by_leaf), n=1, cutoff=0.75)
     return f" (did you mean '{by_leaf[leaf_near[0]]}'?)" if leaf_near else ""

@@ -62,6 +62,10 @@ class FilterRules:
     """DAPO overlong filtering: truncated rollouts leave the loss but keep their place in the baseline."""
     max_tokens: int | None = None
     """The length limit, for the overlong filter's reason."""
+    critic_baseline: bool = False
+    """The advantages' baseline is a learned critic (`algo.advantage: gae`), not the group: a group of equal rewards
+    still carries signal (each token's advantage is its return minus the critic's value), so it is never dropped
+    as zero-variance (`skip_zero_variance` does not apply), and whatever trains moves the policy."""
     errored_reward: float | None = 0.0
     """What advantages make of an errored rollout (`algo.errored_reward`). A number: it counts as a wrong answer
     with that reward (or its group's lowest reward, if lower) in its group's baseline, and trains with the
@@ -78,7 +82,8 @@ class FilterRules:
     def from_config(cls, algo: object, *, overlong_filter: bool = False, max_tokens: int | None = None) -> FilterRules:
         """From an `AlgoConfig` (duck-typed: the room sits below config) and the resolved overlong options."""
         return cls(skip_zero_variance=bool(getattr(algo, "skip_zero_variance", True)), overlong_filter=overlong_filter,
-                   max_tokens=max_tokens, errored_reward=getattr(algo, "errored_reward", 0.0))
+                   max_tokens=max_tokens, errored_reward=getattr(algo, "errored_reward", 0.0),
+                   critic_baseline=getattr(algo, "advantage", None) == "gae")
 
 
 DEFAULT_RULES = FilterRules()
@@ -147,12 +152,13 @@ def mark(group: RolloutGroup, status: str, reason: str) -> None:
 
 
 def drop_zero_variance(groups: Sequence[RolloutGroup], rules: FilterRules = DEFAULT_RULES) -> int:
-    """Count the zero-variance groups; with `skip_zero_variance`, drop them from training. Returns the count."""
+    """Count the zero-variance groups; with `skip_zero_variance` (and a group baseline: not `critic_baseline`), drop
+    them from training. Returns the count."""
     n = 0
     for g in groups:
         if zero_variance(g, rules):
             n += 1
-            if rules.skip_zero_variance:
+            if rules.skip_zero_variance and not rules.critic_baseline:
                 mark(g, "filtered", "zero-variance group (no GRPO signal)")
     return n
 
@@ -218,7 +224,7 @@ def no_signal(groups: Sequence[RolloutGroup], trained: Sequence[Rollout],
     """Why a step's update moves nothing (no trained rollout has a non-zero advantage), in one phrase for its step
     line: 'every sample's reward errored (16/16)', '8/8 groups had equal rewards', or equal groups and the other
     groups' rollouts filtered / errored / aborted with the first reason. None when something with signal trained."""
-    if any(r.has_signal for r in trained):
+    if any(r.has_signal for r in trained) or (rules.critic_baseline and trained):
         return None
     rollouts = [r for g in groups for r in g.rollouts]
     n = len(rollouts)

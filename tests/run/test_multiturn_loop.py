@@ -81,6 +81,22 @@ def test_multi_turn_env_trains_as_episodes(tmp_path, char_model, run_cfg):
     assert EchoEnv.teardowns >= len(rows)  # train episodes (+ evaluation ones)
 
 
+def test_multi_turn_episodes_train_with_a_critic(tmp_path, char_model, run_cfg):
+    """PPO with GAE on multi-turn episodes: the env reply's tokens are skipped by the recursion (docs/ppo.md), the
+    critic trains on the policy's tokens, and its metrics are logged every step."""
+    register_env("echo_test", EchoEnv, overwrite=True)
+    out = tmp_path / "run"
+    cfg = run_cfg(out, f"model.path={char_model}", "env.name=echo_test", "env.max_turns=3", "train.steps=2",
+                  "rollout.max_tokens=16", "env.eval_size=4", "algo.advantage=gae", "algo.loss=ppo",
+                  "algo.skip_zero_variance=true", "algo.critic.lr=1e-3")
+    train(cfg, log=lambda s: None)
+    rows = RolloutStore(out).read()
+    assert any(r.env_info.get("turns") == 2 and 0 in r.loss_mask for r in rows)
+    lines = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
+    assert len(lines) == 2 and all("critic/value_loss" in m and "loss" in m for m in lines)
+    assert lines[0]["critic/value_mean"] == 0.0 and lines[1]["critic/value_mean"] != 0.0  # the new head, then learnt
+
+
 def test_multi_turn_env_refuses_per_sample_policies(tmp_path, char_model, run_cfg):
     register_env("echo_test", EchoEnv, overwrite=True)
     cfg = run_cfg(tmp_path / "r", f"model.path={char_model}", "env.name=echo_test", "control.policy=partial")

@@ -25,6 +25,7 @@ if TYPE_CHECKING:  # pragma: no cover
     import numpy as np
 
     from rollwise.config import TrainConfig
+    from rollwise.train.critic import Critic, CriticSpec
     from rollwise.train.losses import LossConfig
     from rollwise.train.parallel import Single
     from rollwise.train.trainer import Trainer
@@ -63,6 +64,8 @@ class TrainerSpec:
     """`train.parallel`: auto, ddp or fsdp2."""
     collective_timeout_s: float = 600.0
     """Longest wait in one collective before the rank gives up (a dead peer ends the wait sooner)."""
+    critic: CriticSpec | None = None
+    """`algo.advantage: gae`: the value model trained beside the policy (`train.critic`); None = no critic."""
 
     @property
     def micro_batch_tokens(self) -> int:
@@ -75,7 +78,12 @@ class TrainerSpec:
         tr = Trainer(self.model_path, self.train, device=device or self.device, temperature=self.temperature,
                      top_p=self.top_p, top_k=self.top_k, reference=self.reference, total_steps=self.total_steps,
                      tokenizer_path=self.tokenizer_path, sync=sync)
-        return LocalTrainer(tr, self.micro_batch_tokens, self.loss_name, self.loss_cfg)
+        critic = None
+        if self.critic is not None:
+            from rollwise.train.critic import Critic
+
+            critic = Critic(self.critic, device=tr.device, precision=tr.precision, seed=self.train.seed)
+        return LocalTrainer(tr, self.micro_batch_tokens, self.loss_name, self.loss_cfg, critic)
 
 
 class TrainerHandle(Protocol):
@@ -111,27 +119,36 @@ class TrainerHandle(Protocol):
 
 
 class LocalTrainer:
-    """A `train.trainer.Trainer` in this process."""
+    """A `train.trainer.Trainer` in this process, and with `algo.advantage: gae` its critic (`train.critic`)."""
 
-    def __init__(self, trainer: Trainer, micro_batch_tokens: int, loss_name: str, loss_cfg: LossConfig) -> None:
+    def __init__(self, trainer: Trainer, micro_batch_tokens: int, loss_name: str, loss_cfg: LossConfig,
+                 critic: Critic | None = None) -> None:
         self.trainer = trainer
         self.micro_batch_tokens = micro_batch_tokens
         self.loss_name = loss_name
         self.loss_cfg = loss_cfg
+        self.critic = critic
         self.version = 0
         self.restarts = 0
 
     def train_step(self, rollouts: Sequence[Rollout]) -> dict[str, float]:
         """One RL step on `rollouts` (none: no update, empty metrics); `version` goes up by one either way. The
         rollouts' tokens made at `version` (the weights trained now) are the ones whose log-prob gap is reported per
-        sequence (`logprob_diff_seq_max`, `run.sync_check.RolloutCheck`)."""
+        sequence (`logprob_diff_seq_max`, `run.sync_check.RolloutCheck`). With a critic, the step computes the
+        per-token GAE advantages from the rollouts' returns and trains the critic too (`train.critic`)."""
         from rollwise.train.batch import TrainBatch
         from rollwise.train.losses import LOSSES
 
         m: dict[str, float] = {}
         if rollouts:
             batch = TrainBatch.from_rollouts(list(rollouts), self.micro_batch_tokens)
-            m = self.trainer.train_step(batch, LOSSES[self.loss_name], self.loss_cfg, fresh_version=self.version)
+            if self.critic is not None:
+                from rollwise.train.critic import actor_critic_step
+
+                m = actor_critic_step(self.trainer, self.critic, batch, rollouts, LOSSES[self.loss_name],
+                                      self.loss_cfg, fresh_version=self.version)
+            else:
+                m = self.trainer.train_step(batch, LOSSES[self.loss_name], self.loss_cfg, fresh_version=self.version)
         self.version += 1
         return m
 
@@ -150,16 +167,18 @@ class LocalTrainer:
         from rollwise.train.checkpoint import save_checkpoint
 
         return save_checkpoint(self.trainer, run_dir, step, data_position=data_position,
-                               tokenizer=tokenizer if tokenizer is not None else self.trainer.tokenizer, keep=keep)
+                               tokenizer=tokenizer if tokenizer is not None else self.trainer.tokenizer, keep=keep,
+                               critic=self.critic)
 
     def restore(self, ckpt_path: str | Path) -> dict[str, Any]:
-        """Model, optimiser, RNG and `version` (= the checkpoint's step); returns its data position."""
+        """Model, optimiser, RNG, the critic and its optimiser, and `version` (= the checkpoint's step); returns its
+        data position."""
         from rollwise.train.checkpoint import load_checkpoint, restore_checkpoint
 
         ckpt = load_checkpoint(ckpt_path)
         if ckpt is None:
             raise ValueError(f"no complete checkpoint at {ckpt_path}")
-        pos = restore_checkpoint(self.trainer, ckpt)
+        pos = restore_checkpoint(self.trainer, ckpt, critic=self.critic)
         self.version = ckpt.step
         return pos
 

@@ -354,6 +354,7 @@ def step_metrics(rollouts: Sequence[Rollout], num_groups: int, zero_var: int, bo
         "loss": train_m.get("loss"), "clip_frac": train_m.get("clip_frac"), "lr": train_m.get("lr"),
         "weight_version": weight_version, "async_staleness_bound": staleness_bound,
         **{f"engine_{k}": v for k, v in engine_counters.items()},  # e.g. Ray actors' requeued / restarts
+        **{k: v for k, v in train_m.items() if k.startswith("critic/")},  # algo.advantage gae: the value model's
     }
     if staleness_bound:
         rec["time_producer_wait_s"] = producer_wait_s

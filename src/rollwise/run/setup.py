@@ -218,16 +218,19 @@ RANK_CALL_TIMEOUT_S = 3600.0
 def trainer_spec(cfg: RunConfig, model_dir: Path, device: str) -> TrainerSpec:
     """The one typed object every trainer variant is built from (`run.trainer_handle.TrainerSpec`)."""
     from rollwise.cluster.trainer_handle import TrainerSpec
+    from rollwise.train.critic import CriticSpec
     from rollwise.train.losses import LossConfig
 
     R, A = cfg.rollout, cfg.algo
+    # PPO with GAE: the critic starts from algo.critic.model, or from the policy's initial model (after warm-up/SFT)
+    critic = CriticSpec(A.critic.model or str(model_dir), A.critic, A.gae) if A.advantage == "gae" else None
     # The trainer's log-probs use the truncation the engine sampled under (top-k, then top-p), so the importance
     # ratio is exactly 1 at the behaviour policy.
     return TrainerSpec(model_path=str(model_dir), train=cfg.train, loss_name=A.loss,
                        loss_cfg=LossConfig.from_algo(A, max_length=R.max_tokens), device=device,
                        temperature=R.temperature, top_p=R.top_p, top_k=R.top_k, reference=A.kl_coef > 0,
                        total_steps=cfg.train.steps, tokenizer_path=cfg.model.tokenizer, threads=cfg.run.cpu_threads,
-                       world_size=cfg.train.world_size, parallel=cfg.train.parallel)
+                       world_size=cfg.train.world_size, parallel=cfg.train.parallel, critic=critic)
 
 
 def training_precision(cfg: RunConfig, device: str) -> str:

@@ -12,8 +12,11 @@ Modules, in the order a step uses them (nothing is imported here, so `import rol
   high)`: tis, token_mask, icepop, sequence_truncate, sequence_mask).
 - `trainer`: `Trainer(model_dir, TrainConfig, device=, temperature=, reference=)`, `.train_step(batch, loss_fn,
   loss_cfg)`, `.compute_logprobs(batch)`, `.state_dict_for_sync()` for `engine.load_weights`.
-- `checkpoint`: `save_checkpoint(trainer, run_dir, step, data_position=)`, `load_checkpoint(run_dir)`,
-  `restore_checkpoint(trainer, ckpt)`.
+- `gae`: GAE over the policy's tokens (`gae`, `episode_gae`), `whiten`, `explained_variance`; pure functions.
+- `critic`: with `algo.advantage: gae`, the value model (`Critic`), and `actor_critic_step` (values, GAE, the
+  trainer's update, the critic's `losses.value_loss` update).
+- `checkpoint`: `save_checkpoint(trainer, run_dir, step, data_position=, critic=)`, `load_checkpoint(run_dir)`,
+  `restore_checkpoint(trainer, ckpt, critic=)`.
 - `metrics`: `MetricsLogger(run_dir, loggers=)` -> metrics.jsonl, the other `run.loggers`, terminal progress.
 - `loggers`: one class per `run.loggers` name (jsonl, tensorboard, wandb, mlflow) behind the `MetricLogger` Protocol.
 

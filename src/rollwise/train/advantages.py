@@ -15,10 +15,16 @@ One estimator needs more than the table: `tree` (TreeRL-style credit, `TOKEN_ADV
 tokens too and gives one advantage per token (`Rollout.token_advantages`); it is a pure function of one group's
 completion token ids and values, tested on hand-made numbers like the others.
 
-Deliberately left out: value-model advantages (GAE) and reward shaping. The one shaping term the
-advantages see is DAPO's soft overlong penalty (`train/overlong.py`), kept apart from the task reward in
-`reward_parts` so accuracy and the store still report the task's own score. Advantages are computed before the trainer; the
-trainer only sees the numbers (docs/architecture.md: the trainer is algorithm-blind).
+One estimator cannot be finished here: `gae` (`CRITIC_ADVANTAGES`) needs a learned value model's values, which
+live where the model does. Here each rollout gets its episode's return (the reward its advantages see: the
+advantage a zero critic gives at every token, with gamma 1), and the trainer turns it into per-token GAE
+advantages with its critic (`train/critic.py`, `train/gae.py`) at the start of the update. A resume re-trains a
+stored step from the same returns and the restored critic, so the update is the same.
+
+Deliberately left out: reward shaping. The one shaping term the advantages see is DAPO's soft overlong penalty
+(`train/overlong.py`), kept apart from the task reward in `reward_parts` so accuracy and the store still report the
+task's own score. Advantages are computed before the trainer; the trainer only sees the numbers
+(docs/architecture.md: the trainer is algorithm-blind; with a critic, the trainer handle runs the critic beside it).
 """
 
 from __future__ import annotations
@@ -233,7 +239,20 @@ TOKEN_ADVANTAGES: dict[str, Callable[..., list[list[float]]]] = {
 """name -> per-token estimator `(completions [K][T_k], values [K] (None = left out), **kwargs) -> [K][T_k]`, called
 once per group; the rollout's scalar `advantage` is GRPO's (logged, and what filters and replay look at)."""
 
-ADVANTAGE_NAMES: tuple[str, ...] = (*ADVANTAGES, *TOKEN_ADVANTAGES)
+def episode_return(rewards: Array, mask: Array | None = None) -> Array:
+    """The episode's return, the scalar `gae` leaves on each rollout: its reward (masked entries 0). The trainer's
+    critic turns it into per-token advantages (`train/gae.py`). rewards, mask: [G, K] -> [G, K]."""
+    r, m, back = _as_torch(rewards, mask)
+    return back(torch.where(m, r, torch.zeros_like(r)))
+
+
+CRITIC_ADVANTAGES: dict[str, Callable[..., Any]] = {
+    "gae": episode_return,
+}
+"""name -> the per-rollout scalar `(rewards [G, K], mask [G, K] | None) -> [G, K]` for an estimator whose per-token
+advantages need the trainer's critic (GAE): what `assign_advantages` writes into `Rollout.advantage`."""
+
+ADVANTAGE_NAMES: tuple[str, ...] = (*ADVANTAGES, *TOKEN_ADVANTAGES, *CRITIC_ADVANTAGES)
 """Every estimator `assign_advantages` knows (what `algo.advantage` may name)."""
 
 
@@ -275,11 +294,12 @@ def assign_advantages(groups: Sequence[RolloutGroup], name: str, *, rules: Filte
     `rules`: the Filter room's (which entries count, and as what). Knobs from the config (`eps=algo.adv_eps`,
     `baseline=algo.reinforce_baseline`) go to the estimators that take them and are ignored by the others, so a
     loop calls every estimator the same way; any other unknown keyword is an error. Returns the `[G, K_max]`
-    scalar advantage table (GRPO's for a per-token estimator).
+    scalar advantage table (GRPO's for a per-token estimator; the episode returns for `gae`, whose per-token
+    advantages the trainer's critic gives).
     """
-    if name not in ADVANTAGES and name not in TOKEN_ADVANTAGES:
+    if name not in ADVANTAGE_NAMES:
         raise ValueError(f"unknown advantage estimator {name!r}; known: {', '.join(sorted(ADVANTAGE_NAMES))}")
-    fn: Callable[..., object] = ADVANTAGES.get(name) or TOKEN_ADVANTAGES[name]
+    fn: Callable[..., object] = ADVANTAGES.get(name) or TOKEN_ADVANTAGES.get(name) or CRITIC_ADVANTAGES[name]
     accepted = inspect.signature(fn).parameters
     bad = [k for k in knobs if k not in accepted and k not in _SHARED_KNOBS]
     if bad:
@@ -291,7 +311,7 @@ def assign_advantages(groups: Sequence[RolloutGroup], name: str, *, rules: Filte
         adv = grpo(rewards, mask, **{k: v for k, v in knobs.items() if k == "eps"})  # [G, K_max], the tree's sigma
         tok_fn = TOKEN_ADVANTAGES[name]
     else:
-        adv = ADVANTAGES[name](rewards, mask, **kwargs)  # [G, K_max]
+        adv = (ADVANTAGES.get(name) or CRITIC_ADVANTAGES[name])(rewards, mask, **kwargs)  # [G, K_max]
     for gi, g in enumerate(groups):
         tok = None
         if per_token:

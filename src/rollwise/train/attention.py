@@ -103,3 +103,31 @@ def enable_segment_attention(model: PreTrainedModel) -> bool:
 def segment_kwargs(segments, device: torch.device) -> list[tuple[int, int, torch.Tensor]]:
     """`Segment`s -> the `rollwise_segments` forward argument: (start, end, [S, S] bool mask on `device`)."""
     return [(sg.start, sg.start + sg.length, sg.mask().to(device)) for sg in segments]
+
+
+def row_inputs(model: torch.nn.Module, mb: Any, device: torch.device, *, segments_ok: bool) -> dict[str, Any]:
+    """The forward's keyword arguments for one packed row (`train.batch.PackedMicroBatch`): input_ids and
+    position_ids [1, L], and the attention that keeps its sequences apart: per-segment attention for a shared-prompt
+    row (`segments_ok`: the model was switched by `enable_segment_attention`), a block-diagonal causal mask for sdpa
+    and eager, none for flash-attention & co (they detect packed sequences from the restarting position_ids)."""
+    kw: dict[str, Any] = {"input_ids": mb.input_ids.to(device)[None], "position_ids": mb.position_ids.to(device)[None]}
+    if mb.segments is not None:
+        if not segments_ok:
+            from rollwise.train.errors import TrainerError
+
+            raise TrainerError("a shared-prompt batch reached a model without segment attention: repack it with "
+                               "batch.with_layout(share_prompt=False)")
+        kw["rollwise_segments"] = segment_kwargs(mb.segments, device)
+        # a prepared 4D mask makes transformers skip building its own [L, L] mask; segment attention ignores it
+        kw["attention_mask"] = torch.ones(1, 1, 1, 1, dtype=torch.bool, device=device)
+        return kw
+    impl = base_implementation(model)
+    if impl == "sdpa":
+        kw["attention_mask"] = mb.attention_mask().to(device)  # [1, 1, L, L] bool, True = attend
+    elif impl == "eager":
+        allowed = mb.attention_mask().to(device)
+        neg = torch.finfo(torch.float32).min
+        kw["attention_mask"] = torch.zeros(allowed.shape, dtype=torch.float32, device=device).masked_fill(~allowed, neg)
+    else:
+        kw["attention_mask"] = None
+    return kw

@@ -127,6 +127,14 @@ class PackedMicroBatch:
         causal = torch.ones(len(s), len(s), dtype=torch.bool, device=s.device).tril()  # [L, L]
         return (same & causal)[None, None]
 
+    def scatter(self, values: torch.Tensor, width: int) -> torch.Tensor:
+        """[N] per-target values (log-probs, a critic's values) -> [len(seq_ids), width] in the row's sequence order,
+        completion-aligned, 0 elsewhere; differentiable."""
+        local = {sid: r for r, sid in enumerate(self.seq_ids)}
+        rows = torch.tensor([local[int(s)] for s in self.target_seq.tolist()], dtype=torch.long, device=values.device)
+        out = torch.zeros(len(self.seq_ids), width, dtype=values.dtype, device=values.device)
+        return out.index_put((rows, self.target_tok.to(values.device)), values)
+
     def to(self, device: torch.device | str) -> PackedMicroBatch:
         return PackedMicroBatch(
             input_ids=self.input_ids.to(device), position_ids=self.position_ids.to(device),

@@ -4,9 +4,12 @@ Layout of `RUN_DIR/checkpoints/step-N/`:
 
     config.json, model.safetensors (or shards), generation_config.json   # save_pretrained: loads anywhere
     tokenizer files                                                        # when the trainer has a tokenizer
-    trainer_state.pt    # optimizer, scheduler, steps, python/numpy/torch RNG, caller's data position, LoRA adapter
-    checkpoint.json     # manifest: step, size and sha256 of every file; written last, so its presence marks a
-                        # complete checkpoint
+    trainer_state.pt    # optimizer, scheduler, steps, python/numpy/torch RNG, caller's data position, LoRA adapter,
+                        # and with a critic its optimizer and steps
+    critic/             # with `algo.advantage: gae`: the critic, config.json + model.safetensors (loads with
+                        # AutoModelForTokenClassification, and as algo.critic.model)
+    checkpoint.json     # manifest: step, size and sha256 of every file (the critic's too); written last, so its
+                        # presence marks a complete checkpoint
 
 A checkpoint is written into a hidden temp directory next to the final one and renamed into place, so a crash
 leaves either the previous complete checkpoint or the new complete one, never a half-written `step-N`. The temp
@@ -46,6 +49,7 @@ import numpy as np
 import torch
 
 if TYPE_CHECKING:  # pragma: no cover
+    from rollwise.train.critic import Critic
     from rollwise.train.trainer import Trainer
     from rollwise.types import Tokenizer
 
@@ -180,11 +184,12 @@ def _save_tokenizer(trainer: Trainer, tokenizer: Tokenizer | None, out: Path) ->
 
 
 def save_checkpoint(trainer: Trainer, run_dir: str | Path, step: int, *, data_position: dict[str, Any] | None = None,
-                    tokenizer: Tokenizer | None = None, keep: int | None = None) -> Path:
+                    tokenizer: Tokenizer | None = None, keep: int | None = None, critic: Critic | None = None) -> Path:
     """Write `RUN_DIR/checkpoints/step-{step}/` atomically and return its path.
 
     data_position: the caller's place in its data (e.g. {"epoch": 1, "index": 96, "sampler": generator.get_state()})
-    - tensors and plain containers only. keep: delete all but the newest `keep` checkpoints afterwards.
+    - tensors and plain containers only. keep: delete all but the newest `keep` checkpoints afterwards. critic: the
+    value model trained beside the policy (`algo.advantage: gae`), saved into `critic/` with its optimiser state.
     """
     root = Path(run_dir) / CHECKPOINTS
     final = root / f"step-{step}"
@@ -215,6 +220,10 @@ def save_checkpoint(trainer: Trainer, run_dir: str | Path, step: int, *, data_po
             "trainable": trainer.trainable_state_dict(),
             "lora": bool(trainer.lora),
         }
+        if critic is not None:
+            from rollwise.train.critic import CRITIC_DIR
+
+            state["critic"] = critic.save(tmp / CRITIC_DIR)
         torch.save(state, tmp / STATE_FILE)
         files = {p.relative_to(tmp).as_posix(): {"size": p.stat().st_size, "sha256": file_sha256(p)}
                  for p in sorted(tmp.rglob("*")) if p.is_file()}
@@ -364,9 +373,11 @@ def _load_weight_files(ckpt: Path) -> dict[str, torch.Tensor]:
     return sd
 
 
-def restore_checkpoint(trainer: Trainer, ckpt: Checkpoint, *, restore_rng: bool = True) -> dict[str, Any]:
+def restore_checkpoint(trainer: Trainer, ckpt: Checkpoint, *, restore_rng: bool = True,
+                       critic: Critic | None = None) -> dict[str, Any]:
     """Apply a loaded checkpoint to a freshly built Trainer (same model architecture and options): weights (or
-    the LoRA adapter), optimizer, scheduler, step counters and RNG. Returns the caller's data position.
+    the LoRA adapter), optimizer, scheduler, step counters and RNG, and the critic's weights, optimizer and counters
+    when `critic` is given (a checkpoint without one is refused). Returns the caller's data position.
 
     NOTE: build that Trainer from the run's ORIGINAL model path, not from the checkpoint directory: the frozen
     reference model of the KL penalty is the initial policy, copied when the Trainer is built.
@@ -385,6 +396,24 @@ def restore_checkpoint(trainer: Trainer, ckpt: Checkpoint, *, restore_rng: bool 
         raise CheckpointError(f"{ckpt.path / STATE_FILE}: optimizer state does not fit this trainer ({str(e).splitlines()[0]})") from None
     trainer.step = int(state["optimizer_steps"])
     trainer.rl_step = int(state["rl_steps"])
+    if critic is not None:
+        _restore_critic(critic, ckpt)
     if restore_rng:
         _set_rng_state(state["rng"])
     return dict(state["data_position"])
+
+
+def _restore_critic(critic: Critic, ckpt: Checkpoint) -> None:
+    """The critic's weights (`critic/`), optimizer and counters; one-line CheckpointError when the checkpoint has no
+    critic (saved by a run without `algo.advantage: gae`) or one that does not fit."""
+    from rollwise.train.critic import CRITIC_DIR
+
+    folder = ckpt.path / CRITIC_DIR
+    saved = ckpt.state.get("critic")
+    if not isinstance(saved, dict) or not folder.is_dir():
+        raise CheckpointError(f"checkpoint {ckpt.path} holds no critic (saved without algo.advantage: gae), and this "
+                              "run trains one")
+    try:
+        critic.restore(folder, saved)
+    except (ValueError, KeyError, RuntimeError) as e:
+        raise CheckpointError(f"{folder}: the critic does not fit this run ({str(e).splitlines()[0]})") from None

@@ -31,8 +31,10 @@ token term is multiplied by the detached behaviour weight w = pi_prox / pi_behav
 (`train/corrections.py`: truncated per token, as `tis_cap` sets it, or per sequence, or masked to 0 outside its
 bounds per token or per sequence).
 
-Deliberately left out: value-function losses (no critic), dual-clip, entropy bonuses, sequence masking by reward
-or status (the controller's job: a rollout that should not train is masked before it gets here; masking by the
+The critic's loss (`value_loss`, for `algo.advantage: gae`) is here too, beside the policy losses but not in
+`LOSSES`: it trains a separate model (`train/critic.py`) and takes values and returns, not log-probs.
+
+Deliberately left out: dual-clip, entropy bonuses, sequence masking by reward or status (the controller's job: a rollout that should not train is masked before it gets here; masking by the
 engine/trainer ratio is a correction).
 """
 
@@ -407,3 +409,44 @@ LOSSES: dict[str, LossFn] = {
     "gspo": gspo_loss,
 }
 """name -> loss function with the signature in the module docstring."""
+
+
+def value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor, *,
+               cliprange_value: float | None, num_tokens: int | None = None) -> tuple[torch.Tensor, Metrics]:
+    """The critic's clipped squared error (PPO's value clipping, as in OpenAI baselines' PPO2, verl and OpenRLHF),
+    token-mean over the loss tokens:
+
+        v_clip = old + clip(v - old, -c, c)
+        L = 0.5 * sum_t max((v - R)^2, (v_clip - R)^2) * m_t / N_tokens
+
+    values [B, T] with grad; old_values [B, T] the values the step's advantages were computed with; returns [B, T]
+    the GAE lambda-returns; mask [B, T]. cliprange_value None: plain 0.5 (v - R)^2. Like the policy losses, pass
+    `num_tokens` counted over the whole mini-batch when it runs as micro-batches. Metrics: value_loss,
+    value_clip_frac (loss tokens whose clipped error is the larger, so they get no gradient), value_mean.
+    """
+    if values.shape != old_values.shape or values.shape != returns.shape or values.shape != mask.shape:
+        raise ValueError(f"value_loss needs values, old_values, returns and mask of one shape, got "
+                         f"{tuple(values.shape)}, {tuple(old_values.shape)}, {tuple(returns.shape)}, {tuple(mask.shape)}")
+    m = mask.to(values.dtype)
+    on = m > 0
+    ret = returns.detach().to(values.dtype)
+    old = old_values.detach().to(values.dtype)
+    # NOTE: substitute off-mask positions before squaring, so padding garbage can never reach a gradient
+    v = torch.where(on, values, ret)
+    err = (v - ret) ** 2  # [B, T]
+    if cliprange_value is not None:
+        v_clip = old + (v - old).clamp(-cliprange_value, cliprange_value)
+        err_clip = (torch.where(on, v_clip, ret) - ret) ** 2  # [B, T]
+        per_tok = torch.maximum(err, err_clip)
+        clipped = (err_clip > err) & on
+    else:
+        per_tok = err
+        clipped = torch.zeros_like(on)
+    n = max(num_tokens if num_tokens is not None else int(m.sum().item()), 1)
+    loss = 0.5 * (per_tok * m).sum() / n
+    metrics: Metrics = {
+        "value_loss": float(loss.detach().item()),
+        "value_clip_frac": _masked_mean(clipped.to(m.dtype), m),
+        "value_mean": _masked_mean(values.detach(), m),
+    }
+    return loss, metrics

@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING, Any, Literal, overload
 import torch
 
 from rollwise.config import TrainConfig
-from rollwise.train.attention import base_implementation, enable_segment_attention, segment_kwargs
+from rollwise.train.attention import enable_segment_attention, row_inputs
 from rollwise.train.batch import PackedMicroBatch, TrainBatch
 from rollwise.train.errors import TrainerError
 from rollwise.train.logprobs import PLAIN_HEAD_MODEL_TYPES, head_logprobs, sampling_logprobs, token_logprobs
@@ -83,7 +83,8 @@ def lr_lambda(step: int, *, schedule: str, warmup_steps: int, total_steps: int, 
     raise TrainerError(f"unknown LR schedule {schedule!r}; known: constant, linear, cosine")
 
 
-def _zero_dropout(model: torch.nn.Module) -> None:
+def zero_dropout(model: torch.nn.Module) -> None:
+    """Every dropout to 0 (modules and config): RL compares the trainer's forward with the engine's."""
     for m in model.modules():
         if isinstance(m, torch.nn.Dropout):
             m.p = 0.0
@@ -113,7 +114,7 @@ def load_causal_lm(path: str | Path, device: torch.device | str, attn_implementa
     except (OSError, ValueError, KeyError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise TrainerError(f"cannot load model from {p}: {first}") from None
-    _zero_dropout(model)
+    zero_dropout(model)
     # transformers wraps PreTrainedModel.to with functools.wraps(Module.to), which types `self` as the first argument
     return model.to(device)  # type: ignore[arg-type]
 
@@ -251,16 +252,6 @@ class Trainer:
         except Exception:  # noqa: BLE001 - a tokenizer is optional here; checkpoints then copy its files instead
             return None
 
-    def _attention_mask(self, model: torch.nn.Module, mb: PackedMicroBatch) -> torch.Tensor | None:
-        impl = base_implementation(model)
-        if impl == "sdpa":
-            return mb.attention_mask().to(self.device)  # [1, 1, L, L] bool, True = attend
-        if impl == "eager":
-            allowed = mb.attention_mask().to(self.device)
-            neg = torch.finfo(torch.float32).min
-            return torch.zeros(allowed.shape, dtype=torch.float32, device=self.device).masked_fill(~allowed, neg)
-        return None  # flash-attention & co: packed sequences are detected from the restarting position_ids
-
     @contextlib.contextmanager
     def _reference(self) -> Iterator[torch.nn.Module]:
         if not self.has_reference:
@@ -272,39 +263,24 @@ class Trainer:
 
     def _row_logprobs(self, model: torch.nn.Module, mb: PackedMicroBatch, need_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Log-probs (and entropies) of the completion targets of one packed row. -> ([N], [N] | None)"""
-        ids = mb.input_ids.to(self.device)[None]  # [1, L]
-        pos = mb.position_ids.to(self.device)[None]  # [1, L]
         pred = mb.pred_positions.to(self.device)  # [N]
         targets = mb.target_ids.to(self.device)  # [N]
-        kw: dict[str, Any] = {}
-        mask: torch.Tensor | None
-        if mb.segments is not None:
-            if not self.share_prompt:
-                raise TrainerError("a shared-prompt batch reached a model without segment attention: repack it with "
-                                   "batch.with_layout(share_prompt=False)")
-            kw["rollwise_segments"] = segment_kwargs(mb.segments, self.device)
-            # a prepared 4D mask makes transformers skip building its own [L, L] mask; segment attention ignores it
-            mask = torch.ones(1, 1, 1, 1, dtype=torch.bool, device=self.device)
-        else:
-            mask = self._attention_mask(model, mb)
+        kw = row_inputs(model, mb, self.device, segments_ok=self.share_prompt)  # ids, positions [1, L], attention
         with self.precision.autocast():
             head = as_causal_lm(model).get_output_embeddings() if self.plain_head else None
             if head is not None:
                 body = as_causal_lm(model).get_decoder()
-                hidden = body(input_ids=ids, position_ids=pos, attention_mask=mask, use_cache=False, **kw).last_hidden_state
+                hidden = body(use_cache=False, **kw).last_hidden_state
                 return head_logprobs(hidden[0, pred], head, targets, self.temperature,
                                      need_entropy, self.head_chunk_elems, self.top_p, self.top_k)
-            out = model(input_ids=ids, position_ids=pos, attention_mask=mask, use_cache=False, logits_to_keep=pred, **kw)
+            out = model(use_cache=False, logits_to_keep=pred, **kw)
         logits = out.logits[0]  # [N, V] in the forward's dtype: only the positions that predict targets
         return token_logprobs(logits, targets, self.temperature, need_entropy, self.logprob_chunk, self.top_p, self.top_k)
 
     @staticmethod
     def _scatter(values: torch.Tensor, mb: PackedMicroBatch, width: int) -> torch.Tensor:
         """[N] target values -> [len(mb.seq_ids), width] in the row's sequence order (0 elsewhere); differentiable."""
-        local = {sid: r for r, sid in enumerate(mb.seq_ids)}
-        rows = torch.tensor([local[int(s)] for s in mb.target_seq.tolist()], dtype=torch.long, device=values.device)
-        out = torch.zeros(len(mb.seq_ids), width, dtype=values.dtype, device=values.device)
-        return out.index_put((rows, mb.target_tok.to(values.device)), values)
+        return mb.scatter(values, width)
 
     @overload
     def compute_logprobs(self, batch: TrainBatch, *, reference: bool = ..., with_entropy: Literal[False] = ...
