@@ -23,7 +23,8 @@ from typing import Any, Callable, Mapping, Sequence
 
 from rollwise.envs.base import Environment, EpisodeState, MultiTurnEnvironment, Reply, is_multi_turn
 from rollwise.envs.registry import EnvSpecError, check_kwargs, factory_of, get_env, unknown_env_message
-from rollwise.rewards.user import RewardSum, UserReward, import_user_module, make_reward
+from rollwise.rewards.model_rewards import ModelPlaces
+from rollwise.rewards.user import PartReward, import_user_module, make_reward
 from rollwise.types import Score, Task
 
 
@@ -32,11 +33,16 @@ class RewardedEnv:
     """An environment's tasks scored by a user reward (`rewards.user`)."""
 
     env: Environment
-    reward: UserReward | RewardSum
+    reward: PartReward
 
     @property
     def name(self) -> str:
         return self.env.name
+
+    @property
+    def charset(self) -> str | None:
+        """The environment's characters (what the built-in model's tokenizer is made of), when it has them."""
+        return getattr(self.env, "charset", None)
 
     def load(self, split: str = "train", n: int | None = None, seed: int = 0) -> list[Task]:
         return self.env.load(split=split, n=n, seed=seed)
@@ -56,7 +62,7 @@ class RewardedEpisodes:
     assistant / user messages for a message-list prompt) and `environments=` (the episodes' states)."""
 
     env: MultiTurnEnvironment
-    reward: UserReward | RewardSum
+    reward: PartReward
 
     @property
     def name(self) -> str:
@@ -110,14 +116,15 @@ def check_env_section(name: str, kwargs: dict[str, Any] | None = None, module: s
     check_kwargs(factory, name, dict(kwargs or {}))
 
 
-def make_env(name: str, kwargs: dict[str, Any] | None = None, *, reward: str | Callable[..., Any] | None = None,
-             rewards: Sequence[Any] | None = None,
+def make_env(name: str, kwargs: dict[str, Any] | None = None, *, reward: Any = None,
+             rewards: Sequence[Any] | None = None, places: ModelPlaces | None = None,
              module: str | None = None, reward_timeout_s: float | None = 30.0, reward_workers: int = 8,
              environment: str | Callable[..., Any] | Mapping[str, Any] | None = None, environment_api: str = "tools", tool_timeout_s: float = 10.0,
              max_tool_calls: int = 4, turn_budget_s: float = 25.0, tool_isolation: str = "process") -> Environment:
     """The environment the `env` config section describes (see the module docstring).
 
-    name/kwargs: `env.name` / `env.kwargs`; reward/rewards: `env.reward` / `env.rewards`; module: `env.module`
+    name/kwargs: `env.name` / `env.kwargs`; reward/rewards: `env.reward` / `env.rewards` (a judge or reward model
+    among them: `rewards.model_rewards`, whose 'builtin:tiny' `places` locates); module: `env.module`
     ("pkg.mod", "path/to/file.py", or "file.py:attr"); reward_timeout_s: the most seconds one reward call may
     take (a TRL-style batch call counts as one call); reward_workers: concurrent per-sample reward calls;
     environment / environment_api: `env.environment` ("file.py:Class", or the class itself) and how it is used ("tools" or "gym",
@@ -133,7 +140,7 @@ def make_env(name: str, kwargs: dict[str, Any] | None = None, *, reward: str | C
             import_user_module(module)
     env = get_env(name, **(kwargs or {}))
     try:
-        scorer = make_reward(reward, rewards, timeout_s=reward_timeout_s, max_workers=reward_workers)
+        scorer = make_reward(reward, rewards, timeout_s=reward_timeout_s, max_workers=reward_workers, places=places)
     except TypeError as e:  # not callable, or a signature neither convention fits: the config's mistake
         raise EnvSpecError(f"env.reward{'s' if rewards else ''}: {e}") from e
     if name == "env_owned" and not environment:
