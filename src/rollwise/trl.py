@@ -652,12 +652,12 @@ def _reward_tokenizers(classes: Any, funcs: list[Any]) -> list[str | None]:
         if tok is None or not isinstance(fn, (str, Path)):
             out.append(None)
             continue
-        where = Path(str(getattr(tok, "name_or_path", "") or ""))
-        if not str(where) or not where.is_dir():
+        where = str(getattr(tok, "name_or_path", "") or "")
+        if not where or not Path(where).is_dir():
             raise TRLArgumentError(f"GRPOTrainer: reward_processing_classes[{i}] was not loaded from a directory; "
                                    "rollwise loads the reward model's tokenizer itself: save it "
                                    "(tokenizer.save_pretrained(dir)) and pass AutoTokenizer.from_pretrained(dir)")
-        out.append(str(where))
+        out.append(where)
     return out
 
 

@@ -75,3 +75,27 @@ def test_a_run_scored_by_a_reward_model_with_a_format_reward(run_cfg, tmp_path, 
     assert all(r.reward == pytest.approx(0.5 * r.reward_parts["digits"] + r.reward_parts[rm.name]) for r in rows)
     for m in _lines(out):
         assert m["judge_calls"] + m["judge_cache_hits"] == 16 and f"rewards/{rm.name}/mean" in m
+
+
+def test_a_trl_script_with_a_reward_model_path_runs(tmp_path, tiny_model, tiny_reward_model):
+    """`GRPOTrainer(reward_funcs=[fn, "path/to/reward-model"])`, as a TRL script writes it, trains with both."""
+    from rollwise.trl import GRPOConfig, GRPOTrainer
+
+    def exact(completions, answer, **kwargs):
+        return [float(c.strip() == str(a)) for c, a in zip(completions, answer)]
+
+    rows = [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a in range(10, 30) for b in (3, 7)]
+    args = GRPOConfig(output_dir=str(tmp_path / "run"), per_device_train_batch_size=16, num_generations=4,
+                      max_completion_length=6, learning_rate=3e-4, max_steps=2, logging_steps=1, use_cpu=True,
+                      report_to="none", reward_weights=[1.0, 0.1])
+    t = GRPOTrainer(model=str(tiny_model), reward_funcs=[exact, str(tiny_reward_model)], args=args,
+                    train_dataset=rows[8:], eval_dataset=rows[:8])
+    t.train()
+    hist = t.state.log_history
+    name = tiny_reward_model.name
+    assert [h["step"] for h in hist[:2]] == [1, 2]
+    for h in hist[:2]:
+        assert f"rewards/{name}/mean" in h and "rewards/exact/mean" in h
+        assert h["reward"] == pytest.approx(h["rewards/exact/mean"] + 0.1 * h[f"rewards/{name}/mean"], abs=1e-6)
+    lines = _lines(tmp_path / "run")
+    assert all(m["judge_calls"] + m["judge_cache_hits"] == 16 for m in lines)

@@ -26,7 +26,7 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, ClassVar
 
 from rollwise.config_rewards import JudgeConfig, RewardModelConfig, check_score_pattern, template_fields
 from rollwise.rewards.base import describe
@@ -99,6 +99,7 @@ def read_template(cfg: JudgeConfig, where: str) -> str:
 class JudgeBuilder:
     """Everything a judge needs, checked; `build()` loads its engine (where the judge runs)."""
 
+    what: ClassVar[str] = "judge"
     cfg: JudgeConfig
     template: str
     name: str
@@ -180,6 +181,7 @@ def judge_builder(cfg: JudgeConfig, *, name: str, where: str, places: ModelPlace
 class RewardModelBuilder:
     """A reward model's directories, checked; `build()` loads it."""
 
+    what: ClassVar[str] = "reward model"
     cfg: RewardModelConfig
     name: str
     model_dir: Path
@@ -241,8 +243,7 @@ class ModelReward:
             try:
                 got = self._scorer_now()([tasks[i] for i in idx], [completions[i] for i in idx])
             except Exception as e:  # noqa: BLE001 - the engine or model failed: not the completions' fault
-                what = "judge" if isinstance(self.builder, JudgeBuilder) else "reward model"
-                return [Score(0.0, error=f"{self.name}: the {what} failed: {describe(e)}") for _ in idx]
+                return [Score(0.0, error=f"{self.name}: the {self.builder.what} failed: {describe(e)}") for _ in idx]
             return [s if s.error is None or s.error.startswith(f"{self.name}:") else
                     Score(s.value, s.parts, f"{self.name}: {s.error}", s.info) for s in got]
 
