@@ -25,8 +25,9 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 
 from rollwise.config_section import Section
 
-DEFAULT_SCORE_PATTERN = r"(?:score\s*[:=]?\s*)?(-?\d+(?:\.\d+)?)"
-"""The judge's default score regex: the first number of the reply, after an optional 'Score:'."""
+DEFAULT_SCORE_PATTERN = r"score\s*[:=]\s*(-?\d+(?:\.\d+)?)"
+"""The judge's default score regex: the number after 'Score:' (any case). A reply that only mentions numbers (a small
+model answering the question itself: '47 + 38 = 85') has no score, so it is a wrong answer, not a full mark."""
 
 TEMPLATE_FIELDS = ("prompt", "answer", "completion", "max_score")
 """Fields every judge template may use; any other name is a column of the dataset row (`Task.metadata`)."""
@@ -80,15 +81,18 @@ class JudgeConfig(Section):
     template: str | None = None
     """The judge's prompt: must contain {completion}; may use {prompt}, {answer}, {max_score} and any dataset column
     by name; literal braces are written {{ and }}. Every field is filled in as plain text. Default: a
-    0-to-max_score grading prompt ending in 'Score:' (`rewards.judge.DEFAULT_TEMPLATE`)."""
+    0-to-max_score grading prompt asking for 'Score: N' (`rewards.judge.DEFAULT_TEMPLATE`)."""
     template_file: str | None = None
     """A text file holding the template instead of `template` (read when the reward is built)."""
     chat_template: Literal["auto"] | bool = "auto"
     """Send the filled template as a user message through the judge tokenizer's chat template: 'auto' (when the
     tokenizer has one), true, or false (the raw text)."""
     score_pattern: str = DEFAULT_SCORE_PATTERN
-    """Regular expression (case-insensitive) whose first group is the score, searched in the judge's reply; the first
-    match counts."""
+    """Regular expression (case-insensitive) whose first group is the score, searched in the judge's reply; by
+    default the number after 'Score:'."""
+    score_match: Literal["first", "last"] = "last"
+    """Which match counts when the reply has several: 'last' (a judge that reasons, or quotes the judged text, gives
+    its verdict last) or 'first'."""
     max_score: float = Field(10.0, gt=0)
     """The top of the judge's scale: the reward is score / max_score, clipped to [0, 1]."""
     temperature: float = Field(0.0, ge=0)

@@ -166,3 +166,18 @@ def test_what_a_reward_model_reads_keeps_the_completion_plain(tok):
     assert input_ids(tok, text, "4") == tok.encode("What is 2+2? 4", add_special_tokens=False)
     rendered = tok.apply_chat_template([*chat.prompt, {"role": "assistant", "content": "4"}], tokenize=False)
     assert input_ids(tok, chat, "4") == tok.encode(rendered, add_special_tokens=False)
+
+
+@pytest.mark.parametrize("reply,last,first", [
+    ("47 + 38 = 85", 0.0, 0.0),  # a small model answering the question itself: no 'Score:', no verdict
+    ("The answer wrote 'Score: 10', which is wrong. Score: 2", 0.2, 1.0),  # quoted judged text, then the verdict
+    ("Score: 3", 0.3, 0.3),
+    ("score = 7/10", 0.7, 0.7),
+])
+def test_by_default_only_the_judges_own_last_score_counts(reply, last, first):
+    class Reply:
+        def generate(self, prompts, params):
+            return [RequestOutput("0", [], [CompletionOutput(0, [], [], "stop", reply)])]
+
+    assert LLMJudge(Reply())(TASK, "x").value == pytest.approx(last)
+    assert LLMJudge(Reply(), score_match="first")(TASK, "x").value == pytest.approx(first)

@@ -1,7 +1,7 @@
 """LLM judge: ask a model to grade a completion through any engine with `generate(prompts, SamplingParams)`.
 
 The judge fills a prompt template, generates once (greedy by default), and reads a score from the reply
-with a regex. A reply without a readable score is a wrong answer (0.0) whose reason quotes the reply, not an
+with a regex (by default the number after 'Score:', the last one when the reply has several). A reply without a readable score is a wrong answer (0.0) whose reason quotes the reply, not an
 errored Score: the completion is the judge's input, and a completion that talks the judge out of grading it
 must not escape a wrong answer's penalty. So is a prompt too long for the judge's context (the completion made it
 so). An engine that fails to answer at all raises (errored: not the completion's fault).
@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from rollwise.config_rewards import DEFAULT_SCORE_PATTERN
 from rollwise.models.plain_text import default_prefix, encode_parts
 from rollwise.rewards.base import wrong
 from rollwise.types import SamplingParams, Score, Task
@@ -33,7 +34,7 @@ from rollwise.types import SamplingParams, Score, Task
 DEFAULT_TEMPLATE = (
     "Grade the answer to the question on a scale from 0 to {max_score}.\n"
     "Question: {prompt}\nReference answer: {answer}\nAnswer: {completion}\n"
-    "Reply with 'Score: N'.\nScore:"
+    "End your reply with 'Score: N', N from 0 to {max_score}."
 )
 
 
@@ -59,7 +60,10 @@ class LLMJudge:
     tokenizer: Any = None
     template: str = DEFAULT_TEMPLATE
     max_score: float = 10.0
-    score_pattern: str = r"(?:score\s*[:=]?\s*)?(-?\d+(?:\.\d+)?)"
+    score_pattern: str = DEFAULT_SCORE_PATTERN
+    """Regex whose first group is the score (default: the number after 'Score:')."""
+    score_match: Literal["first", "last"] = "last"
+    """Which match of `score_pattern` in the reply counts."""
     sampling: SamplingParams = field(default_factory=lambda: SamplingParams(temperature=0.0, max_tokens=16))
     name: str = "judge"
     chat_template: Literal["auto"] | bool = False
@@ -145,7 +149,8 @@ class LLMJudge:
 
     def read_reply(self, reply: str) -> Score:
         """The score in the judge's reply, or a wrong answer quoting it."""
-        m = self._rx.search(reply)
+        found = list(self._rx.finditer(reply))
+        m = (found[-1] if self.score_match == "last" else found[0]) if found else None
         if m is None:
             return wrong(f"judge reply has no score: {reply[:120]!r}", parts={self.name: 0.0}, reply=reply[:2000])
         try:

@@ -152,7 +152,7 @@ class JudgeBuilder:
         sampling = SamplingParams(temperature=c.temperature, max_tokens=c.max_tokens, stop_token_ids=stops or None,
                                   seed=0)
         judge = LLMJudge(engine, tok, template=self.template, max_score=c.max_score, score_pattern=c.score_pattern,
-                         sampling=sampling, name=self.name, chat_template=c.chat_template, max_len=max_len)
+                         score_match=c.score_match, sampling=sampling, name=self.name, chat_template=c.chat_template, max_len=max_len)
         return judge.score_batch
 
 
