@@ -35,8 +35,7 @@ import yaml
 from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_serializer, field_validator,
                       model_validator)
 
-from rollwise.config_rewards import MODEL_KINDS, ModelRewardConfig, check_reward_item, judges_in
-from rollwise.config_section import Section
+from rollwise.config_rewards import MODEL_KINDS, ModelRewardConfig, Section, check_reward_item, judges_in
 from rollwise.config_yaml import ConfigYAMLError, load_yaml
 from rollwise.in_memory import InMemory, as_dataset, placeholders_in, plain, to_placeholders, wrap_object
 from rollwise.trl_names import config_keys_for
@@ -80,7 +79,7 @@ class ConfigError(ValueError):
     """A bad config file, key or value. The message is one line and names the dotted key."""
 
 
-_Section = Section  # inf/nan refused for every float field of every section (`rollwise.config_section`)
+_Section = Section  # unknown keys refused, inf/nan refused for every float field (`rollwise.config_rewards.Section`)
 
 
 class BuiltinModelConfig(_Section):

@@ -11,6 +11,7 @@
 
 Everything here is checked without touching the filesystem or importing torch (`rollwise.config` runs before any
 heavy import); paths, template files and models are checked when the reward is built (`rewards.model_rewards`).
+`Section`, the base of every config section, lives here too: `rollwise.config` builds on this module.
 
 Deliberately left out: pairwise judges and votes of several samples (compose several judges in `env.rewards`).
 """
@@ -21,9 +22,15 @@ import re
 import string
 from typing import Any, Literal
 
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from rollwise.config_section import Section
+
+class Section(BaseModel):
+    """A config section: extra keys forbidden, assignments validated, inf/nan refused in every float field."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_assignment=True, frozen=False,
+                              allow_inf_nan=False)
+
 
 DEFAULT_SCORE_PATTERN = r"score\s*[:=]\s*(-?\d+(?:\.\d+)?)"
 """The judge's default score regex: the number after 'Score:' (any case). A reply that only mentions numbers (a small
@@ -235,5 +242,5 @@ def judges_in(reward: Any, rewards: list[dict[str, Any]] | None) -> list[tuple[s
     return out
 
 
-__all__ = ["DEFAULT_SCORE_PATTERN", "JudgeConfig", "MODEL_KINDS", "ModelRewardConfig", "RewardModelConfig",
+__all__ = ["DEFAULT_SCORE_PATTERN", "JudgeConfig", "Section", "MODEL_KINDS", "ModelRewardConfig", "RewardModelConfig",
            "TEMPLATE_FIELDS", "check_reward_item", "check_score_pattern", "judges_in", "template_fields"]

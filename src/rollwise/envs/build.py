@@ -18,7 +18,7 @@ On a registered multi-turn environment (`reset` / `step`) a configured reward re
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Mapping, Sequence
 
 from rollwise.envs.base import Environment, EpisodeState, MultiTurnEnvironment, Reply, is_multi_turn
@@ -100,6 +100,19 @@ class RewardedEpisodes:
                                        extra={"environments": list(states)})
 
 
+def remote_judge_engine(base_url: str, **kwargs: Any) -> Any:
+    """A remote judge's engine (`clients.remote.RemoteEngine`): what `ModelPlaces.remote_engine` opens by default."""
+    from rollwise.clients.remote import RemoteEngine
+
+    return RemoteEngine(base_url, **kwargs)
+
+
+def model_places(places: ModelPlaces | None = None) -> ModelPlaces:
+    """`places` with the remote client filled in (the rewards below cannot import it themselves)."""
+    places = places or ModelPlaces()
+    return places if places.remote_engine is not None else replace(places, remote_engine=remote_judge_engine)
+
+
 def check_env_section(name: str, kwargs: dict[str, Any] | None = None, module: str | None = None) -> None:
     """The `env` section's name and kwargs checked without building anything (so `rollwise train --print-config`
     fails on `env.kwargs: {digitz: 3}` with "did you mean 'digits'"): an unknown built-in name, an unknown or
@@ -140,7 +153,8 @@ def make_env(name: str, kwargs: dict[str, Any] | None = None, *, reward: Any = N
             import_user_module(module)
     env = get_env(name, **(kwargs or {}))
     try:
-        scorer = make_reward(reward, rewards, timeout_s=reward_timeout_s, max_workers=reward_workers, places=places)
+        scorer = make_reward(reward, rewards, timeout_s=reward_timeout_s, max_workers=reward_workers,
+                             places=model_places(places))
     except TypeError as e:  # not callable, or a signature neither convention fits: the config's mistake
         raise EnvSpecError(f"env.reward{'s' if rewards else ''}: {e}") from e
     if name == "env_owned" and not environment:

@@ -46,6 +46,9 @@ class ModelPlaces:
     builtin_dir: Path | None = None
     """The run's built-in model (RUN_DIR/init_model) when model.path is 'builtin:tiny': what a judge's
     'builtin:tiny' loads."""
+    remote_engine: Callable[..., Any] | None = None
+    """Opens a remote judge's engine: `(url, model=, tokenizer=, timeout_s=) -> Engine` (`clients.remote.RemoteEngine`,
+    handed down by `envs.build`: the clients sit beside the rewards, not below them)."""
 
 
 def _model_dir(spec: str, where: str) -> Path:
@@ -108,6 +111,8 @@ class JudgeBuilder:
     """local: the checkpoint directory (None for 'builtin:tiny' until the run's built-in model exists)."""
     builtin_dir: Path | None
     tokenizer_dir: Path | None
+    remote_engine: Callable[..., Any] | None = None
+    """engine 'remote': what opens the server's engine (`ModelPlaces.remote_engine`)."""
 
     def inputs(self, task: Task, completion: Any) -> dict[str, Any]:
         """What the judge reads of one sample (the cache key's fields)."""
@@ -139,13 +144,11 @@ class JudgeBuilder:
             max_len = int(engine.engine.max_model_len)
             stops = stop_token_ids(tok, model_dir)
         else:
-            from rollwise.clients.remote import RemoteEngine
-
-            assert self.tokenizer_dir is not None and c.url is not None
+            assert self.tokenizer_dir is not None and c.url is not None and self.remote_engine is not None
             tok = load_tokenizer(self.tokenizer_dir)
             if tok is None:
                 raise ModelRewardError(f"{self.where}.tokenizer: no tokenizer files in {self.tokenizer_dir}")
-            engine = RemoteEngine(c.url, model=c.model, tokenizer=tok, timeout_s=c.timeout_s)
+            engine = self.remote_engine(c.url, model=c.model, tokenizer=tok, timeout_s=c.timeout_s)
             stops = stop_token_ids(tok, self.tokenizer_dir)
         if tok is None:
             raise ModelRewardError(f"{self.where}: the judge model has no tokenizer files: set {self.where}.tokenizer")
@@ -171,7 +174,10 @@ def judge_builder(cfg: JudgeConfig, *, name: str, where: str, places: ModelPlace
         else:
             model_dir = _model_dir(cfg.model, f"{where}.model")
     tok_dir = _tokenizer_dir(cfg.tokenizer, f"{where}.tokenizer") if cfg.tokenizer is not None else None
-    return JudgeBuilder(cfg, template, name, where, model_dir, builtin, tok_dir)
+    if cfg.engine == "remote" and places.remote_engine is None:
+        raise ModelRewardError(f"{where}.engine 'remote': no client for remote engines was given (build the reward "
+                               "through rollwise.envs.build.make_env)")
+    return JudgeBuilder(cfg, template, name, where, model_dir, builtin, tok_dir, places.remote_engine)
 
 
 # --------------------------------------------------------------------------------------------- the reward model
