@@ -18,7 +18,8 @@ message and the file:line of the user's code it was raised at, `rewards.base.des
 
 `make_reward(reward=..., rewards=[{fn, weight, name?}, ...])` builds one scorer: a single `UserReward`, or
 `RewardSum`, a weighted sum whose `Score.parts` keep each part's own value (an errored part makes the sum
-errored, naming the part). Both offer `score_batch(tasks, completions, completion_ids=None)` (what
+errored, naming the part). `env.reward` or an item of `env.rewards` may name a model instead of a function (`judge`,
+`reward_model`: `rewards.model_rewards`); it has the same shape (`PartReward`). Both offer `score_batch(tasks, completions, completion_ids=None)` (what
 `rewards.concurrent.score_many` calls when present) and the per-sample `(task, completion) -> Score`.
 
 Objects loaded from a spec pickle by their spec (re-imported on unpickling), so they cross to Ray actors.
