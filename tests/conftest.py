@@ -82,6 +82,34 @@ def chi_square_excess(counts: dict[tuple[int, ...], int], probs: dict[tuple[int,
     return stat / crit
 
 
+def make_tiny_reward_model(path: Path, tokenizer=None, seed: int = 0, **overrides) -> Path:
+    """A tiny random `LlamaForSequenceClassification` with one label (a reward model, as TRL loads one), saved with
+    `tokenizer` (default: a character tokenizer over printable ASCII)."""
+    import string
+
+    import torch
+    from transformers import LlamaConfig, LlamaForSequenceClassification
+
+    from rollwise.models.tokenizer import build_char_tokenizer
+
+    tok = tokenizer if tokenizer is not None else build_char_tokenizer(string.printable)
+    common = dict(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                  num_key_value_heads=2, max_position_embeddings=512, num_labels=1, pad_token_id=tok.pad_token_id,
+                  bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
+    common.update(overrides)
+    torch.manual_seed(seed)
+    model = LlamaForSequenceClassification(LlamaConfig(**common))
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_reward_model(tmp_path_factory) -> Path:
+    """A tiny random one-label sequence-classification model with a character tokenizer (`make_tiny_reward_model`)."""
+    return make_tiny_reward_model(tmp_path_factory.mktemp("reward-model") / "tiny-rm")
+
+
 @pytest.fixture(scope="session")
 def make_checkpoint():
     """`make_tiny_checkpoint` for test modules (they never import conftest or each other)."""

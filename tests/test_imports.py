@@ -3,7 +3,7 @@
 Every `import rollwise...` counts, at module level or inside a function (a lazy import is still a dependency).
 Layers, bottom to top; a package may import only packages of lower layers (or itself):
 
-    types, config_yaml, in_memory, trl_names, omp_env, cpu_features  <  config, filter  <  models, config_doc  <  engine, train, sandbox  <  rewards, clients
+    types, config_yaml, config_rewards, in_memory, trl_names, omp_env, cpu_features  <  config, filter  <  models, config_doc  <  engine, train, sandbox  <  rewards, clients
                         <  envs  <  store  <  report, control, cluster  <  run, serve  <  cli, api  <  trl
 
 `api` is the Python API (`rollwise.train()`), beside the CLI. `engine` is rollwise's own engine; `clients` are the other engines behind the same protocol (remote servers,
@@ -24,6 +24,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "rollwise"
 
 LAYERS: dict[str, int] = {
     "types": 0, "config_yaml": 0, "in_memory": 0, "cache_dir": 0, "trl_names": 0, "usercode": 0, "omp_env": 0, "cpu_features": 0,
+    "config_rewards": 0,
     "config": 1, "filter": 1,
     "models": 2, "config_doc": 2,
     "engine": 3, "train": 3, "sandbox": 3,

@@ -209,14 +209,17 @@ def _trainer(**kw):
 
 
 REFUSED_TRAINER = [
-    ({"reward_funcs": "trl-lib/Qwen2-0.5B-Reward"}, "reward_funcs"),
-    ({"reward_funcs": [sum_correct, "my/reward-model"]}, "reward_funcs[1]"),
+    ({"reward_funcs": type("PreTrainedModel", (), {"__call__": lambda self, **kw: []})()}, "reward_funcs"),
+    ({"reward_funcs": [sum_correct, type("Module", (), {"__call__": lambda self, **kw: []})()]}, "reward_funcs[1]"),
+    ({"reward_funcs": [sum_correct, 3]}, "reward_funcs[1]"),
+    ({"reward_funcs": ""}, "reward_funcs"),
     ({"reward_funcs": []}, "reward_funcs"),
     ({"callbacks": [object()]}, "callbacks"),
     ({"rollout_func": lambda prompts, trainer: {}}, "rollout_func"),
     ({"tools": [sum_correct]}, "tools"),
     ({"processing_class": SimpleNamespace(name_or_path="gpt2")}, "processing_class"),
-    ({"reward_processing_classes": [object()]}, "reward_processing_classes"),
+    ({"reward_funcs": "/some/rm", "reward_processing_classes": [object()]}, "reward_processing_classes"),
+    ({"reward_funcs": [sum_correct, "/some/rm"], "reward_processing_classes": [None]}, "reward_processing_classes"),
     ({"optimizers": (object(), None)}, "optimizers"),
     ({"model": object()}, "model"),
     ({"train_dataset": None}, "train_dataset"),
@@ -344,6 +347,34 @@ def test_the_trainer_config_is_a_valid_rollwise_config():
     assert cfg.rollout.prompts_per_step == 4 and cfg.run.eval_every == 2 and cfg.train.schedule == "cosine"
     assert inert_keys(cfg, set(dotted)) == []
     assert t.config()["train"]["lr"] == 1e-6
+
+
+def test_a_reward_model_path_in_reward_funcs_becomes_a_reward_model_part(tmp_path):
+    """As TRL: a string is a reward model loaded with AutoModelForSequenceClassification (num_labels=1), named after
+    the last part of its path, alone or beside functions, weighted by reward_weights."""
+    from rollwise.config import build_config
+
+    t = _trainer(reward_funcs="models/my-rm/")
+    assert t.overrides["env.rewards"] == [{"reward_model": {"path": "models/my-rm/"}, "weight": 1.0, "name": "my-rm"}]
+    tok_dir = tmp_path / "rm-tok"
+    tok_dir.mkdir()
+    t = _trainer(reward_funcs=[sum_correct, "org/reward-model", "org/reward-model"],
+                 reward_processing_classes=[object(), SimpleNamespace(name_or_path=str(tok_dir)), None],
+                 args=GRPOConfig(output_dir="runs/t", per_device_train_batch_size=16, num_generations=4, max_steps=5,
+                                 reward_weights=[1.0, 0.5, 0.25]))
+    items = t.overrides["env.rewards"]
+    assert [(r.get("name"), r["weight"]) for r in items] == [("sum_correct", 1.0), ("reward-model", 0.5),
+                                                             ("reward-model_2", 0.25)]
+    assert items[0]["fn"] is sum_correct  # the entry for a function is ignored, as TRL
+    assert items[1]["reward_model"] == {"path": "org/reward-model", "tokenizer": str(tok_dir)}
+    assert items[2]["reward_model"] == {"path": "org/reward-model"}
+    cfg = build_config(None, t.config())  # a valid rollwise config, the reward model's keys filled in
+    assert cfg.env.rewards[1]["reward_model"]["normalize"] == "none" and cfg.env.rewards[1]["weight"] == 0.5
+
+
+def test_a_single_processing_class_goes_with_a_single_reward_model(tmp_path):
+    t = _trainer(reward_funcs=str(tmp_path), reward_processing_classes=SimpleNamespace(name_or_path=str(tmp_path)))
+    assert t.overrides["env.rewards"][0]["reward_model"]["tokenizer"] == str(tmp_path)
 
 
 def test_conversational_data_goes_through_the_chat_template():

@@ -35,6 +35,7 @@ import yaml
 from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_serializer, field_validator,
                       model_validator)
 
+from rollwise.config_rewards import MODEL_KINDS, ModelRewardConfig, Section, check_reward_item, judges_in
 from rollwise.config_yaml import ConfigYAMLError, load_yaml
 from rollwise.in_memory import InMemory, as_dataset, placeholders_in, plain, to_placeholders, wrap_object
 from rollwise.trl_names import config_keys_for
@@ -78,9 +79,7 @@ class ConfigError(ValueError):
     """A bad config file, key or value. The message is one line and names the dotted key."""
 
 
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_assignment=True, frozen=False,
-                              allow_inf_nan=False)  # inf/nan refused for every float field of every section
+_Section = Section  # unknown keys refused, inf/nan refused for every float field (`rollwise.config_rewards.Section`)
 
 
 class BuiltinModelConfig(_Section):
@@ -301,14 +300,16 @@ class EnvConfig(_Section):
     """Held-out problems to load for evaluation."""
     module: str | None = None
     """A user module (import name or path to a .py file) imported first, so it can register its own env."""
-    reward: str | InMemory | None = None
+    reward: ModelRewardConfig | str | InMemory | None = Field(None, union_mode="left_to_right")
     """A user reward replacing the environment's own: "path/to/file.py:fn" or "module:fn" (through the Python API,
     the function itself). TRL's convention (fn(prompts=, completions=, completion_ids=, **columns) ->
     list[float | None], one call per batch, sync or async) or rollwise's per-sample fn(task, completion) ->
-    Score | float; see `rollwise.rewards.user`."""
+    Score | float; see `rollwise.rewards.user`. Or a reward computed by a model: {judge: {...}} (an LLM judge) or
+    {reward_model: {...}} (a sequence-classification reward model), `rollwise.config_rewards`."""
     rewards: list[dict[str, Any]] | None = None
-    """A weighted sum of user rewards instead of `reward`: [{fn: "file.py:fn", weight: 1.0, name: optional}, ...];
-    each part's value is kept in the rollout's reward_parts."""
+    """A weighted sum of rewards instead of `reward`: [{fn: "file.py:fn", weight: 1.0, name: optional}, ...], where an
+    item may name a model instead of fn ({judge: {...}, weight: ...} or {reward_model: {...}, weight: ...}); each
+    part's value is kept in the rollout's reward_parts."""
     pass_threshold: float = 1.0
     """A sample counts as correct (accuracy, pass rate) when its reward is >= this and scoring did not error."""
     chat_template: Literal["auto"] | bool = "auto"
@@ -360,8 +361,10 @@ class EnvConfig(_Section):
     @classmethod
     def _object(cls, v: Any, info: ValidationInfo) -> Any:
         """A Python object given through `rollwise.train`, wrapped as `InMemory` (its placeholder in dumps)."""
-        if v is None or isinstance(v, (str, InMemory)):
+        if v is None or isinstance(v, (str, InMemory, ModelRewardConfig)):
             return v
+        if info.field_name == "reward" and isinstance(v, Mapping):  # a reward computed by a model
+            return dict(v)
         if info.field_name == "environment" and isinstance(v, dict):  # several classes by name (TRL's dict)
             return {str(k): cls._object(x, info) for k, x in v.items()}
         what = {"reward": "reward function", "agent": "agent function"}.get(info.field_name or "", "environment class")
@@ -420,11 +423,15 @@ class EnvConfig(_Section):
         if self.reward is not None and self.rewards:
             raise ValueError("set env.reward or env.rewards, not both")
         for i, item in enumerate(self.rewards or []):
-            if "fn" not in item or not isinstance(item["fn"], (str, InMemory)):
-                raise ValueError(f"env.rewards[{i}] needs 'fn': \"file.py:fn\" or \"module:fn\"")
-            extra = set(item) - {"fn", "weight", "name"}
-            if extra:
-                raise ValueError(f"env.rewards[{i}]: unknown keys {sorted(extra)} (allowed: fn, weight, name)")
+            if any(k in item for k in MODEL_KINDS):
+                self.rewards[i] = item = check_reward_item(item, i)  # type: ignore[index]  # a judge, a reward model
+            elif "fn" not in item or not isinstance(item["fn"], (str, InMemory)):
+                raise ValueError(f"env.rewards[{i}] needs 'fn': \"file.py:fn\" or \"module:fn\" (or a model: judge, "
+                                 "reward_model)")
+            else:
+                extra = set(item) - {"fn", "weight", "name"}
+                if extra:
+                    raise ValueError(f"env.rewards[{i}]: unknown keys {sorted(extra)} (allowed: fn, weight, name)")
             w = item.get("weight", 1.0)
             if isinstance(w, bool) or not isinstance(w, (int, float)):
                 raise ValueError(f"env.rewards[{i}].weight must be a number, got {w!r}")
@@ -1177,6 +1184,10 @@ def cross_section_problems(cfg: RunConfig) -> list[str]:
                    "on a CPU trainer)")
     if launching and c.engine.remote_urls:
         out.append("engine.vllm.launch starts the servers itself: leave engine.remote_urls empty")
+    for where, judge in judges_in(c.env.reward, c.env.rewards):
+        if judge.model == "builtin:tiny" and c.model.path != "builtin:tiny":
+            out.append(f"{where}.model 'builtin:tiny' is the run's own built-in model: it needs model.path "
+                       "builtin:tiny (name a checkpoint directory or 'smollm2-135m' otherwise)")
     if c.engine.backend == "ray":
         import importlib.util
 

@@ -14,8 +14,8 @@ honour, TRL's default. `GRPOTrainer` turns its arguments into a rollwise run con
 accepted at any value because it changes nothing rollwise computes, or accepted only at TRL's default), and
 `mapping_table()` renders it as the table in docs/trl.md.
 
-Nothing is silently ignored: an argument rollwise cannot honour with TRL's meaning (a reward model, vLLM colocate
-mode, `num_iterations` > 1, callbacks, a rollout function, a field without a mapping set to a value other than
+Nothing is silently ignored: an argument rollwise cannot honour with TRL's meaning (a reward model object, vLLM
+colocate mode, `num_iterations` > 1, callbacks, a rollout function, a field without a mapping set to a value other than
 TRL's default, ...) fails when the config or the trainer is built, with one line naming it
 (`TRLArgumentError`). `args` may also be TRL's own `trl.GRPOConfig`; it is checked the same way.
 
@@ -632,9 +632,40 @@ def _reward_name(fn: Any) -> str:
     return str(getattr(fn, "__name__", None) or type(fn).__name__)
 
 
-def _rewards(reward_funcs: Any, weights: Sequence[float] | None, *, env_scores: bool = False) -> list[dict[str, Any]]:
-    """env.rewards from reward_funcs; none at all only when an environment class has get_reward (`env_scores`: as
-    TRL, the episodes of a class without one then have no reward: errored, left out as TRL leaves a None reward)."""
+def _reward_model_name(path: str) -> str:
+    """TRL's name for a reward model: the last part of the path or hub id it was loaded from."""
+    return path.rstrip("/").rsplit("/", 1)[-1] or "reward_model"
+
+
+def _reward_tokenizers(classes: Any, funcs: list[Any]) -> list[str | None]:
+    """reward_processing_classes as each reward model's `tokenizer` directory (None: the model's own). As TRL, one
+    class stands for a single reward, entries for reward functions are ignored; a tokenizer rollwise cannot load
+    from a directory is refused."""
+    if classes is None:
+        return [None] * len(funcs)
+    items = list(classes) if isinstance(classes, (list, tuple)) else [classes]
+    if len(items) != len(funcs):
+        raise TRLArgumentError(f"GRPOTrainer: reward_processing_classes has {len(items)} entries for {len(funcs)} "
+                               "reward functions (one per reward, as TRL)")
+    out: list[str | None] = []
+    for i, (tok, fn) in enumerate(zip(items, funcs)):
+        if tok is None or not isinstance(fn, (str, Path)):
+            out.append(None)
+            continue
+        where = str(getattr(tok, "name_or_path", "") or "")
+        if not where or not Path(where).is_dir():
+            raise TRLArgumentError(f"GRPOTrainer: reward_processing_classes[{i}] was not loaded from a directory; "
+                                   "rollwise loads the reward model's tokenizer itself: save it "
+                                   "(tokenizer.save_pretrained(dir)) and pass AutoTokenizer.from_pretrained(dir)")
+        out.append(where)
+    return out
+
+
+def _rewards(reward_funcs: Any, weights: Sequence[float] | None, *, env_scores: bool = False,
+             processing_classes: Any = None) -> list[dict[str, Any]]:
+    """env.rewards from reward_funcs (a string is a reward model's path, as TRL loads it: `reward_model` items); none
+    at all only when an environment class has get_reward (`env_scores`: as TRL, the episodes of a class without one
+    then have no reward: errored, left out as TRL leaves a None reward)."""
     if reward_funcs is None:
         reward_funcs = []
     funcs = list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
@@ -648,23 +679,35 @@ def _rewards(reward_funcs: Any, weights: Sequence[float] | None, *, env_scores: 
                                "environment defines a get_reward() method")
     for i, fn in enumerate(funcs):
         where = "reward_funcs" if len(funcs) == 1 else f"reward_funcs[{i}]"
-        if isinstance(fn, str):
-            raise TRLArgumentError(f"GRPOTrainer: {where}={fn!r} names a reward model, which rollwise does not run; "
-                                   "give a reward function (wrap your reward model in one)")
-        if not callable(fn) or _is_module(fn):
-            raise TRLArgumentError(f"GRPOTrainer: {where} is a {type(fn).__name__}, not a reward function "
-                                   "(reward models are not supported)")
+        if isinstance(fn, (str, Path)):
+            if not str(fn).strip():
+                raise TRLArgumentError(f"GRPOTrainer: {where} is an empty string (a reward model's path)")
+            continue
+        if _is_module(fn):
+            raise TRLArgumentError(f"GRPOTrainer: {where} is a {type(fn).__name__} object; rollwise loads reward "
+                                   "models itself: pass the model's directory as a string, as TRL takes it")
+        if not callable(fn):
+            raise TRLArgumentError(f"GRPOTrainer: {where} is a {type(fn).__name__}, not a reward function or a "
+                                   "reward model's path")
     if weights is not None and len(weights) != len(funcs):
         raise _refuse("reward_weights", list(weights), f"{len(weights)} weights for {len(funcs)} reward functions")
+    tokenizers = _reward_tokenizers(processing_classes, funcs)
     out: list[dict[str, Any]] = []
     seen: dict[str, int] = {}
     for i, fn in enumerate(funcs):
-        name = _reward_name(fn)
+        is_model = isinstance(fn, (str, Path))
+        name = _reward_model_name(str(fn)) if is_model else _reward_name(fn)
         seen[name] = seen.get(name, 0) + 1
         if seen[name] > 1:
             name = f"{name}_{seen[name]}"
-        out.append({"fn": _sync_reward(fn), "weight": float(weights[i]) if weights is not None else 1.0,
-                    "name": name})
+        weight = float(weights[i]) if weights is not None else 1.0
+        if is_model:
+            rm: dict[str, Any] = {"path": str(fn)}
+            if tokenizers[i] is not None:
+                rm["tokenizer"] = tokenizers[i]
+            out.append({"reward_model": rm, "weight": weight, "name": name})
+        else:
+            out.append({"fn": _sync_reward(fn), "weight": weight, "name": name})
     return out
 
 
@@ -720,7 +763,8 @@ def _lora(peft_config: Any) -> dict[str, Any]:
 
 
 def to_rollwise(model: Any, reward_funcs: Any, args: Any, train_dataset: Any, eval_dataset: Any = None, *,
-                peft_config: Any = None, environment_factory: Any = None) -> dict[str, Any]:
+                peft_config: Any = None, environment_factory: Any = None,
+                reward_processing_classes: Any = None) -> dict[str, Any]:
     """The whole rollwise run config (dotted keys) a GRPOTrainer's arguments mean; values may be in-memory objects
     (reward callables, datasets, environment classes) where `rollwise.train` takes them."""
     if not isinstance(model, (str, Path)):
@@ -748,7 +792,8 @@ def to_rollwise(model: Any, reward_funcs: Any, args: Any, train_dataset: Any, ev
         out["env.chat_template"] = conv
     out["model.path"] = str(model)
     env_scores = envs is not None and any(_owns_reward(cls) for cls in envs.values())
-    out["env.rewards"] = _rewards(reward_funcs, args.reward_weights, env_scores=env_scores) or None
+    out["env.rewards"] = _rewards(reward_funcs, args.reward_weights, env_scores=env_scores,
+                                  processing_classes=reward_processing_classes) or None
     if peft_config is not None:
         out.update(_lora(peft_config))
     if envs is not None:
@@ -922,9 +967,7 @@ class GRPOTrainer:
         if processing_class is not None and str(getattr(processing_class, "name_or_path", "")) != str(model):
             raise TRLArgumentError("GRPOTrainer: processing_class is not the model's own tokenizer; rollwise uses "
                                    "the tokenizer saved with the model (model.tokenizer in a rollwise config)")
-        refused = {"reward_processing_classes": (reward_processing_classes, "they tokenize for reward models, "
-                                                 "which rollwise does not run"),
-                   "callbacks": (callbacks, "rollwise runs no transformers TrainerCallback; read "
+        refused = {"callbacks": (callbacks, "rollwise runs no transformers TrainerCallback; read "
                                  "RUN_DIR/metrics.jsonl or trainer.state.log_history"),
                    "rollout_func": (rollout_func, "rollwise generates with its own engines; an agent loop "
                                     "of your own runs as env.agent: fn(client, row) with an openai.OpenAI client "
@@ -940,7 +983,8 @@ class GRPOTrainer:
         self.args = args
         self.model = model
         self.overrides = to_rollwise(model, reward_funcs, args, train_dataset, eval_dataset, peft_config=peft_config,
-                                     environment_factory=with_tools(environment_factory, tools))
+                                     environment_factory=with_tools(environment_factory, tools),
+                                     reward_processing_classes=reward_processing_classes)
         self._window = logging_window(args, int(self.overrides["train.steps"]))
         self._updates = batch_shape(args).updates_per_step
         self._num_prompts = len(train_dataset) if train_dataset is not None else int(
@@ -1092,7 +1136,8 @@ def mapping_table() -> str:
 
 TRAINER_KEYS: dict[str, tuple[str, ...]] = {
     "model.path": ("model",), "env.kwargs.path": ("train_dataset",), "env.kwargs.test_path": ("eval_dataset",),
-    "env.eval_size": ("eval_dataset",), "env.rewards": ("reward_funcs",), "env.chat_template": ("train_dataset",),
+    "env.eval_size": ("eval_dataset",), "env.rewards": ("reward_funcs", "reward_processing_classes"),
+    "env.chat_template": ("train_dataset",),
     "train.lora": ("peft_config",), "env.environment": ("environment_factory",),
     "run.resume": ("train(resume_from_checkpoint)",),
 }
@@ -1106,8 +1151,11 @@ TRAINER_ARGUMENTS: dict[str, str] = {
     "model": "`model.path`: a path or name rollwise loads (an HF directory, `smollm2-135m`, a .gguf); a model "
              "object is refused",
     "reward_funcs": "`env.rewards` (`fn`, `weight` from reward_weights, `name` = the function's `__name__`); sync or "
-                    "async functions; optional when an environment class has get_reward() (the episodes of a class without one are then errored: no reward, as TRL); a reward model (a hub "
-                    "id or a model object) is refused",
+                    "async functions; a string is a sequence-classification reward model's directory (or hub id), "
+                    "loaded as TRL loads it (one label, its logit is the reward): `{reward_model: {path}, weight, "
+                    "name}` with `name` the path's last part, and it may stand in a list beside functions; a reward "
+                    "model object is refused (pass its directory); optional when an environment class has "
+                    "get_reward() (the episodes of a class without one are then errored: no reward, as TRL)",
     "train_dataset": "`env.kwargs.path` (a datasets.Dataset or a list of dicts with a `prompt` column, standard or "
                      "conversational; with an environment_factory the prompt may be left out: reset() fills it); None "
                      "with a single environment_factory and max_steps > 0: `env.name: env_owned`; an IterableDataset "
@@ -1116,7 +1164,9 @@ TRAINER_ARGUMENTS: dict[str, str] = {
                     "200 of train_dataset's prompts (it always evaluates before and after training)",
     "GRPOConfig(warmup_ratio=...)": "older transformers' fractional warm-up, taken as warmup_steps below 1",
     "processing_class": "None, or the model's own tokenizer; any other is refused",
-    "reward_processing_classes": "refused (reward models)",
+    "reward_processing_classes": "each reward model's `reward_model.tokenizer`: the directory a tokenizer was loaded "
+                                 "from (`name_or_path`; one loaded otherwise is refused); None or an entry for a "
+                                 "reward function is ignored, as TRL",
     "callbacks": "refused (read metrics.jsonl or trainer.state.log_history)",
     "optimizers": "refused unless (None, None)",
     "peft_config": "`train.lora` (r, lora_alpha, lora_dropout, target_modules as a list); other LoRA options refused",

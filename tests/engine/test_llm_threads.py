@@ -63,8 +63,11 @@ def test_llm_judge_under_score_many_with_8_workers(tmp_path):
     judge = LLMJudge(llm, template="q {prompt} a {completion} score:", max_score=9,
                      sampling=SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True))
     items = [(Task(id=f"t{i}", prompt=f"{i}+{i}=", answer=str(2 * i)), str(i * 3)) for i in range(16)]
-    one = score_many(judge, items, max_workers=1, timeout_s=None)
-    eight = score_many(judge, items, max_workers=8, timeout_s=None)
+    def per_sample(task, completion):  # one generate call per sample (the judge's score_batch would batch them)
+        return judge(task, completion)
+
+    one = score_many(per_sample, items, max_workers=1, timeout_s=None)
+    eight = score_many(per_sample, items, max_workers=8, timeout_s=None)
     assert [s.error for s in eight] == [s.error for s in one]
     assert not any(s.error and "KeyError" in s.error for s in eight)
     assert [s.info.get("reply") for s in eight] == [s.info.get("reply") for s in one]

@@ -77,11 +77,12 @@ from rollwise.envs.tool_process import Outcome, ToolProcess, can_fork, instance_
 from rollwise.models.plain_text import valid_text
 from rollwise.models.tool_calls import CallError, ToolCall, parse_tool_calls
 from rollwise.rewards.base import as_score, describe
-from rollwise.rewards.user import RewardSum, UserReward
+from rollwise.rewards.user import PartReward
 from rollwise.types import Score
 
-EpisodeReward = UserReward | RewardSum
-"""A user reward over whole episodes (`rewards.user`): `score_batch(..., extra={"environments": ...})`."""
+EpisodeReward = PartReward
+"""A reward over whole episodes (`rewards.user`: a user reward, a weighted sum, a judge): `score_batch(...,
+extra={"environments": ...})`."""
 
 _JSON_TYPES: dict[str, tuple[type, ...]] = {"integer": (int,), "number": (int, float), "string": (str,),
                                             "boolean": (bool,), "array": (list,), "object": (dict,),

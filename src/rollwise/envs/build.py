@@ -18,12 +18,13 @@ On a registered multi-turn environment (`reset` / `step`) a configured reward re
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Mapping, Sequence
 
 from rollwise.envs.base import Environment, EpisodeState, MultiTurnEnvironment, Reply, is_multi_turn
 from rollwise.envs.registry import EnvSpecError, check_kwargs, factory_of, get_env, unknown_env_message
-from rollwise.rewards.user import RewardSum, UserReward, import_user_module, make_reward
+from rollwise.rewards.model_rewards import ModelPlaces
+from rollwise.rewards.user import PartReward, import_user_module, make_reward
 from rollwise.types import Score, Task
 
 
@@ -32,11 +33,16 @@ class RewardedEnv:
     """An environment's tasks scored by a user reward (`rewards.user`)."""
 
     env: Environment
-    reward: UserReward | RewardSum
+    reward: PartReward
 
     @property
     def name(self) -> str:
         return self.env.name
+
+    @property
+    def charset(self) -> str | None:
+        """The environment's characters (what the built-in model's tokenizer is made of), when it has them."""
+        return getattr(self.env, "charset", None)
 
     def load(self, split: str = "train", n: int | None = None, seed: int = 0) -> list[Task]:
         return self.env.load(split=split, n=n, seed=seed)
@@ -56,7 +62,7 @@ class RewardedEpisodes:
     assistant / user messages for a message-list prompt) and `environments=` (the episodes' states)."""
 
     env: MultiTurnEnvironment
-    reward: UserReward | RewardSum
+    reward: PartReward
 
     @property
     def name(self) -> str:
@@ -94,6 +100,19 @@ class RewardedEpisodes:
                                        extra={"environments": list(states)})
 
 
+def remote_judge_engine(base_url: str, **kwargs: Any) -> Any:
+    """A remote judge's engine (`clients.remote.RemoteEngine`): what `ModelPlaces.remote_engine` opens by default."""
+    from rollwise.clients.remote import RemoteEngine
+
+    return RemoteEngine(base_url, **kwargs)
+
+
+def model_places(places: ModelPlaces | None = None) -> ModelPlaces:
+    """`places` with the remote client filled in (the rewards below cannot import it themselves)."""
+    places = places or ModelPlaces()
+    return places if places.remote_engine is not None else replace(places, remote_engine=remote_judge_engine)
+
+
 def check_env_section(name: str, kwargs: dict[str, Any] | None = None, module: str | None = None) -> None:
     """The `env` section's name and kwargs checked without building anything (so `rollwise train --print-config`
     fails on `env.kwargs: {digitz: 3}` with "did you mean 'digits'"): an unknown built-in name, an unknown or
@@ -110,14 +129,15 @@ def check_env_section(name: str, kwargs: dict[str, Any] | None = None, module: s
     check_kwargs(factory, name, dict(kwargs or {}))
 
 
-def make_env(name: str, kwargs: dict[str, Any] | None = None, *, reward: str | Callable[..., Any] | None = None,
-             rewards: Sequence[Any] | None = None,
+def make_env(name: str, kwargs: dict[str, Any] | None = None, *, reward: Any = None,
+             rewards: Sequence[Any] | None = None, places: ModelPlaces | None = None,
              module: str | None = None, reward_timeout_s: float | None = 30.0, reward_workers: int = 8,
              environment: str | Callable[..., Any] | Mapping[str, Any] | None = None, environment_api: str = "tools", tool_timeout_s: float = 10.0,
              max_tool_calls: int = 4, turn_budget_s: float = 25.0, tool_isolation: str = "process") -> Environment:
     """The environment the `env` config section describes (see the module docstring).
 
-    name/kwargs: `env.name` / `env.kwargs`; reward/rewards: `env.reward` / `env.rewards`; module: `env.module`
+    name/kwargs: `env.name` / `env.kwargs`; reward/rewards: `env.reward` / `env.rewards` (a judge or reward model
+    among them: `rewards.model_rewards`, whose 'builtin:tiny' `places` locates); module: `env.module`
     ("pkg.mod", "path/to/file.py", or "file.py:attr"); reward_timeout_s: the most seconds one reward call may
     take (a TRL-style batch call counts as one call); reward_workers: concurrent per-sample reward calls;
     environment / environment_api: `env.environment` ("file.py:Class", or the class itself) and how it is used ("tools" or "gym",
@@ -133,7 +153,8 @@ def make_env(name: str, kwargs: dict[str, Any] | None = None, *, reward: str | C
             import_user_module(module)
     env = get_env(name, **(kwargs or {}))
     try:
-        scorer = make_reward(reward, rewards, timeout_s=reward_timeout_s, max_workers=reward_workers)
+        scorer = make_reward(reward, rewards, timeout_s=reward_timeout_s, max_workers=reward_workers,
+                             places=model_places(places))
     except TypeError as e:  # not callable, or a signature neither convention fits: the config's mistake
         raise EnvSpecError(f"env.reward{'s' if rewards else ''}: {e}") from e
     if name == "env_owned" and not environment:

@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass
 
 from rollwise.rewards.base import call_reward
+from rollwise.rewards.cached import add_counts
 from rollwise.types import Score, Task
 
 
@@ -36,6 +37,7 @@ class Weighted:
             parts[name] = s.value
             if s.info:
                 info[name] = s.info
+                add_counts(info, s.info)  # judge calls / cache hits add up across parts
             if s.error:
                 errors.append(f"{name}: {s.error}")
             else:

@@ -18,7 +18,8 @@ message and the file:line of the user's code it was raised at, `rewards.base.des
 
 `make_reward(reward=..., rewards=[{fn, weight, name?}, ...])` builds one scorer: a single `UserReward`, or
 `RewardSum`, a weighted sum whose `Score.parts` keep each part's own value (an errored part makes the sum
-errored, naming the part). Both offer `score_batch(tasks, completions, completion_ids=None)` (what
+errored, naming the part). `env.reward` or an item of `env.rewards` may name a model instead of a function (`judge`,
+`reward_model`: `rewards.model_rewards`); it has the same shape (`PartReward`). Both offer `score_batch(tasks, completions, completion_ids=None)` (what
 `rewards.concurrent.score_many` calls when present) and the per-sample `(task, completion) -> Score`.
 
 Objects loaded from a spec pickle by their spec (re-imported on unpickling), so they cross to Ray actors.
@@ -40,10 +41,14 @@ import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence, Union
 
 from rollwise.rewards.base import as_score, describe, describe_at, finite_number
+from rollwise.rewards.cached import add_counts
 from rollwise.types import Score, Task
+
+if TYPE_CHECKING:  # pragma: no cover
+    from rollwise.rewards.model_rewards import ModelPlaces, ModelReward
 
 RESERVED = ("prompts", "completions", "completion_ids")
 
@@ -299,11 +304,23 @@ class UserReward:
 
 
 # ------------------------------------------------------------------------------------------- weighted sum
+class PartReward(Protocol):
+    """What a part of a weighted sum offers: a `UserReward`, or a judge / reward model (`rewards.model_rewards`)."""
+
+    name: str
+
+    def score_batch(self, tasks: Sequence[Task], completions: Sequence[Any],
+                    completion_ids: Sequence[Sequence[int]] | None = None, *,
+                    extra: dict[str, list[Any]] | None = None) -> list[Score]: ...
+
+    def __call__(self, task: Task, completion: str) -> Score: ...
+
+
 @dataclass
 class RewardSum:
     """`value = sum(weight_i * part_i)`; `parts` keeps each part's value by name; an errored part errors the sum."""
 
-    parts: list[tuple[str, UserReward, float]]
+    parts: list[tuple[str, PartReward, float]]
     name: str = "rewards"
 
     def __post_init__(self) -> None:
@@ -325,6 +342,7 @@ class RewardSum:
                 parts[name] = s.value
                 if s.info:
                     info[name] = s.info
+                    add_counts(info, s.info)  # judge calls / cache hits add up across parts
                 if s.error:
                     errors.append(s.error if s.error.startswith(f"{name}:") else f"{name}: {s.error}")
                 else:
@@ -363,31 +381,70 @@ def load_reward(spec: str | Callable[..., Any], *, name: str | None = None, time
                       spec=spec if isinstance(spec, str) else None)
 
 
-def make_reward(reward: str | Callable[..., Any] | None = None, rewards: Sequence[Any] | None = None, *,
-                timeout_s: float | None = 30.0, max_workers: int = 8) -> UserReward | RewardSum | None:
-    """The scorer for `env.reward` or `env.rewards` (None when neither is set)."""
+Reward = Union[UserReward, RewardSum, "ModelReward"]
+"""What `make_reward` builds: one user reward, a weighted sum, or a judge / reward model."""
+
+
+def _model_reward(reward: Any, places: ModelPlaces | None) -> ModelReward | None:
+    """`env.reward` as a judge or reward model (`rollwise.config_rewards.ModelRewardConfig`, or its dict), or None."""
+    from rollwise.config_rewards import MODEL_KINDS, ModelRewardConfig
+
+    if isinstance(reward, dict) and any(k in reward for k in MODEL_KINDS):
+        reward = ModelRewardConfig.model_validate(reward)
+    if not isinstance(reward, ModelRewardConfig):
+        return None
+    from rollwise.rewards.model_rewards import make_model_reward
+
+    kind = "judge" if reward.judge is not None else "reward_model"
+    section = reward.judge if reward.judge is not None else reward.reward_model
+    assert section is not None
+    return make_model_reward(kind, section, name=reward.name, where="env.reward", places=places)
+
+
+def make_reward(reward: Any = None, rewards: Sequence[Any] | None = None, *,
+                timeout_s: float | None = 30.0, max_workers: int = 8,
+                places: ModelPlaces | None = None) -> Reward | None:
+    """The scorer for `env.reward` or `env.rewards` (None when neither is set). `reward` is a spec, a callable, or a
+    judge / reward model config; `places` says where a judge's 'builtin:tiny' is (`rewards.model_rewards`)."""
+    from rollwise.config_rewards import MODEL_KINDS, check_reward_item
+
     if reward is not None and rewards:
         raise ValueError("set env.reward or env.rewards, not both")
     if reward is not None:
+        judged = _model_reward(reward, places)
+        if judged is not None:
+            return judged
         return load_reward(reward, timeout_s=timeout_s, max_workers=max_workers)
     if not rewards:
         return None
-    parts: list[tuple[str, UserReward, float]] = []
+    parts: list[tuple[str, PartReward, float]] = []
     for i, item in enumerate(rewards):
-        if not isinstance(item, dict) or "fn" not in item:
-            raise ValueError(f"env.rewards[{i}] must be an object with 'fn' (and optional 'weight', 'name'), got {item!r}")
-        extra = set(item) - {"fn", "weight", "name"}
-        if extra:
-            raise ValueError(f"env.rewards[{i}]: unknown keys {sorted(extra)} (allowed: fn, weight, name)")
+        kinds = [k for k in MODEL_KINDS if isinstance(item, dict) and k in item]
+        if not isinstance(item, dict) or ("fn" not in item and not kinds):
+            raise ValueError(f"env.rewards[{i}] must be an object with 'fn' (or 'judge' / 'reward_model'; and "
+                             f"optional 'weight', 'name'), got {item!r}")
+        if kinds:
+            item = check_reward_item(item, i)
+        else:
+            extra = set(item) - {"fn", "weight", "name"}
+            if extra:
+                raise ValueError(f"env.rewards[{i}]: unknown keys {sorted(extra)} (allowed: fn, weight, name)")
         weight = item.get("weight", 1.0)
         if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight):
             raise ValueError(f"env.rewards[{i}].weight must be a number, got {weight!r}")
-        r = load_reward(item["fn"], name=item.get("name"), timeout_s=timeout_s, max_workers=max_workers)
+        r: PartReward
+        if kinds:
+            from rollwise.rewards.model_rewards import make_model_reward
+
+            r = make_model_reward(kinds[0], item[kinds[0]], name=item.get("name"), where=f"env.rewards[{i}]",
+                                  places=places)
+        else:
+            r = load_reward(item["fn"], name=item.get("name"), timeout_s=timeout_s, max_workers=max_workers)
         if item.get("name") is None and r.name in {p[0] for p in parts}:
             r.name = f"{r.name}_{i}"
         parts.append((r.name, r, float(weight)))
     return RewardSum(parts)
 
 
-__all__ = ["RewardSum", "UserReward", "import_user_module", "load_object", "load_reward", "make_reward",
+__all__ = ["PartReward", "Reward", "RewardSum", "UserReward", "import_user_module", "load_object", "load_reward", "make_reward",
            "reward_kind", "trl_arguments"]

@@ -323,9 +323,12 @@ def step_metrics(rollouts: Sequence[Rollout], num_groups: int, zero_var: int, bo
     time_eval_s), so summing step_s over a run gives its training wall-clock. reward_mean is over rollouts that
     have a reward (errored and aborted ones have none); accuracy (pass rate:
     reward >= env.pass_threshold) is over finished rollouts (not aborted), errored ones counting as incorrect;
-    score_errors counts errored rollouts. TRL GRPOTrainer's names for the same values are added beside rollwise's
+    score_errors counts errored rollouts; judge_calls / judge_cache_hits / judge_cache_hit_rate count the samples an
+    LLM judge or reward model computed or found in its cache (`rewards.cached`). TRL GRPOTrainer's names for the same values are added beside rollwise's
     (`train.metrics.trl_metrics`: `reward`, `completions/mean_length`, `rewards/<name>/mean`, ...)."""
     import numpy as np
+
+    from rollwise.rewards.cached import judge_metrics
 
     counts = {s: sum(r.status == s for r in rollouts) for s in ROLLOUT_STATUSES}
     rewards = [r.reward for r in rollouts if r.reward is not None]
@@ -360,6 +363,7 @@ def step_metrics(rollouts: Sequence[Rollout], num_groups: int, zero_var: int, bo
         rec["time_producer_wait_s"] = producer_wait_s
     rec.update(books.metrics())  # control_* books; staleness_mean / staleness_max of the trained tokens
     rec.update(episode_metrics(rollouts))
+    rec.update(judge_metrics(r.env_info for r in rollouts))  # LLM judge / reward model calls and cache hits
     rec = {k: v for k, v in rec.items() if v is not None}
     from rollwise.train.advantages import SHAPING_PARTS
     from rollwise.train.metrics import trl_metrics

@@ -48,20 +48,28 @@ def resolve_device(device: str) -> str:
     return device
 
 
+BUILTIN_DIR = "init_model"
+"""The built-in model's directory in RUN_DIR (warmed up there; a judge's 'builtin:tiny' loads it)."""
+
 SCORE_TIMEOUT_S = 30.0
 """The longest one reward call may take (a TRL-style batch call counts as one) before it scores errored."""
 SCORE_WORKERS = 8
 """Concurrent per-sample reward calls."""
 
 
-def make_env(env_cfg: EnvConfig) -> Environment:
-    """The environment an `env` config section names, with the user's reward(s) when it names them."""
+def make_env(env_cfg: EnvConfig, builtin_dir: Path | None = None) -> Environment:
+    """The environment an `env` config section names, with the user's reward(s) when it names them. `builtin_dir`:
+    where the run's built-in model will be (what a judge's 'builtin:tiny' loads), when model.path is builtin:tiny."""
     from rollwise.envs.build import make_env as build
     from rollwise.in_memory import unwrap
+    from rollwise.rewards.model_rewards import ModelPlaces
+
+    places = ModelPlaces(builtin_dir=builtin_dir)
 
     # Objects given through the Python API (`rollwise.in_memory`) are handed over as themselves.
     kwargs = {k: unwrap(v) for k, v in env_cfg.kwargs.items()}
-    rewards = [{**r, "fn": unwrap(r.get("fn"))} for r in env_cfg.rewards] if env_cfg.rewards else env_cfg.rewards
+    rewards = ([{**r, "fn": unwrap(r["fn"])} if "fn" in r else r for r in env_cfg.rewards] if env_cfg.rewards
+               else env_cfg.rewards)
     if env_cfg.agent is not None:
         from rollwise.envs.user_agent import UserAgentEnv, load_agent
 
@@ -69,13 +77,13 @@ def make_env(env_cfg: EnvConfig) -> Environment:
             raise ValueError("env.agent and env.environment both name what runs an episode; set one of them")
         agent = unwrap(env_cfg.agent)
         data = build(env_cfg.name, kwargs, reward=unwrap(env_cfg.reward), rewards=rewards, module=env_cfg.module,
-                     reward_timeout_s=SCORE_TIMEOUT_S, reward_workers=SCORE_WORKERS)
+                     reward_timeout_s=SCORE_TIMEOUT_S, reward_workers=SCORE_WORKERS, places=places)
         return UserAgentEnv(data, load_agent(agent), agent if isinstance(agent, str) else getattr(agent, "__name__", "agent"))
     environment = env_cfg.environment
     environment = ({k: unwrap(v) for k, v in environment.items()} if isinstance(environment, dict)
                    else unwrap(environment))
     return build(env_cfg.name, kwargs, reward=unwrap(env_cfg.reward), rewards=rewards, module=env_cfg.module,
-                 reward_timeout_s=SCORE_TIMEOUT_S, reward_workers=SCORE_WORKERS, environment=environment,
+                 reward_timeout_s=SCORE_TIMEOUT_S, reward_workers=SCORE_WORKERS, places=places, environment=environment,
                  environment_api=env_cfg.environment_api, tool_timeout_s=env_cfg.tool_timeout_s,
                  max_tool_calls=env_cfg.max_tool_calls, turn_budget_s=max(env_cfg.turn_timeout_s - 1.0, 0.5),
                  tool_isolation=env_cfg.tool_isolation)
@@ -345,7 +353,7 @@ def prepare_model(src: ModelSource, env: Environment, train_tasks: list[Task], r
     if not charset:
         raise ValueError(f"the built-in model needs an environment with a `charset` (env {src.env_name!r} has none); "
                          "set model.path to an HF checkpoint instead")
-    dest = run_dir / "init_model"
+    dest = run_dir / BUILTIN_DIR
     if (dest / "config.json").is_file() and (dest / "warmup.json").is_file() or (
             (dest / "config.json").is_file() and not src.warmup.enabled):
         return dest, {}
@@ -507,7 +515,7 @@ def _prepare(cfg: RunConfig, log: Log) -> _Prepared:
 
     run_dir = _seeded_run_dir(cfg)
     device = resolve_device(cfg.model.device)
-    env = make_env(cfg.env)
+    env = make_env(cfg.env, builtin_dir=run_dir / BUILTIN_DIR if cfg.model.path == "builtin:tiny" else None)
     if cfg.sft.path:  # a missing or broken demonstration file fails now, before any model loads
         from rollwise.train.sft import load_demos
 
