@@ -25,6 +25,7 @@ if TYPE_CHECKING:  # pragma: no cover
     import numpy as np
 
     from rollwise.config import TrainConfig
+    from rollwise.train.distill import DistillOptions
     from rollwise.train.losses import LossConfig
     from rollwise.train.parallel import Single
     from rollwise.train.trainer import Trainer
@@ -63,6 +64,8 @@ class TrainerSpec:
     """`train.parallel`: auto, ddp or fsdp2."""
     collective_timeout_s: float = 600.0
     """Longest wait in one collective before the rank gives up (a dead peer ends the wait sooner)."""
+    distill: DistillOptions | None = None
+    """On-policy distillation: the frozen teacher every rank loads beside its policy (`algo.distill`)."""
 
     @property
     def micro_batch_tokens(self) -> int:
@@ -74,7 +77,7 @@ class TrainerSpec:
 
         tr = Trainer(self.model_path, self.train, device=device or self.device, temperature=self.temperature,
                      top_p=self.top_p, top_k=self.top_k, reference=self.reference, total_steps=self.total_steps,
-                     tokenizer_path=self.tokenizer_path, sync=sync)
+                     tokenizer_path=self.tokenizer_path, sync=sync, distill=self.distill)
         return LocalTrainer(tr, self.micro_batch_tokens, self.loss_name, self.loss_cfg)
 
 
