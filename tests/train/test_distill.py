@@ -232,3 +232,13 @@ def test_teacher_of_another_architecture_runs_beside_the_policy(tiny_llama, tmp_
     with torch.no_grad():
         want = naive_logprobs(ref, ros, batch.max_completion_len)
     torch.testing.assert_close(tr.teacher_logprobs(batch), want, atol=2e-5, rtol=0)
+
+
+def test_a_bf16_trainer_holds_its_teacher_in_bf16(tiny_llama, sharp_teacher):
+    from rollwise.config import TrainConfig
+
+    f32 = Trainer(tiny_llama, TrainConfig(bf16=False), distill=DistillOptions(str(sharp_teacher)))
+    bf = Trainer(tiny_llama, TrainConfig(bf16=True), distill=DistillOptions(str(sharp_teacher)))
+    assert bf.teacher is not None and {p.dtype for p in bf.teacher.parameters()} == {torch.bfloat16}
+    batch = TrainBatch.from_rollouts(make_rollouts(6, seed=5), 64)
+    torch.testing.assert_close(bf.teacher_logprobs(batch), f32.teacher_logprobs(batch), atol=0.1, rtol=0)

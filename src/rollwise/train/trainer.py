@@ -235,12 +235,16 @@ class Trainer:
         return self.sync.wrap(model), ref_model  # FSDP2 shards here; DDP makes the replicas equal
 
     def _build_teacher(self, path: str, attn_implementation: str | None) -> tuple[torch.nn.Module, bool, bool]:
-        """The distillation teacher, loaded as the policy is (float32, dropout off), frozen and never sharded or
-        wrapped; with whether its logits are a plain LM head and whether it runs shared-prompt rows."""
+        """The distillation teacher, loaded as the policy is (dropout off), frozen and never sharded or wrapped; with
+        whether its logits are a plain LM head and whether it runs shared-prompt rows. Its weights stay float32 under
+        a float32 trainer and become bfloat16 under bf16 autocast (whose matmuls round them to bf16 anyway): a
+        teacher larger than the policy then holds half the memory."""
         try:
             hf = load_causal_lm(path, self.device, attn_implementation)
         except TrainerError as e:
             raise TrainerError(f"algo.distill.teacher: {e}") from None
+        if self.precision.autocast_dtype is not None:
+            hf = hf.to(self.precision.autocast_dtype)  # type: ignore[arg-type]
         share = enable_segment_attention(hf)
         plain = getattr(hf.config, "model_type", None) in PLAIN_HEAD_MODEL_TYPES and hf.get_output_embeddings() is not None
         return freeze(hf), plain, share
