@@ -111,7 +111,8 @@ def _median(xs: list[float | None]) -> float | None:
 
 
 def summarize(runs: Path, target: float) -> dict[str, Any]:
-    """Per arm, per seed: the curve, steps and training seconds to the target, the final accuracy; then medians."""
+    """Per arm, per seed: the curve, steps and training seconds to the target, the final accuracy; then medians; and
+    `speedup_steps` / `speedup_train_s` (GRPO's median over distillation's) when both arms ran."""
     out: dict[str, Any] = {}
     for arm in ARMS:
         per = []
@@ -181,6 +182,7 @@ def main() -> None:
     ap.add_argument("--json", default=str(ROOT / "bench" / "results-distill.json"))
     ap.add_argument("--summarize", action="store_true", help="only read the stored runs")
     ap.add_argument("--smoke", action="store_true", help="tiny random models, 2 steps, 4 held-out problems")
+    ap.add_argument("--note", default=None, help="a line stored with the results (how the runs were made)")
     args = ap.parse_args()
     runs, teacher = Path(args.runs), Path(args.teacher)
     sets = [f"run.eval_every={args.eval_every}", "run.eval_samples=1", "run.checkpoint_every=0",
@@ -210,14 +212,15 @@ def main() -> None:
                 run_one(runs, arm, seed, sets)
     t_greedy = float(t_eval["accuracy_greedy"])
     target = args.target * t_greedy
+    arms_res = summarize(runs, target)
+    speedups = {k: arms_res.pop(k) for k in list(arms_res) if k.startswith("speedup_")}
     res = {"teacher": str(teacher), "teacher_greedy": t_greedy, "teacher_sampled": t_eval.get("accuracy"),
            "target_greedy": target, "target_fraction": args.target, "runs_dir": str(runs), "sets": sets,
-           "arms": summarize(runs, target)}
+           "arms": arms_res, **speedups, **({"note": args.note} if args.note else {})}
     Path(args.json).write_text(json.dumps(res, indent=1))
     print(f"teacher greedy {t_greedy:.3f}; target {target:.3f}")
-    for arm, r in res["arms"].items():
-        if isinstance(r, dict):
-            print(f"{arm}: median steps to target {r['median_steps_to_target']}, training s "
+    for arm, r in arms_res.items():
+        print(f"{arm}: median steps to target {r['median_steps_to_target']}, training s "
                   f"{r['median_train_s_to_target']}, final greedy {r['median_final_greedy']:.3f}")
     print(f"wrote {args.json}")
 
