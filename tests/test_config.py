@@ -386,3 +386,10 @@ def test_documented_words_are_values_not_yaml_booleans(tmp_path):
     dumped = tmp_path / "dumped.yaml"
     dumped.write_text(dump_config(cfg))
     assert load_config(str(dumped)).rollout.speculative.source == "off"
+
+
+def test_distillation_and_a_critic_are_refused_together():
+    from rollwise.config import RunConfig
+
+    with pytest.raises(ValueError, match="algo.distill.*gae"):
+        RunConfig.model_validate({"algo": {"advantage": "gae", "distill": {"teacher": "x"}}})

@@ -424,7 +424,8 @@ def test_outputs_page_lists_every_metrics_key():
                 logprobs=[-0.1, -0.2], weight_versions=[0, 0], loss_mask=[1, 1], reward=1.0,
                 reward_parts={"correct": 1.0}, env_info={k: 1 for k in EPISODE_KEYS})
     train_m = {k: 0.1 for k in ("train_s", "logprob_diff_mean", "logprob_diff_max", "tis_clip_frac", "kl", "entropy",
-                                "grad_norm", "loss", "clip_frac", "lr", "masked_token_frac", "masked_seq_frac")}
+                                "grad_norm", "loss", "clip_frac", "lr", "masked_token_frac", "masked_seq_frac",
+                                "distill_reverse_kl", "distill_teacher_logprob", "teacher_s")}
     train_m.update({f"critic/{k}": 0.1 for k in ("value_loss", "value_clip_frac", "explained_var", "value_mean",
                                                  "return_mean", "grad_norm", "lr", "warmup", "train_s")})
     rec = step_metrics([r, r], 1, 0, Accounting(generated_tokens=4, gen_s=1.0), train_m, gen_wait_s=0.1,

@@ -595,6 +595,21 @@ class CriticConfig(_Section):
     """RL steps at the start in which only the critic trains and the policy is left as it is (verl's
     `trainer.critic_warmup`, OpenRLHF's `--freezing_actor_steps`): the policy's first updates then see a critic that
     has learned something."""
+class DistillConfig(_Section):
+    """On-policy distillation (docs/distillation.md): a frozen teacher scores every token the policy sampled, and the
+    per-token reverse KL, log pi_teacher(y_t) - log pi_policy(y_t) on the sampled token, is a dense advantage on
+    each policy token (Tinker's on-policy distillation, prime-rl's teacher_tau, NeMo RL's 'opd' advantage)."""
+
+    teacher: str | None = None
+    """The teacher: an HF checkpoint directory, a .gguf file, a known name (smollm2-135m) or a hub id; None = off.
+    It must share the policy's tokenizer (vocabulary, special tokens, and the prompt its chat template renders), or
+    the run is refused at start. Loaded once, frozen, beside the trainer (on model.device, its forward in
+    train.bf16's precision)."""
+    coef: float = Field(1.0, gt=0)
+    """Weight of the reverse-KL advantage (Tinker's kl_penalty_coef, prime-rl's teacher_tau)."""
+    reward_weight: float = Field(0.0, ge=0)
+    """Weight of the task reward's advantage (algo.advantage's) added on every token (prime-rl's adv_tau); 0 = pure
+    distillation: rewards are still scored and reported, but only the teacher trains the policy."""
 
 
 class AlgoConfig(_Section):
@@ -654,6 +669,8 @@ class AlgoConfig(_Section):
     """GAE's gamma, lambda and whitening (`advantage: gae`)."""
     critic: CriticConfig = Field(default_factory=CriticConfig)
     """The value model of `advantage: gae`: its starting weights, learning rate, value clipping, warm-up."""
+    distill: DistillConfig = Field(default_factory=DistillConfig)
+    """On-policy distillation from a frozen teacher's per-token log-probs (docs/distillation.md)."""
 
     @model_validator(mode="after")
     def _one_correction(self) -> AlgoConfig:
@@ -1089,6 +1106,8 @@ _APPLIES_WHEN: list[tuple[str, Any, str]] = [
     ("algo.skip_zero_variance", lambda c: c.algo.advantage != "gae",
      "algo.advantage is not 'gae' (a critic's baseline trains on groups of equal rewards too)"),
     ("algo.kl_estimator", lambda c: c.algo.kl_coef > 0, "algo.kl_coef > 0"),
+    ("algo.distill.coef", lambda c: c.algo.distill.teacher is not None, "algo.distill.teacher is set"),
+    ("algo.distill.reward_weight", lambda c: c.algo.distill.teacher is not None, "algo.distill.teacher is set"),
     ("algo.correction.low", lambda c: c.algo.correction.mode != "none", "algo.correction.mode is set"),
     ("algo.correction.high", lambda c: c.algo.correction.mode != "none", "algo.correction.mode is set"),
     ("algo.correction.sequence_ratio", lambda c: c.algo.correction.mode in ("sequence_truncate", "sequence_mask"),
@@ -1212,7 +1231,30 @@ def cross_section_problems(cfg: RunConfig) -> list[str]:
         out.append("rollout.temperature 0 (greedy) gives every sample of a group the same completion: RL needs "
                    "temperature > 0")
     out.extend(_tree_problems(c))
+    out.extend(_distill_problems(c))
     return out
+
+
+_REWARD_VARIANCE_POLICIES = ("dynamic", "adaptive", "early_stop")
+"""Allocations that decide by a group's reward variance (resample, size or stop groups by it)."""
+
+
+def _distill_problems(c: RunConfig) -> list[str]:
+    """algo.distill gives one advantage per token; with reward_weight 0 the reward does not train at all."""
+    if c.algo.distill.teacher is None:
+        return []
+    if c.algo.loss == "gspo":
+        return ["algo.distill gives one advantage per token, and algo.loss 'gspo' takes one per sequence: use another "
+                "loss (grpo, dapo, dr_grpo, ppo)"]
+    if c.algo.advantage == "gae":
+        return ["algo.distill's advantage is the teacher's per-token reverse KL (plus the group advantage it weights); "
+                "algo.advantage 'gae' computes its own from a critic: use one of them"]
+    by_variance = [p for p in c.control.policies if p in _REWARD_VARIANCE_POLICIES]
+    if by_variance and c.algo.distill.reward_weight == 0:
+        return [f"control.policy '{by_variance[0]}' allocates samples by their rewards' variance, and with "
+                "algo.distill.reward_weight 0 the reward does not train: use control.policy 'uniform' (or give the "
+                "reward a weight)"]
+    return []
 
 
 _TREE_POLICIES = ("uniform", "dynamic", "early_stop")

@@ -8,7 +8,8 @@ Everything after that is decided here, and every other module asks here:
   score when `FilterRules.errored_reward` says so;
 - which groups carry a signal (`informative`, `zero_variance`): at least two advantage values that differ;
   before a group's Scores become Rollouts (adaptive pilots, early stop), `score_values` and `differ` give the
-  same values and the same rule;
+  same values and the same rule; with a distillation teacher every policy token carries one (`carries_signal`),
+  so a zero-variance group is counted but still trains;
 - how a group or rollout leaves training (`mark`, `drop_zero_variance`, `drop_overlong`): trainable rollouts
   become 'filtered' with a reason, and the group remembers why it was dropped;
 - what trains (`trains`, `select`): kept and truncated rollouts of groups not dropped, and errored ones when
@@ -66,6 +67,9 @@ class FilterRules:
     """The advantages' baseline is a learned critic (`algo.advantage: gae`), not the group: a group of equal rewards
     still carries signal (each token's advantage is its return minus the critic's value), so it is never dropped
     as zero-variance (`skip_zero_variance` does not apply), and whatever trains moves the policy."""
+    teacher_signal: bool = False
+    """A distillation teacher scores every sampled token (`algo.distill.teacher`): every rollout with a policy token
+    carries a signal whatever its reward, so zero-variance groups are counted but never dropped."""
     errored_reward: float | None = 0.0
     """What advantages make of an errored rollout (`algo.errored_reward`). A number: it counts as a wrong answer
     with that reward (or its group's lowest reward, if lower) in its group's baseline, and trains with the
@@ -81,9 +85,10 @@ class FilterRules:
     @classmethod
     def from_config(cls, algo: object, *, overlong_filter: bool = False, max_tokens: int | None = None) -> FilterRules:
         """From an `AlgoConfig` (duck-typed: the room sits below config) and the resolved overlong options."""
+        teacher = getattr(getattr(algo, "distill", None), "teacher", None) is not None
         return cls(skip_zero_variance=bool(getattr(algo, "skip_zero_variance", True)), overlong_filter=overlong_filter,
                    max_tokens=max_tokens, errored_reward=getattr(algo, "errored_reward", 0.0),
-                   critic_baseline=getattr(algo, "advantage", None) == "gae")
+                   critic_baseline=getattr(algo, "advantage", None) == "gae", teacher_signal=teacher)
 
 
 DEFAULT_RULES = FilterRules()
@@ -152,13 +157,13 @@ def mark(group: RolloutGroup, status: str, reason: str) -> None:
 
 
 def drop_zero_variance(groups: Sequence[RolloutGroup], rules: FilterRules = DEFAULT_RULES) -> int:
-    """Count the zero-variance groups; with `skip_zero_variance` (and a group baseline: not `critic_baseline`), drop
-    them from training. Returns the count."""
+    """Count the zero-variance groups; with `skip_zero_variance` (and a group baseline: no critic, no teacher signal),
+    drop them from training. Returns the count."""
     n = 0
     for g in groups:
         if zero_variance(g, rules):
             n += 1
-            if rules.skip_zero_variance and not rules.critic_baseline:
+            if rules.skip_zero_variance and not (rules.critic_baseline or rules.teacher_signal):
                 mark(g, "filtered", "zero-variance group (no GRPO signal)")
     return n
 
@@ -219,12 +224,19 @@ def all_errored(rollouts: Sequence[Rollout]) -> bool:
     return bool(scored) and all(r.status == "errored" for r in scored)
 
 
+def carries_signal(r: Rollout, rules: FilterRules = DEFAULT_RULES) -> bool:
+    """Whether training on `r` moves the policy: a non-zero advantage (`Rollout.has_signal`), or, with a
+    distillation teacher or a critic's baseline, any policy token (each gets its own per-token advantage in the
+    trainer)."""
+    return r.has_signal or ((rules.teacher_signal or rules.critic_baseline) and r.num_generated > 0)
+
+
 def no_signal(groups: Sequence[RolloutGroup], trained: Sequence[Rollout],
               rules: FilterRules = DEFAULT_RULES) -> str | None:
     """Why a step's update moves nothing (no trained rollout has a non-zero advantage), in one phrase for its step
     line: 'every sample's reward errored (16/16)', '8/8 groups had equal rewards', or equal groups and the other
     groups' rollouts filtered / errored / aborted with the first reason. None when something with signal trained."""
-    if any(r.has_signal for r in trained) or (rules.critic_baseline and trained):
+    if any(carries_signal(r, rules) for r in trained):
         return None
     rollouts = [r for g in groups for r in g.rollouts]
     n = len(rollouts)

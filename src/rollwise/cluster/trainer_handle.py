@@ -26,6 +26,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from rollwise.config import TrainConfig
     from rollwise.train.critic import Critic, CriticSpec
+    from rollwise.train.distill import DistillOptions
     from rollwise.train.losses import LossConfig
     from rollwise.train.parallel import Single
     from rollwise.train.trainer import Trainer
@@ -66,6 +67,8 @@ class TrainerSpec:
     """Longest wait in one collective before the rank gives up (a dead peer ends the wait sooner)."""
     critic: CriticSpec | None = None
     """`algo.advantage: gae`: the value model trained beside the policy (`train.critic`); None = no critic."""
+    distill: DistillOptions | None = None
+    """On-policy distillation: the frozen teacher every rank loads beside its policy (`algo.distill`)."""
 
     @property
     def micro_batch_tokens(self) -> int:
@@ -77,7 +80,7 @@ class TrainerSpec:
 
         tr = Trainer(self.model_path, self.train, device=device or self.device, temperature=self.temperature,
                      top_p=self.top_p, top_k=self.top_k, reference=self.reference, total_steps=self.total_steps,
-                     tokenizer_path=self.tokenizer_path, sync=sync)
+                     tokenizer_path=self.tokenizer_path, sync=sync, distill=self.distill)
         critic = None
         if self.critic is not None:
             from rollwise.train.critic import Critic

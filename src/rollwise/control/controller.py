@@ -186,7 +186,7 @@ class RolloutController:
                 seqs = r.sequences()  # an agent episode's segments train too
                 n = sum(len(s.completion_token_ids) for s in seqs)
                 acc.trained_tokens += n
-                if r.has_signal:
+                if room.carries_signal(r, self.rules):
                     acc.useful_tokens += n
                 ages.extend(trained_version - w for s in seqs for w in s.weight_versions)
         acc.staleness_mean = sum(ages) / len(ages) if ages else 0.0

@@ -39,6 +39,7 @@ from rollwise.types import ROLLOUT_STATUSES, Rollout, RolloutGroup, SamplingPara
 
 if TYPE_CHECKING:  # pragma: no cover
     from rollwise.control.ledger import Accounting
+    from rollwise.filter import FilterRules
     from rollwise.engine.protocol import Engine
     from rollwise.run.setup import RunParts
     from rollwise.run.sources import RolloutSource, StepBatch
@@ -222,7 +223,7 @@ class _Steps:
                            step_s=time.perf_counter() - t_step - eval_s,
                            cpu_s=time.process_time() - cpu_step - eval_cpu_s, weight_version=trainer.version,
                            staleness_bound=self.source.staleness_bound, engine_counters=run.engine.counters(),
-                           useful=_useful_tokens(learned.trainable, is_replayed),
+                           useful=_useful_tokens(learned.trainable, is_replayed, self.rules),
                            pass_threshold=cfg.env.pass_threshold)
         if learned.no_signal:
             rec["no_signal"] = learned.no_signal
@@ -307,8 +308,10 @@ class _Steps:
         return eval_s, eval_cpu_s
 
 
-def _useful_tokens(trainable: Sequence[Rollout], is_replayed: Callable[[Rollout], bool]) -> int:
-    return sum(r.completion_len for r in trainable if r.has_signal and not is_replayed(r))
+def _useful_tokens(trainable: Sequence[Rollout], is_replayed: Callable[[Rollout], bool], rules: FilterRules) -> int:
+    from rollwise.filter import carries_signal
+
+    return sum(r.completion_len for r in trainable if carries_signal(r, rules) and not is_replayed(r))
 
 
 def step_metrics(rollouts: Sequence[Rollout], num_groups: int, zero_var: int, books: Accounting,
@@ -354,6 +357,9 @@ def step_metrics(rollouts: Sequence[Rollout], num_groups: int, zero_var: int, bo
         # with a masking algo.correction (token_mask, icepop, sequence_mask): what it left out of the loss
         "masked_token_frac": train_m.get("masked_token_frac"), "masked_seq_frac": train_m.get("masked_seq_frac"),
         "kl": train_m.get("kl"), "entropy": train_m.get("entropy"), "grad_norm": train_m.get("grad_norm"),
+        # with algo.distill: the reverse KL to the teacher per policy token, the teacher's mean log-prob, its forward
+        "distill_reverse_kl": train_m.get("distill_reverse_kl"),
+        "distill_teacher_logprob": train_m.get("distill_teacher_logprob"), "time_teacher_s": train_m.get("teacher_s"),
         "loss": train_m.get("loss"), "clip_frac": train_m.get("clip_frac"), "lr": train_m.get("lr"),
         "weight_version": weight_version, "async_staleness_bound": staleness_bound,
         **{f"engine_{k}": v for k, v in engine_counters.items()},  # e.g. Ray actors' requeued / restarts

@@ -227,6 +227,7 @@ def trainer_spec(cfg: RunConfig, model_dir: Path, device: str) -> TrainerSpec:
     """The one typed object every trainer variant is built from (`run.trainer_handle.TrainerSpec`)."""
     from rollwise.cluster.trainer_handle import TrainerSpec
     from rollwise.train.critic import CriticSpec
+    from rollwise.train.distill import DistillOptions
     from rollwise.train.losses import LossConfig
 
     R, A = cfg.rollout, cfg.algo
@@ -238,7 +239,8 @@ def trainer_spec(cfg: RunConfig, model_dir: Path, device: str) -> TrainerSpec:
                        loss_cfg=LossConfig.from_algo(A, max_length=R.max_tokens), device=device,
                        temperature=R.temperature, top_p=R.top_p, top_k=R.top_k, reference=A.kl_coef > 0,
                        total_steps=cfg.train.steps, tokenizer_path=cfg.model.tokenizer, threads=cfg.run.cpu_threads,
-                       world_size=cfg.train.world_size, parallel=cfg.train.parallel, critic=critic)
+                       world_size=cfg.train.world_size, parallel=cfg.train.parallel, critic=critic,
+                       distill=DistillOptions.from_config(A.distill))
 
 
 def training_precision(cfg: RunConfig, device: str) -> str:
@@ -536,6 +538,8 @@ def _prepare(cfg: RunConfig, log: Log) -> _Prepared:
         fmt = prompt_format(cfg.env, env)
         ensure_prefix_preserving(tokenizer, fmt, tool_turns=bool(fmt.tools), log=log)
     encode = prompt_encoder(cfg.env, tokenizer, env)
+    if cfg.algo.distill.teacher is not None:  # before any model loads: a teacher with another tokenizer is refused
+        check_teacher(cfg, env, tokenizer, encode, train_tasks)
     prep = _Prepared(run_dir, device, env, train_tasks, eval_tasks, ckpt, init_dir, warm_info, tokenizer, encode,
                      ResumeSpec.of(cfg, run_dir, yaml_sha))
     if is_agent_env(env):
@@ -545,6 +549,43 @@ def _prepare(cfg: RunConfig, log: Log) -> _Prepared:
     if cfg.sft.path:  # supervised fine-tuning on demonstrations first: RL starts from its model
         _sft_first(cfg, prep, log)
     return prep
+
+
+TEACHER_PROMPTS_CHECKED = 4
+"""Training prompts rendered through both the policy's and the teacher's chat template by `check_teacher`."""
+
+
+def check_teacher(cfg: RunConfig, env: Environment, tokenizer: Tokenizer | None, encode: Callable[[Task], list[int]],
+                  tasks: list[Task]) -> Path:
+    """The distillation teacher's checkpoint directory, once it is known to share the policy's tokenizer
+    (`train.distill.tokenizer_mismatch`: vocabulary, special tokens, the first training prompts as each one's chat
+    template renders them). One line otherwise: the teacher scores the policy's token ids, and another tokenizer's
+    ids would be other text."""
+    from rollwise.engine.core import load_tokenizer
+    from rollwise.models.convert import ModelResolveError, resolve_model
+    from rollwise.models.prompting import with_template_kwargs
+    from rollwise.train.distill import tokenizer_mismatch
+
+    name = cfg.algo.distill.teacher
+    try:
+        teacher_dir = resolve_model(str(name))
+    except ModelResolveError as e:
+        raise ValueError(f"algo.distill.teacher: {e}") from None
+    if not (teacher_dir / "config.json").is_file():
+        raise ValueError(f"algo.distill.teacher {name!r} is not an HF checkpoint directory (no config.json in "
+                         f"{teacher_dir})")
+    teacher_tok = with_template_kwargs(load_tokenizer(teacher_dir), cfg.env.chat_template_kwargs)
+    if tokenizer is None or teacher_tok is None:
+        whose = "the policy" if tokenizer is None else f"the teacher ({teacher_dir})"
+        raise ValueError(f"algo.distill.teacher {name!r}: {whose} has no tokenizer files, so the two cannot be checked "
+                         "to share one (the teacher scores the policy's token ids)")
+    teacher_encode = prompt_encoder(cfg.env, teacher_tok, env)
+    why = tokenizer_mismatch(tokenizer, teacher_tok,
+                             [(encode(t), teacher_encode(t)) for t in tasks[:TEACHER_PROMPTS_CHECKED]])
+    if why is not None:
+        raise ValueError(f"algo.distill.teacher {name!r} does not share the policy's tokenizer: {why}; on-policy "
+                         "distillation needs a teacher of the same tokenizer")
+    return teacher_dir
 
 
 def _seeded_run_dir(cfg: RunConfig) -> Path:

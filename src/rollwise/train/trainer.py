@@ -28,8 +28,12 @@ the ranks: the update equals the one-rank update up to float reassociation. The 
 (`train/step_stats.py`).
 NOTE on LoRA: full-weight vs adapter training is a `train/weights.py` mode chosen once at build time.
 NOTE on precision: float32 or bf16 autocast over float32 master weights is a `train/precision.py` object chosen once
-at build time (`train.bf16`, 'auto' by device and CPU); every training and reference forward runs in it, the sync
-probe (`probe_logprobs`) always in float32.
+at build time (`train.bf16`, 'auto' by device and CPU); every training, reference and teacher forward runs in it, the
+sync probe (`probe_logprobs`) always in float32.
+NOTE on distillation (`distill`, `train/distill.py`): a frozen teacher, loaded as the policy is, scores the batch's
+sampled tokens at the start of each step (one forward, every rank the whole batch: the teacher is not sharded), and
+the batch's advantages become the per-token distillation advantages before anything is planned, so a sequence
+whose task advantage is 0 still trains. The trainer only applies `distill_advantages`; what it means is there.
 
 Deliberately left out: tensor/pipeline parallelism, optimizer offload, a fused CUDA linear + cross-entropy kernel.
 They are new modules when needed, not flags here.
@@ -38,6 +42,7 @@ They are new modules when needed, not flags here.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import time
 from collections.abc import Iterator
@@ -58,7 +63,8 @@ from rollwise.train.rank_split import split_for_ranks
 from rollwise.train.step_plan import MiniBatchPlan, MiniBatchTensors, StepInputs, fresh_tokens, with_gradient
 from rollwise.train.step_stats import StepStats
 from rollwise.train.causal_lm import as_causal_lm
-from rollwise.train.weights import weight_mode
+from rollwise.train.distill import DistillOptions, distill_advantages, distill_metrics
+from rollwise.train.weights import freeze, weight_mode
 
 if TYPE_CHECKING:  # pragma: no cover
     from transformers import PreTrainedModel
@@ -170,13 +176,15 @@ class Trainer:
         attn_implementation: str | None = None,
         tokenizer_path: str | Path | None = None,
         sync: Single | None = None,
+        distill: DistillOptions | None = None,
     ) -> None:
         """model_path: an HF checkpoint dir, a .gguf file, a known name ('smollm2-135m') or a hub id (`models.convert.resolve_model`). device: 'cpu', 'cuda', 'cuda:N' or 'auto'. temperature: the sampling temperature of the rollouts (> 0).
         top_p, top_k: the rollouts' sampling truncation (rollout.top_p / rollout.top_k; 1.0 and -1 = off); pass them
         whenever the rollouts were sampled with them (not for greedy rollouts, whose log-probs are untruncated).
         reference: keep a frozen copy of the initial policy for the KL penalty (with LoRA: the adapter-free base).
         total_steps: RL steps the LR schedule spans (default cfg.steps).
-        sync: how this rank shares updates with the others (`train.parallel`); None = one process."""
+        sync: how this rank shares updates with the others (`train.parallel`); None = one process.
+        distill: on-policy distillation from a frozen teacher (`train/distill.py`); None = off."""
         self.cfg = cfg if cfg is not None else TrainConfig.model_validate({})
         self.sync = sync if sync is not None else Single()
         self.temperature, self.top_p, self.top_k = _sampling_options(temperature, top_p, top_k)
@@ -197,6 +205,12 @@ class Trainer:
         self.lora = self.weight_mode.lora
         self.has_reference = reference
         self.model, self.ref_model = self._build_model(attn_implementation, reference)
+        self.distill = distill
+        self.teacher: torch.nn.Module | None = None
+        self.teacher_plain_head = self.teacher_share_prompt = False
+        if distill is not None:
+            self.teacher, self.teacher_plain_head, self.teacher_share_prompt = self._build_teacher(
+                distill.teacher, attn_implementation)
         self.tokenizer = self._load_tokenizer(tokenizer_path or self.model_path)
         self.optimizer, self.scheduler = self._build_optimizer(total_steps)
 
@@ -220,6 +234,21 @@ class Trainer:
             self.weight_mode.gradient_checkpointing(model)
         ref_model = self.weight_mode.frozen_reference(model, self.sync) if reference else None
         return self.sync.wrap(model), ref_model  # FSDP2 shards here; DDP makes the replicas equal
+
+    def _build_teacher(self, path: str, attn_implementation: str | None) -> tuple[torch.nn.Module, bool, bool]:
+        """The distillation teacher, loaded as the policy is (dropout off), frozen and never sharded or wrapped; with
+        whether its logits are a plain LM head and whether it runs shared-prompt rows. Its weights stay float32 under
+        a float32 trainer and become bfloat16 under bf16 autocast (whose matmuls round them to bf16 anyway): a
+        teacher larger than the policy then holds half the memory."""
+        try:
+            hf = load_causal_lm(path, self.device, attn_implementation)
+        except TrainerError as e:
+            raise TrainerError(f"algo.distill.teacher: {e}") from None
+        if self.precision.autocast_dtype is not None:
+            hf = hf.to(self.precision.autocast_dtype)  # type: ignore[arg-type]
+        share = enable_segment_attention(hf)
+        plain = getattr(hf.config, "model_type", None) in PLAIN_HEAD_MODEL_TYPES and hf.get_output_embeddings() is not None
+        return freeze(hf), plain, share
 
     def _build_optimizer(self, total_steps: int | None
                          ) -> tuple[torch.optim.AdamW, torch.optim.lr_scheduler.LambdaLR]:
@@ -261,13 +290,18 @@ class Trainer:
 
     # ------------------------------------------------------------------------------------------- forward
 
-    def _row_logprobs(self, model: torch.nn.Module, mb: PackedMicroBatch, need_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Log-probs (and entropies) of the completion targets of one packed row. -> ([N], [N] | None)"""
+    def _row_logprobs(self, model: torch.nn.Module, mb: PackedMicroBatch, need_entropy: bool, *,
+                      plain_head: bool | None = None, share_prompt: bool | None = None
+                      ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Log-probs (and entropies) of the completion targets of one packed row. -> ([N], [N] | None)
+        plain_head, share_prompt: the model's own flags where it is not the policy (the teacher); None = the policy's."""
+        plain_head = self.plain_head if plain_head is None else plain_head
+        share_prompt = self.share_prompt if share_prompt is None else share_prompt
         pred = mb.pred_positions.to(self.device)  # [N]
         targets = mb.target_ids.to(self.device)  # [N]
-        kw = row_inputs(model, mb, self.device, segments_ok=self.share_prompt)  # ids, positions [1, L], attention
+        kw = row_inputs(model, mb, self.device, segments_ok=share_prompt)  # ids, positions [1, L], attention
         with self.precision.autocast():
-            head = as_causal_lm(model).get_output_embeddings() if self.plain_head else None
+            head = as_causal_lm(model).get_output_embeddings() if plain_head else None
             if head is not None:
                 body = as_causal_lm(model).get_decoder()
                 hidden = body(use_cache=False, **kw).last_hidden_state
@@ -325,6 +359,30 @@ class Trainer:
             finally:
                 model.train(was_training)
         return lp_out, ent_out
+
+    @torch.no_grad()
+    def teacher_logprobs(self, batch: TrainBatch) -> torch.Tensor:
+        """The distillation teacher's log-prob of every completion token, under the policy's sampling transform
+        (temperature, top-k / top-p). -> [B, T] float32 on the trainer's device, 0 on padding.
+        NOTE: no lockstep dummies: the teacher is never sharded, so its forwards join no collective."""
+        if self.teacher is None:
+            raise TrainerError("teacher_logprobs needs a distillation teacher: build the Trainer with distill=...")
+        batch = batch.with_layout(batch.share_prompt and self.teacher_share_prompt)
+        t = batch.max_completion_len
+        out = torch.zeros(batch.num_sequences, t, dtype=torch.float32, device=self.device)
+        for mb in batch.micro_batches:
+            lp, _ = self._row_logprobs(self.teacher, mb, False, plain_head=self.teacher_plain_head,
+                                       share_prompt=self.teacher_share_prompt)
+            out[torch.tensor(mb.seq_ids, dtype=torch.long, device=self.device)] = self._scatter(lp, mb, t)
+        return out
+
+    def _distilled(self, batch: TrainBatch) -> tuple[TrainBatch, dict[str, float]]:
+        """`batch` with the distillation advantages (`train/distill.py`) in place of its own, and their metrics."""
+        assert self.distill is not None
+        teacher = self.teacher_logprobs(batch).cpu()  # [B, T]
+        adv = distill_advantages(batch.old_logprobs, teacher, batch.loss_mask, batch.advantages,
+                                 coef=self.distill.coef, reward_weight=self.distill.reward_weight)
+        return dataclasses.replace(batch, advantages=adv), distill_metrics(batch.old_logprobs, teacher, batch.loss_mask)
 
     def _lockstep_extra(self, n_local: int) -> int:
         """Under FSDP2 every rank runs as many forwards (and backwards) as the busiest one: how many dummy ones
@@ -447,6 +505,8 @@ class Trainer:
         (sequences not run because they carry no gradient: all-zero advantage or no loss token, without a KL term;
         the per-token metrics are then over the sequences that ran), micro_batches, skipped_steps, and
         wall times: train_s (all), ref_s (reference / proximal forward passes), optim_s (clip + AdamW).
+        With a distillation teacher also distill_reverse_kl, distill_teacher_logprob (`train.distill.distill_metrics`)
+        and teacher_s (its forward).
 
         fresh_version: the weight version these weights were published as. Then also logprob_diff_seq_max (the
         largest per-sequence mean |trainer - engine| log-prob over the loss tokens generated at that version: a
@@ -456,11 +516,16 @@ class Trainer:
         """
         t0 = time.perf_counter()
         batch = batch.with_layout(batch.share_prompt and self.share_prompt)
+        distill_m: dict[str, float] = {}
+        if self.distill is not None:  # per-token advantages from the teacher, before any sequence is planned or skipped
+            batch, distill_m = self._distilled(batch)
+            distill_m["teacher_s"] = time.perf_counter() - t0
         if loss_cfg.kl_coef > 0 and not self.has_reference:
             raise TrainerError("algo.kl_coef > 0 needs a reference model: build the Trainer with reference=True")
         collective_s0 = self.sync.clock.seconds
+        t_ref = time.perf_counter()
         inputs = self._step_inputs(batch, loss_cfg, generator)
-        ref_s = time.perf_counter() - t0
+        ref_s = time.perf_counter() - t_ref
         optim_s = 0.0
         stats = StepStats(lr=float(self.optimizer.param_groups[0]["lr"]), train_tokens=float(batch.num_tokens),
                           zero_adv_sequences=float(inputs.dropped), mini_batches=float(inputs.mini_batches))
@@ -479,7 +544,7 @@ class Trainer:
         if self.sync.world_size > 1:
             timings["collective_s"] = self.sync.clock.seconds - collective_s0
         timings["train_s"] = time.perf_counter() - t0
-        return stats.metrics(**timings)
+        return {**stats.metrics(**timings), **distill_m}
 
     def _accumulate(self, plan: MiniBatchPlan, inputs: StepInputs, loss_fn: LossFn, loss_cfg: LossConfig,
                     stats: StepStats, *, gap: bool, fresh_version: int | None = None) -> None:
