@@ -90,6 +90,7 @@ def run_rollwise(path: Path, dtype: str, prompts: list[list[int]], llms: dict) -
     if dtype not in llms:
         llms[dtype] = LLM(path, dtype=dtype, max_num_seqs=64, kv_cache_gb=0.5, max_model_len=512)
         llms[dtype].generate(prompts[:2], SamplingParams(n=1, max_tokens=4))  # warm-up (kernels compiled/loaded)
+        print(f"rollwise {dtype}: {llms[dtype].describe()}", flush=True)
     sp = SamplingParams(n=1, temperature=1.0, max_tokens=GEN_LEN, ignore_eos=True, seed=0)
     t = time.perf_counter()
     outs = llms[dtype].generate(prompts, sp)
@@ -187,6 +188,7 @@ def run_equal_work(args) -> int:
     bytes_per = {"float32": 4, "bfloat16": 2, "int8": 1}
     res["linear_params"] = params
     res["packed_kernels"] = cpu_linear.available()
+    res["kernels"] = {d: cpu_linear.describe(d) for d in ("float32", "bfloat16", "int8")}
     for th in [int(x) for x in args.threads.split(",")]:
         torch.set_num_threads(th)
         limits = {"stream_copy_gb_s": stream_copy_gb_s()}

@@ -70,7 +70,11 @@ def main() -> None:
     llms = {d: LLM(model, dtype=d, kv_cache_gb=0.25, max_model_len=1024) for d in dtypes}
     for llm in llms.values():
         llm.generate([[1, 2, 3]], SamplingParams(max_tokens=2))
-    res: dict = {"dtypes": dtypes, "threads": a.threads, "repeats": a.repeats, "load_1m_start": os.getloadavg()[0]}
+    res: dict = {"dtypes": dtypes, "threads": a.threads, "repeats": a.repeats, "load_1m_start": os.getloadavg()[0],
+                 "cpu": next((x.split(":", 1)[1].strip() for x in open("/proc/cpuinfo") if x.startswith("model name")),
+                             "unknown"), "engines": {d: llm.describe() for d, llm in llms.items()}}
+    for d, llm in llms.items():
+        print(f"{d}: {llm.describe()}", flush=True)
 
     # 1. rollout phase
     train = tasks(data / "addition-train.jsonl", 8 * a.repeats)

@@ -249,3 +249,29 @@ def test_make_fast_carries_the_row_limit_to_both_formats():
     assert isinstance(q, cl.PackedWeight) and q.max_rows == 200
     x = torch.randn(150, 32, generator=g)  # past the AMX limit, inside this one: the packed tiles, float32 results
     torch.testing.assert_close(q(x), _ref(x.bfloat16().float(), q.dequantized(), b), rtol=1e-5, atol=2e-5)
+
+
+def test_describe_names_the_kernels_each_cpu_gets(monkeypatch):
+    """The run log and the benches name what ran: the packed tiles' row limit follows the CPU (AMX: 16), and without
+    the packed kernels the torch path is named with the reason."""
+    from rollwise import cpu_features
+
+    if cl.available():
+        monkeypatch.setattr(cpu_features, "cpu_flags", lambda: frozenset({"avx512_bf16", "amx_bf16", "amx_tile"}))
+        monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
+        assert "up to 16 rows" in cl.describe("bfloat16") and "amx_bf16" in cl.describe("bfloat16")
+        monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX512_CORE_BF16")
+        assert f"up to {cl.PACKED_MAX_ROWS_AVX512} rows" in cl.describe("int8")
+    monkeypatch.setattr(cl, "available", lambda: False)
+    monkeypatch.setattr(cl._EXT, "failed", "this CPU or compiler has no AVX-512 BF16")
+    assert cl.describe("float32") == ("linear layers: torch F.linear (MKL) (packed kernels unavailable: this CPU or "
+                                      "compiler has no AVX-512 BF16)")
+    assert "oneDNN bf16 matmul at every batch size" in cl.describe("bfloat16")
+
+
+def test_engine_describe_names_precision_kernels_and_cache(tiny_ckpts):
+    from rollwise import LLM
+
+    d = LLM(tiny_ckpts["llama"], dtype="bfloat16", block_size=4).describe()
+    assert d.startswith("bfloat16 on cpu; linear layers:") and "KV cache bfloat16" in d
+    assert "KV cache float32" in LLM(tiny_ckpts["llama"], block_size=4).describe()

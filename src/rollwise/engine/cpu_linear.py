@@ -449,6 +449,25 @@ def make_fast(weight: torch.Tensor, bias: torch.Tensor | None, kind: str,
     return None
 
 
+def describe(kind: str) -> str:
+    """Which linear kernels a `kind` engine runs on this CPU, in one phrase (for the run log and the benches)."""
+    from rollwise.cpu_features import machine_bf16_support
+
+    isa = machine_bf16_support() or "no native bf16"
+    if not available():
+        why = _EXT.failed or "switched off"
+        if kind == "float32":
+            return f"linear layers: torch F.linear (MKL) (packed kernels unavailable: {why})"
+        if kind == "int8":
+            return f"linear layers: int8 dequantized to float32, torch F.linear (packed kernels unavailable: {why})"
+        return f"linear layers: oneDNN bf16 matmul at every batch size ({isa}; packed kernels unavailable: {why})"
+    if kind == "float32":
+        return "linear layers: packed float32 tiles (AVX-512) at every batch size"
+    rows = packed_max_rows()
+    return (f"linear layers: packed {kind} tiles (AVX512-BF16) up to {rows} rows, oneDNN bf16 matmul above "
+            f"({isa})")
+
+
 def prepare_linears(model: torch.nn.Module, kind: str) -> int:
     """Set `fast` on every engine `Linear` of `model` (rebuilt from its current weights); returns how many."""
     from rollwise.models.decoder import Linear

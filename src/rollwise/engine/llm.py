@@ -70,6 +70,10 @@ class LLM:
     def weight_version(self) -> int:
         return self.engine.weight_version
 
+    def describe(self) -> str:
+        """What computes a step (kernels, KV-cache dtype), in one line: `ModelRunner.describe`."""
+        return self.engine.runner.describe()
+
     def _encode(self, prompt: str | list[int]) -> list[int]:
         if isinstance(prompt, str):
             if self.tokenizer is None:

@@ -114,6 +114,25 @@ class ModelRunner:
             attn.kv_cache = cache
             self.kv_caches.append(cache)
 
+    def describe(self) -> str:
+        """What computes a step here, in one line: the linear layers' kernels, the KV cache's dtype, the fused
+        decode kernels (the run logs it at start; benches print it beside their figures)."""
+        parts = [f"{self._dtype_name()} on {self.device.type}"]
+        if self.linear_kind is not None:
+            from rollwise.engine import cpu_linear
+
+            parts.append(cpu_linear.describe(self.linear_kind))
+        parts.append(f"KV cache {str(self.kv_dtype).removeprefix('torch.')}")
+        if self.device.type == "cpu":
+            from rollwise.engine import cpu_kernels
+
+            parts.append("fused decode kernels" if self._kernel is not None else
+                         f"torch decode paths ({cpu_kernels._EXT.failed or 'the fused kernels run on float32 models only'})")
+        return "; ".join(parts)
+
+    def _dtype_name(self) -> str:
+        return self.linear_kind or str(self._dtype).removeprefix("torch.")
+
     def refresh_weights(self) -> None:
         """Rebuild the linear layers' engine-format weights from the parameters (at start and after every load)."""
         if self.linear_kind is not None:

@@ -709,6 +709,9 @@ def _start_workers(cfg: RunConfig, prep: _Prepared, log: Log, closers: list[Call
         launched = launch_vllm(cfg, prep.init_dir, prep.run_dir, log)
         closers.append(launched.stop)
     engine = make_engine(cfg, prep.init_dir, prep.device, prep.tokenizer, seed, launched)
+    describe = getattr(engine, "describe", None)
+    if callable(describe):  # the in-process engine: which kernels run here
+        log(f"engine: {describe()}")
     for name in ("shutdown", "close"):
         if callable(getattr(engine, name, None)):
             closers.append(getattr(engine, name))
