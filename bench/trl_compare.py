@@ -14,7 +14,11 @@ step: generate + score + train + weight sync; rollwise's `step_s`, TRL's time be
 
 Each framework runs in its own subprocess (a clean heap; its peak RSS is reported), one after the other.
 
-    python bench/trl_compare.py [--steps 4] [--max-tokens 64,128] [--json bench/results-trl-compare-smollm2.json]
+    python bench/trl_compare.py [--steps 4] [--max-tokens 64,128] [--trl-precisions float32,bf16]
+        [--rollwise-set model.dtype=bfloat16] [--json bench/results-trl-compare-smollm2.json]
+
+TRL's `bf16=True` (its default) is bf16 autocast over float32 weights on the CPU too; rollwise runs in its own
+default precision unless `--rollwise-set` says otherwise (the JSON records what `train.bf16: auto` resolved to).
 """
 
 from __future__ import annotations
@@ -57,7 +61,9 @@ def write_task(root: Path, n_train: int = 400, n_test: int = 50, seed: int = 0) 
     return train, test, root / "rewards.py"
 
 
-def run_rollwise(model: Path, task: tuple[Path, Path, Path], steps: int, lr: float, max_tokens: int, out: Path) -> dict:
+def run_rollwise(model: Path, task: tuple[Path, Path, Path], steps: int, lr: float, max_tokens: int, out: Path,
+                 sets: list[str] | None = None) -> dict:
+    """rollwise's loop from a config file; `sets`: `--set`-style overrides (KEY=VALUE, YAML values)."""
     import yaml
 
     from rollwise.config import load_config
@@ -80,7 +86,7 @@ def run_rollwise(model: Path, task: tuple[Path, Path, Path], steps: int, lr: flo
     cfg_path = out.parent / f"{out.name}.yaml"
     cfg_path.parent.mkdir(parents=True, exist_ok=True)
     cfg_path.write_text(yaml.safe_dump(settings, sort_keys=False))
-    cfg = load_config(cfg_path)
+    cfg = load_config(cfg_path, overrides=list(sets or []))
     train(cfg, log=lambda s: None)
     rows = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
     rows = [r for r in rows if "step_s" in r]
@@ -89,7 +95,9 @@ def run_rollwise(model: Path, task: tuple[Path, Path, Path], steps: int, lr: flo
             "time_train_s": [r.get("time_train_s") for r in rows], "time_generate_s": [r.get("time_generate_s") for r in rows]}
 
 
-def run_trl(model: Path, task: tuple[Path, Path, Path], steps: int, lr: float, max_tokens: int, out: Path) -> dict:
+def run_trl(model: Path, task: tuple[Path, Path, Path], steps: int, lr: float, max_tokens: int, out: Path,
+            bf16: bool = False) -> dict:
+    """TRL's GRPOTrainer; `bf16`: its `bf16=True` (TRL's default: bf16 autocast through accelerate, float32 weights)."""
     import importlib.util
 
     import torch
@@ -109,7 +117,7 @@ def run_trl(model: Path, task: tuple[Path, Path, Path], steps: int, lr: float, m
         output_dir=str(out), per_device_train_batch_size=64, num_generations=8, max_completion_length=max_tokens,
         learning_rate=lr, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0, max_grad_norm=1.0,
         beta=0.0, loss_type="grpo", temperature=1.0, top_k=0, top_p=1.0, max_steps=steps, logging_steps=1,
-        save_strategy="no", report_to=[], use_cpu=True, bf16=False, seed=0, disable_dropout=True,
+        save_strategy="no", report_to=[], use_cpu=True, bf16=bf16, seed=0, disable_dropout=True,
         log_completions=False, dataloader_num_workers=0,
     )
     times: list[float] = []
@@ -135,6 +143,8 @@ def _in_child(which: str, mt: int, args, task_root: Path, out: Path) -> dict:
 
     cmd = [sys.executable, __file__, "--child", which, str(mt), str(task_root), str(out), "--steps", str(args.steps),
            "--lr", str(args.lr), "--model", args.model]
+    for s in args.rollwise_set:
+        cmd += ["--rollwise-set", s]
     p = subprocess.run(cmd, capture_output=True, text=True)
     if p.returncode != 0:
         return {"error": f"exit {p.returncode}: " + (p.stderr.strip().splitlines() or [""])[-1][-300:]}
@@ -150,6 +160,8 @@ def main(argv=None) -> int:
     ap.add_argument("--skip-trl", action="store_true")
     ap.add_argument("--json")
     ap.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
+    ap.add_argument("--trl-precisions", default="float32", help="TRL runs: float32 and/or bf16 (its default)")
+    ap.add_argument("--rollwise-set", action="append", default=[], help="KEY=VALUE overrides of rollwise's config")
     args = ap.parse_args(argv)
     import torch
     from rollwise.models.convert import resolve_model
@@ -159,9 +171,14 @@ def main(argv=None) -> int:
         which, mt, root, out = args.child
         root = Path(root)
         task = (root / "train.jsonl", root / "test.jsonl", root / "rewards.py")
-        fn = run_rollwise if which == "rollwise" else run_trl
         t0 = time.perf_counter()
-        r = fn(model, task, args.steps, args.lr, int(mt), Path(out))
+        if which == "rollwise":
+            r = run_rollwise(model, task, args.steps, args.lr, int(mt), Path(out), args.rollwise_set)
+            from rollwise.train.precision import train_precision
+
+            r["train_precision"] = train_precision("auto", torch.device("cpu")).reason
+        else:
+            r = run_trl(model, task, args.steps, args.lr, int(mt), Path(out), bf16=which == "trl-bf16")
         import resource
 
         r.update(wall_s=time.perf_counter() - t0, torch_threads=torch.get_num_threads(), peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
@@ -182,16 +199,20 @@ def main(argv=None) -> int:
         for mt in [int(x) for x in args.max_tokens.split(",")]:
             row: dict = {"rollwise": _in_child("rollwise", mt, args, root, Path(tmp) / f"rw{mt}")}
             print(f"[{mt}] rollwise {row['rollwise']}", flush=True)
-            if not args.skip_trl:
-                row["trl"] = _in_child("trl", mt, args, root, Path(tmp) / f"trl{mt}")
-                print(f"[{mt}] TRL {row['trl']}", flush=True)
+            for prec in ([] if args.skip_trl else args.trl_precisions.split(",")):
+                key = "trl" if prec == "float32" else f"trl-{prec}"
+                row[key] = _in_child(key, mt, args, root, Path(tmp) / f"{key}{mt}")
+                print(f"[{mt}] TRL {prec} {row[key]}", flush=True)
             if "step_s" in row["rollwise"]:
                 o = statistics.median(row["rollwise"]["step_s"])
                 row["rollwise_step_s_median"] = o
-                if "step_s" in row.get("trl", {}):
-                    t = statistics.median(row["trl"]["step_s"])
-                    row.update(trl_step_s_median=t, speedup=t / o)
-                    print(f"[{mt}] per step (median of {args.steps}): rollwise {o:.1f}s | TRL {t:.1f}s | speedup {t / o:.2f}x")
+                for key in [k for k in row if k.startswith("trl")]:
+                    if "step_s" in row[key]:
+                        t = statistics.median(row[key]["step_s"])
+                        suffix = key.removeprefix("trl")
+                        row.update({f"trl{suffix}_step_s_median": t, f"speedup{suffix}": t / o})
+                        print(f"[{mt}] per step (median of {args.steps}): rollwise {o:.1f}s | {key} {t:.1f}s | "
+                              f"speedup {t / o:.2f}x", flush=True)
             res["settings"][str(mt)] = row
             if args.json:  # written after every setting, so a cut-short run keeps what it measured
                 Path(args.json).write_text(json.dumps(res, indent=2))

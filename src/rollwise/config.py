@@ -732,7 +732,8 @@ class TrainConfig(_Section):
     """bf16 mixed precision for the training forward and backward (torch.autocast; parameters, gradients and AdamW
     state stay float32): true, false, or 'auto' = on for CUDA, off on the CPU (train/precision.py). On CPUs with
     native bf16 dot products (AMX or AVX512-BF16) `true` makes the training step 2-3x faster; it is opt-in there
-    because a bf16 run of the tool recipe collapsed where float32 learned (docs/speed.md). The post-sync probe's
+    because a bf16 run of the tool recipe collapsed where float32 learned, and on the addition recipe bf16 ended a
+    median 7 points lower over 3 seeds (docs/benchmarks.md). The post-sync probe's
     reference is float32 either way."""
     world_size: int = Field(1, ge=1)
     """Data-parallel trainer ranks (torch.distributed: gloo on CPU, NCCL on CUDA). 1 = the trainer runs in the
