@@ -47,7 +47,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 from rollwise.report import svg  # noqa: E402
-from rollwise.report.data import AccuracyCurve, accuracy_curve, load_metrics, load_summary  # noqa: E402
+from rollwise.report.data import (AccuracyCurve, accuracy_curve, load_metrics, load_summary,  # noqa: E402
+                                  time_split, time_split_totals)
 
 TASKS: dict[str, dict[str, Any]] = {
     "addition": {"config": "recipes/smollm2-addition.yaml", "train_subset": ("recipes/data/addition-train.jsonl", 64)},
@@ -160,7 +161,29 @@ def phases(path: Path) -> dict[str, float]:
     if acc:
         out["spec_acceptance_mean"] = sum(acc) / len(acc)
         out["spec_steps"] = len(acc)
+    split = time_split(load_metrics(path / "metrics.jsonl"))
+    if split:  # the generate phase split into useful / filtered / tail seconds (docs/outputs.md)
+        out.update({f"split_{k}": v for k, v in time_split_totals(split).items()})
     return out
+
+
+def print_time_split(path: Path) -> None:
+    """Per step, where the time went: the generate phase's useful / filtered / tail seconds, then scoring, training,
+    syncing and the rest of the step (rollwise.report.data.time_split), and the run's totals."""
+    steps = time_split(load_metrics(path / "metrics.jsonl"))
+    if not steps:
+        raise SystemExit(f"{path / 'metrics.jsonl'} has no step with a measured tail (time_tail_s): a batch engine, "
+                         "or a run from before it was logged")
+    names = list(steps[0].parts)
+    print("| step | " + " | ".join(f"{n} s" for n in names) + " | step s | tail share of generate |")
+    print("|---" * (len(names) + 3) + "|")
+    for st in steps:
+        step_s = "-" if st.step_s is None else f"{st.step_s:.2f}"
+        print(f"| {st.step} | " + " | ".join(f"{st.parts[n]:.2f}" for n in names) + f" | {step_s} | "
+              f"{st.tail_frac:.2f} |")
+    tot = time_split_totals(steps)
+    step_total = sum(st.step_s or 0.0 for st in steps)
+    print("| all | " + " | ".join(f"{tot[n]:.1f}" for n in names) + f" | {step_total:.1f} | {tot['tail_frac']:.2f} |")
 
 
 def _spread(xs: list[float]) -> dict[str, Any] | None:
@@ -272,8 +295,14 @@ def main() -> None:
     ap.add_argument("--set", dest="extra", action="append", default=[], help="more KEY=VALUE for every run")
     ap.add_argument("--runs", default=str(ROOT / "runs" / "tta"))
     ap.add_argument("--summarize", action="store_true", help="only read the stored runs")
+    ap.add_argument("--time-split", metavar="RUN_DIR", default=None,
+                    help="print where one run's time went per step (useful / filtered / tail generation, scoring, "
+                         "training, syncing) and stop")
     ap.add_argument("--json", default=str(ROOT / "bench" / "results-time-to-accuracy.json"))
     args = ap.parse_args()
+    if args.time_split:
+        print_time_split(Path(args.time_split))
+        return
     runs, tasks = Path(args.runs), args.task or sorted(TASKS)
     arms = [a.strip() for a in args.arms.split(",") if a.strip()]
     unknown = [a for a in arms if a not in ARMS]
