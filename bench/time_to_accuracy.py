@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import resource
 import statistics
 import subprocess
@@ -106,14 +107,11 @@ def run_dir(runs: Path, task: str, arm: str, seed: int) -> Path:
 def run_one(runs: Path, task: str, arm: str, seed: int, steps: int | None, extra: list[str]) -> dict[str, Any]:
     """One `rollwise train` (skipped when its summary exists); the subprocess's wall and CPU seconds."""
     out = run_dir(runs, task, arm, seed)
-    if (out / "summary.json").is_file():
-        print(f"[tta] {task}/{arm}/seed{seed}: stored, not rerun", flush=True)
-        return {}
     spec = TASKS[task]
     sets = [*COMMON, f"train.seed={seed}", *spec.get("sets", []), *ARMS[arm], *extra]
     if steps is not None:
         sets.append(f"train.steps={steps}")
-    if "train_subset" in spec:
+    if "train_subset" in spec and not (out / "summary.json").is_file():
         src, n = spec["train_subset"]
         sub = runs / task / f"train-{n}.jsonl"
         if not sub.is_file():
@@ -123,21 +121,34 @@ def run_one(runs: Path, task: str, arm: str, seed: int, steps: int | None, extra
                 raise SystemExit(f"{src} has {len(lines)} rows, the {task} task needs {n}: write the data first")
             sub.write_text("\n".join(lines) + "\n")
         sets.append(f"env.kwargs.path={sub}")
-    cmd = [sys.executable, "-m", "rollwise.cli", "train", str(ROOT / spec["config"]), "--out", str(out)]
+    return launch(out, ROOT / spec["config"], sets, f"{task}/{arm}/seed{seed}")
+
+
+def launch(out: Path, config: Path, sets: list[str], label: str) -> dict[str, Any]:
+    """`rollwise train CONFIG --out OUT --set ...` in a subprocess of this checkout's rollwise, one at a time, its
+    output in OUT's parent (`<seed dir>.log`); skipped when OUT/summary.json exists. Its wall and CPU seconds and
+    exit code, also written to OUT/bench_run.json."""
+    if (out / "summary.json").is_file():
+        print(f"[bench] {label}: stored, not rerun", flush=True)
+        return {}
+    cmd = [sys.executable, "-m", "rollwise.cli", "train", str(config), "--out", str(out)]
     for s in sets:
         cmd += ["--set", s]
-    print(f"[tta] {task}/{arm}/seed{seed}: {' '.join(cmd[3:])}", flush=True)
+    print(f"[bench] {label}: {' '.join(cmd[3:])}", flush=True)
+    paths = [str(ROOT / "src"), *filter(None, [os.environ.get("PYTHONPATH")])]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
     ru0, t0 = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter()
     out.parent.mkdir(parents=True, exist_ok=True)
-    with open(out.parent / f"seed{seed}.log", "w") as log:
-        rc = subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT).returncode
+    log_path = out.parent / f"{out.name}.log"
+    with open(log_path, "w") as log:
+        rc = subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env).returncode
     ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
     info = {"wall_s": time.perf_counter() - t0, "cpu_s": ru1.ru_utime + ru1.ru_stime - ru0.ru_utime - ru0.ru_stime,
             "returncode": rc, "load_after": Path("/proc/loadavg").read_text().split()[:3]}
     if out.is_dir():
         (out / "bench_run.json").write_text(json.dumps(info, indent=1))
     if rc != 0:
-        print(f"[tta] {task}/{arm}/seed{seed} failed (exit {rc}); see {out.parent / f'seed{seed}.log'}", flush=True)
+        print(f"[bench] {label} failed (exit {rc}); see {log_path}", flush=True)
     return info
 
 
