@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import resource
 import statistics
 import subprocess
@@ -47,7 +48,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 from rollwise.report import svg  # noqa: E402
-from rollwise.report.data import AccuracyCurve, accuracy_curve, load_metrics, load_summary  # noqa: E402
+from rollwise.report.data import (AccuracyCurve, accuracy_curve, load_metrics, load_summary,  # noqa: E402
+                                  time_split, time_split_totals)
 
 TASKS: dict[str, dict[str, Any]] = {
     "addition": {"config": "recipes/smollm2-addition.yaml", "train_subset": ("recipes/data/addition-train.jsonl", 64)},
@@ -105,14 +107,11 @@ def run_dir(runs: Path, task: str, arm: str, seed: int) -> Path:
 def run_one(runs: Path, task: str, arm: str, seed: int, steps: int | None, extra: list[str]) -> dict[str, Any]:
     """One `rollwise train` (skipped when its summary exists); the subprocess's wall and CPU seconds."""
     out = run_dir(runs, task, arm, seed)
-    if (out / "summary.json").is_file():
-        print(f"[tta] {task}/{arm}/seed{seed}: stored, not rerun", flush=True)
-        return {}
     spec = TASKS[task]
     sets = [*COMMON, f"train.seed={seed}", *spec.get("sets", []), *ARMS[arm], *extra]
     if steps is not None:
         sets.append(f"train.steps={steps}")
-    if "train_subset" in spec:
+    if "train_subset" in spec and not (out / "summary.json").is_file():
         src, n = spec["train_subset"]
         sub = runs / task / f"train-{n}.jsonl"
         if not sub.is_file():
@@ -122,21 +121,34 @@ def run_one(runs: Path, task: str, arm: str, seed: int, steps: int | None, extra
                 raise SystemExit(f"{src} has {len(lines)} rows, the {task} task needs {n}: write the data first")
             sub.write_text("\n".join(lines) + "\n")
         sets.append(f"env.kwargs.path={sub}")
-    cmd = [sys.executable, "-m", "rollwise.cli", "train", str(ROOT / spec["config"]), "--out", str(out)]
+    return launch(out, ROOT / spec["config"], sets, f"{task}/{arm}/seed{seed}")
+
+
+def launch(out: Path, config: Path, sets: list[str], label: str) -> dict[str, Any]:
+    """`rollwise train CONFIG --out OUT --set ...` in a subprocess of this checkout's rollwise, one at a time, its
+    output in OUT's parent (`<seed dir>.log`); skipped when OUT/summary.json exists. Its wall and CPU seconds and
+    exit code, also written to OUT/bench_run.json."""
+    if (out / "summary.json").is_file():
+        print(f"[bench] {label}: stored, not rerun", flush=True)
+        return {}
+    cmd = [sys.executable, "-m", "rollwise.cli", "train", str(config), "--out", str(out)]
     for s in sets:
         cmd += ["--set", s]
-    print(f"[tta] {task}/{arm}/seed{seed}: {' '.join(cmd[3:])}", flush=True)
+    print(f"[bench] {label}: {' '.join(cmd[3:])}", flush=True)
+    paths = [str(ROOT / "src"), *filter(None, [os.environ.get("PYTHONPATH")])]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
     ru0, t0 = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter()
     out.parent.mkdir(parents=True, exist_ok=True)
-    with open(out.parent / f"seed{seed}.log", "w") as log:
-        rc = subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT).returncode
+    log_path = out.parent / f"{out.name}.log"
+    with open(log_path, "w") as log:
+        rc = subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env).returncode
     ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
     info = {"wall_s": time.perf_counter() - t0, "cpu_s": ru1.ru_utime + ru1.ru_stime - ru0.ru_utime - ru0.ru_stime,
             "returncode": rc, "load_after": Path("/proc/loadavg").read_text().split()[:3]}
     if out.is_dir():
         (out / "bench_run.json").write_text(json.dumps(info, indent=1))
     if rc != 0:
-        print(f"[tta] {task}/{arm}/seed{seed} failed (exit {rc}); see {out.parent / f'seed{seed}.log'}", flush=True)
+        print(f"[bench] {label} failed (exit {rc}); see {log_path}", flush=True)
     return info
 
 
@@ -160,7 +172,29 @@ def phases(path: Path) -> dict[str, float]:
     if acc:
         out["spec_acceptance_mean"] = sum(acc) / len(acc)
         out["spec_steps"] = len(acc)
+    split = time_split(load_metrics(path / "metrics.jsonl"))
+    if split:  # the generate phase split into useful / filtered / tail seconds (docs/outputs.md)
+        out.update({f"split_{k}": v for k, v in time_split_totals(split).items()})
     return out
+
+
+def print_time_split(path: Path) -> None:
+    """Per step, where the time went: the generate phase's useful / filtered / tail seconds, then scoring, training,
+    syncing and the rest of the step (rollwise.report.data.time_split), and the run's totals."""
+    steps = time_split(load_metrics(path / "metrics.jsonl"))
+    if not steps:
+        raise SystemExit(f"{path / 'metrics.jsonl'} has no step with a measured tail (time_tail_s): a batch engine, "
+                         "or a run from before it was logged")
+    names = list(steps[0].parts)
+    print("| step | " + " | ".join(f"{n} s" for n in names) + " | step s | tail share of generate |")
+    print("|---" * (len(names) + 3) + "|")
+    for st in steps:
+        step_s = "-" if st.step_s is None else f"{st.step_s:.2f}"
+        print(f"| {st.step} | " + " | ".join(f"{st.parts[n]:.2f}" for n in names) + f" | {step_s} | "
+              f"{st.tail_frac:.2f} |")
+    tot = time_split_totals(steps)
+    step_total = sum(st.step_s or 0.0 for st in steps)
+    print("| all | " + " | ".join(f"{tot[n]:.1f}" for n in names) + f" | {step_total:.1f} | {tot['tail_frac']:.2f} |")
 
 
 def _spread(xs: list[float]) -> dict[str, Any] | None:
@@ -272,8 +306,14 @@ def main() -> None:
     ap.add_argument("--set", dest="extra", action="append", default=[], help="more KEY=VALUE for every run")
     ap.add_argument("--runs", default=str(ROOT / "runs" / "tta"))
     ap.add_argument("--summarize", action="store_true", help="only read the stored runs")
+    ap.add_argument("--time-split", metavar="RUN_DIR", default=None,
+                    help="print where one run's time went per step (useful / filtered / tail generation, scoring, "
+                         "training, syncing) and stop")
     ap.add_argument("--json", default=str(ROOT / "bench" / "results-time-to-accuracy.json"))
     args = ap.parse_args()
+    if args.time_split:
+        print_time_split(Path(args.time_split))
+        return
     runs, tasks = Path(args.runs), args.task or sorted(TASKS)
     arms = [a.strip() for a in args.arms.split(",") if a.strip()]
     unknown = [a for a in arms if a not in ARMS]

@@ -428,7 +428,7 @@ def test_outputs_page_lists_every_metrics_key():
                                 "distill_reverse_kl", "distill_teacher_logprob", "teacher_s")}
     train_m.update({f"critic/{k}": 0.1 for k in ("value_loss", "value_clip_frac", "explained_var", "value_mean",
                                                  "return_mean", "grad_norm", "lr", "warmup", "train_s")})
-    rec = step_metrics([r, r], 1, 0, Accounting(generated_tokens=4, gen_s=1.0), train_m, gen_wait_s=0.1,
+    rec = step_metrics([r, r], 1, 0, Accounting(generated_tokens=4, gen_s=1.0, tail_s=0.2), train_m, gen_wait_s=0.1,
                        producer_wait_s=0.1, sync_s=0.1, step_s=1.0, cpu_s=1.0, weight_version=1, staleness_bound=1,
                        engine_counters={"requeued": 0, "restarts": 0}, useful=2)
     written = set(flatten_metrics(rec)) | {"step", "wall_s", "sync_logprob_gap", "eval_accuracy",

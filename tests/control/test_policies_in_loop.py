@@ -32,6 +32,10 @@ def test_policy_runs_inside_the_loop(tmp_path_factory, run_cfg, policy):
                     "control_idle_s", "staleness_mean", "staleness_max"):
             assert key in m, key
         assert m["control_generated_tokens"] == m["gen_tokens"]
+        # the in-process engine reports when each sample ends: the generate phase's tail and its split (control/tail.py)
+        assert 0.0 <= m["time_tail_s"] <= m["time_generate_s"] and 0.0 <= m["tail_frac"] <= 1.0
+        assert m["time_gen_useful_s"] + m["time_gen_filtered_s"] + m["time_tail_s"] == pytest.approx(m["time_generate_s"])
+    assert 'data-plot="time_tail"' in (out / "report.html").read_text()  # the report stacks it per step
     rows = RolloutStore(out).read()
     c = summary["rollouts"]
     assert c["total"] == len(rows) == sum(c[s] for s in ("kept", "filtered", "errored", "truncated", "aborted"))

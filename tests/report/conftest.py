@@ -85,11 +85,15 @@ def run_dir(tmp_path):
             rewards = [r.reward for r in rollouts if r.reward is not None]
             t = {"time_generate_s": 0.6 + 0.01 * step, "time_score_s": 0.05, "time_train_s": 0.3, "time_sync_s": 0.02}
             wall += sum(t.values())
+            tail = 0.2 + 0.01 * step  # the generate phase split as the controller logs it (control/tail.py)
+            split = {"time_tail_s": tail, "tail_frac": tail / t["time_generate_s"],
+                     "time_gen_useful_s": 0.25 * (t["time_generate_s"] - tail),
+                     "time_gen_filtered_s": 0.75 * (t["time_generate_s"] - tail), "step_s": sum(t.values()) + 0.03}
             rec = {
                 "step": step, "wall_s": round(wall, 3), "reward_mean": sum(rewards) / len(rewards),
                 "accuracy": sum(rewards) / len(rewards), "zero_var_frac": rng.random() * 0.3,
                 "resp_len_mean": 3.1, "resp_len_max": 8, "truncation_rate": 0.04 if step % 5 == 4 else 0.0,
-                "gen_tokens_per_s": 1800 + 40 * step, **t, "staleness_mean": 0.5, "logprob_mismatch_mean": 1e-4 * (1 + step % 3),
+                "gen_tokens_per_s": 1800 + 40 * step, **t, **split, "staleness_mean": 0.5, "logprob_mismatch_mean": 1e-4 * (1 + step % 3),
                 "kl": 0.001 * step, "entropy": 1.2 - 0.03 * step, "grad_norm": 0.5 + math.sin(step),
                 "lr": 1e-4,
             }  # fmt: skip

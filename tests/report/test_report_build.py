@@ -260,3 +260,42 @@ def test_trl_named_copies_of_plotted_metrics_get_no_plot_of_their_own(run_dir):
     plots = set(re.findall(r'data-plot="([^"]+)"', write_report(run_dir).read_text()))
     assert not {f"extra-{k}" for k in TRL_METRIC_ALIASES} & plots
     assert {"extra-lr", "extra-reward_std"} <= plots
+
+
+def test_where_the_time_went_panel(run_dir):
+    """The controller's split of the generate phase (useful / filtered / tail) beside scoring, training and syncing,
+    stacked per step; "other" is what is left of step_s."""
+    from rollwise.report.data import time_split
+
+    page = write_report(run_dir).read_text()
+    m = re.search(r'<figure class="plot" id="plot-time_tail".*?</figure>', page, re.S)
+    assert m, "no where-the-time-went panel"
+    panel = m.group(0)
+    for name in ("useful", "filtered", "tail", "score", "train", "sync", "other"):
+        assert f">{name}</text>" in panel, name
+    assert panel.count('class="data bar"') == 20 * 7  # 20 steps, seven parts each
+    assert "extra-time_tail_s" not in page and "extra-tail_frac" not in page  # not plotted twice
+    steps = time_split(load_metrics(run_dir / "metrics.jsonl"))
+    assert len(steps) == 20 and steps[0].parts["tail"] == 0.2 and steps[0].parts["other"] == pytest.approx(0.03)
+    assert sum(steps[0].parts.values()) == pytest.approx(steps[0].step_s)
+
+
+def test_time_split_from_hand_made_records(tmp_path):
+    from rollwise.report.data import time_split, time_split_totals
+
+    rows = [
+        {"step": 1, "time_generate_s": 5.0},  # no tail measured (a batch engine): left out
+        {"step": 2, "time_tail_s": 2.0, "tail_frac": 0.5, "time_gen_useful_s": 1.0, "time_gen_filtered_s": 1.0,
+         "time_score_s": 0.5, "time_train_s": 3.0, "time_sync_s": 0.5, "step_s": 8.5},
+        # asynchronous: generation overlapped training, the parts exceed step_s, nothing is "other"
+        {"step": 3, "time_tail_s": 1.0, "tail_frac": 0.25, "time_gen_useful_s": 3.0, "time_gen_filtered_s": 0.0,
+         "time_train_s": 3.0, "step_s": 4.0},
+    ]
+    (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    steps = time_split(load_metrics(tmp_path / "metrics.jsonl"))
+    assert [s.step for s in steps] == [2, 3]
+    assert steps[0].parts == {"useful": 1.0, "filtered": 1.0, "tail": 2.0, "score": 0.5, "train": 3.0, "sync": 0.5,
+                              "other": 0.5}
+    assert steps[1].parts["other"] == 0.0 and steps[1].parts["score"] == 0.0 and steps[1].tail_frac == 0.25
+    tot = time_split_totals(steps)
+    assert tot["tail"] == 3.0 and tot["useful"] == 4.0 and tot["tail_frac"] == pytest.approx(3.0 / 8.0)

@@ -144,7 +144,7 @@ class RolloutController:
                           drafts=self.drafts.for_task if self.drafts is not None and drv.speculative else None,
                           stop=self.stop)
         groups = self.policy.run(ctx)
-        acc.gen_s, acc.idle_s, acc.generated_tokens = drv.gen_s, drv.idle_s, drv.generated_tokens
+        acc.gen_s, acc.idle_s, acc.generated_tokens, acc.tail_s = drv.gen_s, drv.idle_s, drv.generated_tokens, drv.tail_s
         books = drv.spec_books()
         if books is not None:
             acc.spec_acceptance, acc.spec_tokens_per_forward, acc.spec_saved_s, tested = books

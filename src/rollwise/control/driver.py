@@ -1,5 +1,5 @@
 """The `Driver`: runs a step's requests on an engine and keeps the books (engine time, generated tokens, idle
-batch capacity).
+batch capacity, and the tail: when each sample left the engine, `control/tail.py`).
 
 Two engine shapes are supported:
 - step-level (`add_request` / `step` / `abort`, i.e. `EngineCore` or `llm.engine`): the samples of a group go
@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Protocol, cast, runtime_checkable
 
 from rollwise.control.ledger import own_tokens
+from rollwise.control.tail import WaveClock
 from rollwise.engine.protocol import Engine, StepEngine, step_engine
 from rollwise.engine.speculative import DraftSpec
 from rollwise.envs.multiturn import BatchGenerator
@@ -74,7 +75,12 @@ class SampleRequest:
 
 
 class Driver:
-    """Runs requests on an engine and keeps the books: engine time, generated tokens, idle batch capacity."""
+    """Runs requests on an engine and keeps the books: engine time, generated tokens, idle batch capacity, tail.
+
+    NOTE on the tail: a sample's end is seen as a drop in the engine's count of unfinished samples across an engine
+    step or an abort, booked at the generate clock (`gen_s`) then; a wave closes when nothing is in flight. With tree
+    rollouts a child born in the step where another sample ends hides that end (the count does not see unborn
+    children), so a tree step's tail is an estimate. Batch engines report no ends: `tail_s` is None there."""
 
     def __init__(self, engine: Engine | StepEngine) -> None:
         self.engine = engine
@@ -93,6 +99,7 @@ class Driver:
         self.idle_s = 0.0
         self.generated_tokens = 0
         self._peak = 0
+        self._waves = WaveClock()
         self._spec0 = self._spec_counts()
 
     def _spec_counts(self) -> tuple[float, ...] | None:
@@ -125,6 +132,18 @@ class Driver:
     def weight_version(self) -> int:
         src = self.core if self.core is not None else self.engine
         return int(getattr(src, "weight_version", 0))
+
+    @property
+    def tail_s(self) -> float | None:
+        """Generate seconds spent after 90% of each wave's samples had ended (`control/tail.py`); None when no sample's
+        end was observed (batch engines)."""
+        return self._waves.total(self.gen_s)
+
+    def _ended(self, live_before: int) -> None:
+        """Book the samples that left the engine since `live_before` was counted; close the wave when none is left."""
+        self._waves.ended(live_before - self._live_samples(), self.gen_s)
+        if not self.inflight:
+            self._waves.close_wave(self.gen_s)
 
     def _live_samples(self) -> int:
         """Samples still generating: the engine's own count when it has one, else the in-flight requests' sizes."""
@@ -172,6 +191,7 @@ class Driver:
         if self._peak:
             self.idle_s += dt * (1.0 - min(live, self._peak) / self._peak)
         done = [self._close(o) for o in outs]
+        self._ended(live)
         if not outs and n_before and not core.has_unfinished():
             raise RuntimeError(f"engine went idle with {n_before} requests in flight")
         return done
@@ -181,10 +201,13 @@ class Driver:
         was not in flight."""
         if request_id not in self.inflight:
             return None
+        live = self._live_samples()
         out = self._stepper().abort(request_id)
         if out is None:
             raise RuntimeError(f"engine lost request {request_id!r}")
-        return self._close(out)
+        closed = self._close(out)
+        self._ended(live)
+        return closed
 
     def ended_early(self, request_id: str, pending: set[int]) -> tuple[list[int], list[CompletionOutput]]:
         """Samples at positions `pending` of an in-flight request that have ended (a tree's leaves end one by one):

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from rollwise.control.tail import split_generate
 from rollwise.types import ROLLOUT_STATUSES, CompletionOutput
 
 
@@ -60,6 +61,9 @@ class Accounting:
     """Engine time left idle waiting for the long tail: sum over engine steps of step time x the fraction of
     the step's batch capacity (the most samples in flight at once this step) that was empty. 0 for batch-only
     engines, where it cannot be observed."""
+    tail_s: float | None = None
+    """Engine time after 90% of the samples of each wave had ended (control/tail.py); None where the end of a sample
+    is not observed (batch engines)."""
     staleness_mean: float = 0.0
     """Mean age, in weight versions, of the trained tokens (version trained - version that sampled them)."""
     staleness_max: int = 0
@@ -96,7 +100,17 @@ class Accounting:
         for k in ("spec_acceptance", "spec_tokens_per_forward", "spec_saved_s"):
             if getattr(self, k) is not None:
                 m[f"control_{k}"] = float(getattr(self, k))
+        m.update(self.time_split())
         return m
+
+    def time_split(self) -> dict[str, float]:
+        """The generate phase split into useful, filtered and tail seconds, and the tail's share (control/tail.py);
+        empty where the tail is not observed. Call after `finalize` has counted the useful tokens."""
+        if self.tail_s is None:
+            return {}
+        sp = split_generate(self.gen_s, self.tail_s, self.generated_tokens, self.useful_tokens)
+        return {"time_tail_s": sp.tail_s, "tail_frac": sp.tail_s / self.gen_s if self.gen_s > 0 else 0.0,
+                "time_gen_useful_s": sp.useful_s, "time_gen_filtered_s": sp.filtered_s}
 
 
 def own_tokens(outputs: Sequence[CompletionOutput]) -> int:

@@ -22,6 +22,7 @@ from typing import Any, Callable
 from rollwise.report import svg
 from rollwise.report.data import (
     Metrics,
+    TIME_SPLIT_PARTS,
     RolloutData,
     TreeData,
     TreeFigures,
@@ -29,6 +30,7 @@ from rollwise.report.data import (
     load_metrics,
     load_rollouts,
     load_summary,
+    time_split,
 )
 from rollwise.report.page import CSS, JS
 from rollwise.types import ROLLOUT_STATUSES
@@ -149,6 +151,19 @@ def build_plots(metrics: Metrics, rollouts: RolloutData,
     bars = svg.stacked_bars(xs, stacks, x_label="step", y_label="seconds")
     if bars:
         plots.append(Plot("time_split", "Where the time goes", "Seconds per step spent generating, scoring, training and syncing weights.", bars))
+    split = time_split(metrics)
+    if split:
+        names = [n for _, n in TIME_SPLIT_PARTS] + ["other"]
+        sx = [float(s.step) for s in split]
+        tail_bars = svg.stacked_bars(sx, [svg.Series(n, sx, [s.parts[n] for s in split]) for n in names],
+                                     x_label="step", y_label="seconds")
+        if tail_bars:
+            share = sum(s.parts["tail"] for s in split) / max(sum(s.parts[n] for s in split for n in names[:3]), 1e-12)
+            plots.append(Plot("time_tail", "Where the time went, the tail apart",
+                              "Seconds per step: generating tokens that trained with signal (useful), generating tokens "
+                              "that did not (filtered: zero-variance groups, errored, aborted, carried), waiting after 90% "
+                              "of the samples had ended (tail), scoring, training, syncing, and the rest of the step. "
+                              f"The tail took {100 * share:.0f}% of all generate time.", tail_bars))
     lines("staleness", "Staleness", "Mean age, in weight versions, of the tokens trained on.", [("staleness_mean", "staleness (versions)")], steps, "step", "versions", True)
     lines("logprob_mismatch", "Behaviour vs trainer log-prob mismatch", "Mean |engine log-prob − trainer log-prob| of trained tokens; a jump flags a sampler/trainer disagreement.", [("logprob_mismatch_mean", "mismatch")], steps, "step", "nats", True)
     if rollouts.status_by_step:
@@ -160,7 +175,7 @@ def build_plots(metrics: Metrics, rollouts: RolloutData,
     for k, label in (("kl", "KL to reference"), ("entropy", "Entropy"), ("grad_norm", "Gradient norm")):
         lines(k, label, f"`{k}` per step.", [(k, k)], steps, "step", k)
 
-    known = {"step", "wall_s", *TIME_PARTS, "reward_mean", "accuracy", "zero_var_frac", "resp_len_mean", "resp_len_max",
+    known = {"step", "wall_s", *TIME_PARTS, *(k for k, _ in TIME_SPLIT_PARTS), "tail_frac", "reward_mean", "accuracy", "zero_var_frac", "resp_len_mean", "resp_len_max",
              "truncation_rate", "gen_tokens_per_s", "staleness_mean", "logprob_mismatch_mean", "kl", "entropy", "grad_norm"}  # fmt: skip
     missing = sorted(k for k in known - {"step"} if not metrics.has(k)) if metrics.rows else []
     elsewhere = {"eval_accuracy", "eval_accuracy_greedy", *TRL_METRIC_ALIASES}  # accuracy plot; TRL's names of plotted keys

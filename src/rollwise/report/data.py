@@ -269,6 +269,51 @@ def accuracy_curve(metrics: Metrics, summary: dict[str, Any]) -> AccuracyCurve |
     return c
 
 
+# ------------------------------------------------------------------------------------------- where the time went
+TIME_SPLIT_PARTS: tuple[tuple[str, str], ...] = (
+    ("time_gen_useful_s", "useful"), ("time_gen_filtered_s", "filtered"), ("time_tail_s", "tail"),
+    ("time_score_s", "score"), ("time_train_s", "train"), ("time_sync_s", "sync"))
+"""metrics.jsonl key -> short name of each part of a step's time (docs/outputs.md defines them); "other" is the
+step's remaining wall-clock."""
+
+
+@dataclass
+class StepTime:
+    """Where one step's wall-clock went, seconds per part (`TIME_SPLIT_PARTS`' short names, plus "other")."""
+
+    step: int
+    parts: dict[str, float]
+    step_s: float | None
+    """The step's wall-clock (None in a record without it)."""
+    tail_frac: float
+    """The tail's share of the generate phase."""
+
+
+def time_split(metrics: Metrics) -> list[StepTime]:
+    """Per step with a measured tail (`time_tail_s`): the generate phase split into useful, filtered and tail
+    seconds, then scoring, training and syncing, and "other": step_s minus those parts, when positive (bookkeeping,
+    advantages, the store; in an asynchronous run generation overlaps training, so the parts can exceed step_s and
+    "other" is 0). Steps without a measured tail (batch engines, older runs) are left out."""
+    out = []
+    for r in metrics.rows:
+        if not (_num(r.get("time_tail_s")) and _num(r.get("step"))):
+            continue
+        parts = {name: float(r[k]) if _num(r.get(k)) else 0.0 for k, name in TIME_SPLIT_PARTS}
+        step_s = float(r["step_s"]) if _num(r.get("step_s")) else None
+        parts["other"] = max(0.0, step_s - sum(parts.values())) if step_s is not None else 0.0
+        out.append(StepTime(int(r["step"]), parts, step_s,
+                            float(r["tail_frac"]) if _num(r.get("tail_frac")) else 0.0))
+    return out
+
+
+def time_split_totals(steps: Sequence[StepTime]) -> dict[str, float]:
+    """Seconds per part summed over steps, and `tail_frac`: the tail's share of all generate time."""
+    tot = {name: sum(s.parts.get(name, 0.0) for s in steps) for name in [n for _, n in TIME_SPLIT_PARTS] + ["other"]}
+    gen = tot["useful"] + tot["filtered"] + tot["tail"]
+    tot["tail_frac"] = tot["tail"] / gen if gen > 0 else 0.0
+    return tot
+
+
 # ------------------------------------------------------------------------------------------------- tree rollouts
 # NOTE on the tree of a group: sample i owns completion positions [fork_i, len_i) (a root from 0); positions before
 # its fork are its parent's path. Its branch point is a position on its parent's path, which lies on the parent's
