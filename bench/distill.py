@@ -30,12 +30,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import shutil
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -54,26 +52,14 @@ ARMS: dict[str, list[str]] = {
 
 
 def run_one(runs: Path, arm: str, seed: int, sets: list[str]) -> None:
-    """One `rollwise train` (skipped when its summary exists), with its subprocess wall and CPU seconds beside it."""
+    """One `rollwise train` (skipped when its summary exists), with its subprocess wall and CPU seconds beside it
+    (`time_to_accuracy.launch`)."""
+    from time_to_accuracy import launch  # bench/ is this script's directory
+
     out = runs / arm / f"seed{seed}"
-    if (out / "summary.json").is_file():
-        print(f"[distill] {arm}/seed{seed}: stored, not rerun", flush=True)
-        return
-    cmd = [sys.executable, "-m", "rollwise.cli", "train", str(RECIPE), "--out", str(out)]
-    for s in [*sets, f"train.seed={seed}", *ARMS[arm]]:
-        cmd += ["--set", s]
-    print(f"[distill] {arm}/seed{seed}: {' '.join(cmd[3:])}", flush=True)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    ru0, t0 = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter()
-    with open(out.parent / f"seed{seed}.log", "w") as log:
-        rc = subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT).returncode
-    ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
-    info = {"wall_s": time.perf_counter() - t0, "cpu_s": ru1.ru_utime + ru1.ru_stime - ru0.ru_utime - ru0.ru_stime,
-            "returncode": rc, "load_after": Path("/proc/loadavg").read_text().split()[:3]}
-    if out.is_dir():
-        (out / "bench_run.json").write_text(json.dumps(info, indent=1))
-    if rc != 0:
-        raise SystemExit(f"[distill] {arm}/seed{seed} failed (exit {rc}); see {out.parent / f'seed{seed}.log'}")
+    info = launch(out, RECIPE, [*sets, f"train.seed={seed}", *ARMS[arm]], f"{arm}/seed{seed}")
+    if info and info["returncode"] != 0:
+        raise SystemExit(f"[distill] {arm}/seed{seed} failed (exit {info['returncode']}); see {out.parent / f'seed{seed}.log'}")
 
 
 def teacher_accuracy(runs: Path, teacher: Path, sets: list[str]) -> dict[str, Any]:

@@ -18,12 +18,8 @@ import argparse
 import json
 import os
 import platform
-import resource
 import shutil
 import statistics
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -47,19 +43,15 @@ def parse_arm(text: str) -> tuple[str, list[str]]:
 def run_arm(recipe: str, sets: list[str], seed: int, out: Path) -> dict:
     if out.exists():
         shutil.rmtree(out)
-    cmd = [sys.executable, "-m", "rollwise.cli", "train", recipe, "--out", str(out), "--set", f"train.seed={seed}"]
-    for s in sets:
-        cmd += ["--set", s]
-    ru0, t0 = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter()
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
-    wall = time.perf_counter() - t0
-    ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
-    if proc.returncode != 0:
-        raise SystemExit(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
+    from time_to_accuracy import launch  # bench/ is this script's directory
+
+    info = launch(out, Path(recipe), [f"train.seed={seed}", *sets], out.name)
+    if info["returncode"] != 0:
+        raise SystemExit(f"{out.name} failed (exit {info['returncode']}); see {out.parent / f'{out.name}.log'}")
     summary = json.loads((out / "summary.json").read_text())
     steps = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if x.strip()]
     steps = [m for m in steps if "step_s" in m]
-    return {"wall_s": wall, "cpu_s": ru1.ru_utime + ru1.ru_stime - ru0.ru_utime - ru0.ru_stime,
+    return {"wall_s": info["wall_s"], "cpu_s": info["cpu_s"],
             "step_s": sum(m["step_s"] for m in steps), "gen_s": sum(m.get("time_generate_s", 0.0) for m in steps),
             "train_s": sum(m.get("time_train_s", 0.0) for m in steps),
             "greedy_before": summary["eval_before"]["accuracy_greedy"],
