@@ -111,6 +111,12 @@ def tiny_reward_model(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def make_reward_model():
+    """`make_tiny_reward_model` for test modules (a test-time `from conftest import` may find another conftest)."""
+    return make_tiny_reward_model
+
+
+@pytest.fixture(scope="session")
 def make_checkpoint():
     """`make_tiny_checkpoint` for test modules (they never import conftest or each other)."""
     return make_tiny_checkpoint

@@ -494,6 +494,7 @@ def test_step_metrics_count_every_segment_of_an_episode():
     """Response lengths and useful tokens take an agent episode's segments too (3 + 2 completion tokens)."""
     from types import SimpleNamespace
 
+    from rollwise.filter import FilterRules
     from rollwise.run.loop import _useful_tokens, step_metrics
 
     r = _segmented_rollout()
@@ -501,4 +502,4 @@ def test_step_metrics_count_every_segment_of_an_episode():
     rec = step_metrics([r], 1, 0, books, {}, gen_wait_s=0.0, producer_wait_s=0.0, sync_s=0.0, step_s=1.0,
                        weight_version=1, staleness_bound=0, engine_counters={}, useful=5)
     assert rec["resp_len_mean"] == 5 and rec["resp_len_max"] == 5 and rec["completions/min_length"] == 5
-    assert _useful_tokens([r], lambda _: False) == 5
+    assert _useful_tokens([r], lambda _: False, FilterRules()) == 5

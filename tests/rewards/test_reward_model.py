@@ -41,8 +41,7 @@ def test_the_reward_is_trls_logit_whatever_the_batch_size(tiny_reward_model):
         assert all(s.error is None and s.parts == {"rm": s.value} and s.info["logit"] == s.value for s in got)
 
 
-def test_message_prompts_go_through_the_reward_models_chat_template(tmp_path):
-    from conftest import make_tiny_reward_model
+def test_message_prompts_go_through_the_reward_models_chat_template(tmp_path, make_reward_model):
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     from rollwise.models.tokenizer import build_char_tokenizer
@@ -51,7 +50,7 @@ def test_message_prompts_go_through_the_reward_models_chat_template(tmp_path):
     tok.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
     tok.chat_template = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
                          "{% endfor %}")
-    d = make_tiny_reward_model(tmp_path / "chat-rm", tokenizer=tok)
+    d = make_reward_model(tmp_path / "chat-rm", tokenizer=tok)
     chat = [Task(f"c{i}", [{"role": "user", "content": f"what is {i}+{i}?"}], str(2 * i)) for i in range(3)]
     rm = load_reward_model(str(d))
     got = [s.value for s in rm.score_batch(chat, ["0", "2", "4"])]

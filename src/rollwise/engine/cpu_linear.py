@@ -221,13 +221,13 @@ the packed tiles, and the tiles win up to here (SmolLM2-135M's linear layers, 2 
 1.39x at 64, 1.23x at 128 and 256; bench/linear_kernels.py); oneDNN's blocking takes over for prefills beyond."""
 
 
-def packed_max_rows(isa: str | None = None) -> int:
+def packed_max_rows(isa: str | None = "machine") -> int:
     """The most rows the packed bf16 / int8 tiles take before oneDNN's bf16 matmul does, for this CPU (`isa`: a
-    `cpu_features.cpu_bf16_support` value; default this machine's under `ONEDNN_MAX_CPU_ISA`). Read once per weight
-    load (`make_fast`), never per step."""
+    `cpu_features.cpu_bf16_support` value, None for no native bf16; default "machine": this machine's under
+    `ONEDNN_MAX_CPU_ISA`). Read once per weight load (`make_fast`), never per step."""
     from rollwise.cpu_features import machine_bf16_support
 
-    isa = machine_bf16_support() if isa is None else isa
+    isa = machine_bf16_support() if isa == "machine" else isa
     return PACKED_MAX_ROWS_AMX if isa == "amx_bf16" else PACKED_MAX_ROWS_AVX512
 
 
