@@ -28,10 +28,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from types import ModuleType
+from typing import TYPE_CHECKING, Literal
 
 from rollwise.engine.inline_ext import InlineExtension
 
 import torch
+
+if TYPE_CHECKING:
+    from rollwise.cpu_features import BF16Isa
 
 _SOURCE = r"""
 #include <torch/extension.h>
@@ -221,7 +225,7 @@ the packed tiles, and the tiles win up to here (SmolLM2-135M's linear layers, 2 
 1.39x at 64, 1.23x at 128 and 256; bench/linear_kernels.py); oneDNN's blocking takes over for prefills beyond."""
 
 
-def packed_max_rows(isa: str | None = "machine") -> int:
+def packed_max_rows(isa: BF16Isa | Literal["machine"] | None = "machine") -> int:
     """The most rows the packed bf16 / int8 tiles take before oneDNN's bf16 matmul does, for this CPU (`isa`: a
     `cpu_features.cpu_bf16_support` value, None for no native bf16; default "machine": this machine's under
     `ONEDNN_MAX_CPU_ISA`). Read once per weight load (`make_fast`), never per step."""
