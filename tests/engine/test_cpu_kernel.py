@@ -274,3 +274,44 @@ def test_bf16_cache_same_outputs_with_and_without_kernels(tiny_ckpts, monkeypatc
     gaps = [abs(x - y) for a, b in zip(with_k, f32) for oa, ob in zip(a.outputs, b.outputs) if oa.token_ids == ob.token_ids
             for x, y in zip(oa.logprobs, ob.logprobs)]
     assert gaps and max(gaps) < 0.05
+
+
+def test_kernels_read_bf16_inputs_as_their_widened_copy():
+    """A bf16 engine's oneDNN matmuls write bfloat16; the fused ops and the sampler read it directly. Each gives what
+    it gives on the float32 copy (`.float()` is exact): bit for bit, except the sums (a norm's sum of squares, the sampler's
+    chunk sums), which the compiler may vectorise in another order for the other input type."""
+    from rollwise.engine.sampler import uniform_from_counter
+
+    ops = cpu_kernels.layer_ops()
+    fn = cpu_kernels.sample_kernel()
+    if ops is None or fn is None:
+        pytest.skip(f"CPU kernels unavailable here: {cpu_kernels._EXT.failed}")
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(33, 576, generator=g)
+    r = (torch.randn(33, 576, generator=g) * 2).bfloat16()
+    w = torch.rand(576, generator=g) + 0.5
+    x16, x32 = x.clone(), x.clone()
+    h16, h32 = ops.add_rmsnorm_(x16, r, w, 1e-5), ops.add_rmsnorm_(x32, r.float(), w, 1e-5)
+    assert torch.equal(x16, x32) and (h16 - h32).abs().max().item() <= 1e-6 * h32.abs().max().item()
+    gu = (torch.randn(9, 2 * 1536, generator=g) * 6).bfloat16()
+    out = ops.silu_mul(gu)
+    assert out.dtype == torch.float32 and torch.equal(out, ops.silu_mul(gu.float()))
+    n, h_, kvh, d, nb, bs = 6, 9, 3, 64, 10, 4
+    qkv = (torch.randn(n, (h_ + 2 * kvh) * d, generator=g) * 3).bfloat16()
+    ang = torch.rand(n, d // 2, generator=g) * 6
+    cos, sin = torch.cat([ang.cos()] * 2, -1), torch.cat([ang.sin()] * 2, -1)
+    slots = torch.tensor([3, 17, 0, 39, 22, 5])
+    for cdt in (torch.float32, torch.bfloat16):
+        ca, cb = torch.zeros(2, kvh, nb, bs, d, dtype=cdt), torch.zeros(2, kvh, nb, bs, d, dtype=cdt)
+        qa, qb = ops.rope_store(qkv, cos, sin, ca, slots, h_, kvh), ops.rope_store(qkv.float(), cos, sin, cb, slots, h_, kvh)
+        assert qa.dtype == torch.float32 and torch.equal(qa, qb) and torch.equal(ca.view(torch.int16) if cdt != torch.float32
+                                                                                  else ca, cb.view(torch.int16) if cdt != torch.float32 else cb)
+    temps = [1.0, 0.7, 0.0, 1.3] * 4
+    logits = (torch.randn(len(temps), 49152, generator=g) * 3).bfloat16()
+    sb = _batch(temps, 3)
+    u = uniform_from_counter(sb.seeds, sb.positions)
+    ta, la = fn(logits, sb.temperature, u)
+    tb, lb = fn(logits.float(), sb.temperature, u)
+    assert torch.equal(ta, tb) and (la - lb).abs().max().item() < 1e-5  # the chunk sums' order, as above
+    ts, ls = sample(logits, sb, fused=fn)
+    assert torch.equal(ts, ta) and torch.equal(ls, la)

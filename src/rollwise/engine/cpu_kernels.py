@@ -21,7 +21,8 @@ All use `exp_nonpos`, an exp written as plain arithmetic (2^k times a degree-7 p
 1e-7) so that the compiler vectorises the loops that call it; libm's scalar exp was half of the attention time.
 
 They compute in float32 (the KV cache may be held in bfloat16: `rope_store` rounds to it, the attention widens from
-it, half the bytes per decode step) and are optional: if no compiler or ninja is available, or
+it, half the bytes per decode step; a bf16 engine's projections and logits come in bfloat16 from oneDNN and are widened
+on load, which saved 6% of the SmolLM2 recipe's bf16 rollout phase on an Intel Xeon with AMX) and are optional: if no compiler or ninja is available, or
 `ROLLWISE_CPU_KERNELS=0`, the engine uses the torch paths, with the same results to float32 rounding.
 """
 
@@ -187,48 +188,38 @@ torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k_cache, tor
   return out;
 }
 
-// logits [B, V] float32, temperature [B] float32 (<= 0: greedy), u [B] float64 -> (tokens [B] int64, logprobs [B] float32).
+// logits [B, V] float32 or bfloat16 (widened exactly on load), temperature [B] float32 (<= 0: greedy), u [B] float64
+// -> (tokens [B] int64, logprobs [B] float32).
 // Row b: p_i = exp((x_i - max) / T); the token is the first i whose running sum exceeds u * sum(p) (the sums run over
 // 256-entry chunks, then inside the chosen chunk, in float64); its log-prob is log(p_i / sum(p)). Greedy rows (T <= 0)
 // take the first argmax and log_softmax(x) at it, as the torch path does. Non-finite logits give token V - 1 and a
 // NaN log-prob, as the torch path does.
-std::vector<torch::Tensor> sample_rows(torch::Tensor logits, torch::Tensor temperature, torch::Tensor u) {
-  TORCH_CHECK(logits.dtype() == torch::kFloat32 && logits.is_contiguous() && logits.dim() == 2, "logits: contiguous [B, V] float32");
-  TORCH_CHECK(temperature.dtype() == torch::kFloat32 && temperature.is_contiguous() && temperature.numel() == logits.size(0),
-              "temperature: [B] float32");
-  TORCH_CHECK(u.dtype() == torch::kFloat64 && u.is_contiguous() && u.numel() == logits.size(0), "u: [B] float64");
-  const int64_t B = logits.size(0), V = logits.size(1);
-  auto tokens = torch::empty({B}, torch::kInt64);
-  auto lps = torch::empty({B}, torch::kFloat32);
-  const float* lp = logits.data_ptr<float>();
-  const float* tp = temperature.data_ptr<float>();
-  const double* up = u.data_ptr<double>();
-  int64_t* tok = tokens.data_ptr<int64_t>();
-  float* lo = lps.data_ptr<float>();
+template <typename T>
+static void sample_all(const T* lp, const float* tp, const double* up, int64_t* tok, float* lo, int64_t B, int64_t V) {
   constexpr int64_t CH = 256;
   at::parallel_for(0, B, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> csum((V + CH - 1) / CH);
     for (int64_t b = begin; b < end; ++b) {
-      const float* x = lp + b * V;
+      const T* x = lp + b * V;
       const bool greedy = !(tp[b] > 0.f);
       const float inv = greedy ? 1.f : 1.f / tp[b];
       float m = -INFINITY;
 #pragma omp simd reduction(max : m)
-      for (int64_t i = 0; i < V; ++i) m = std::max(m, x[i]);
+      for (int64_t i = 0; i < V; ++i) m = std::max(m, kv_load(x, i));
       if (!std::isfinite(m)) { tok[b] = V - 1; lo[b] = NAN; continue; }  // as the torch path: NaN/inf logits
       double total = 0.0;
       for (int64_t c = 0; c * CH < V; ++c) {
         const int64_t e = std::min(V, (c + 1) * CH);
         float cs = 0.f;
 #pragma omp simd reduction(+ : cs)
-        for (int64_t i = c * CH; i < e; ++i) cs += exp_nonpos((x[i] - m) * inv);
+        for (int64_t i = c * CH; i < e; ++i) cs += exp_nonpos((kv_load(x, i) - m) * inv);
         csum[c] = cs;
         total += cs;
       }
       if (!std::isfinite(total)) { tok[b] = V - 1; lo[b] = NAN; continue; }
       int64_t t = 0;
       if (greedy) {
-        while (x[t] != m) ++t;
+        while (kv_load(x, t) != m) ++t;
       } else {
         const double target = up[b] * total;
         double cum = 0.0;
@@ -239,7 +230,7 @@ std::vector<torch::Tensor> sample_rows(torch::Tensor logits, torch::Tensor tempe
         t = -1;
         int64_t last = c * CH;
         for (int64_t i = c * CH; i < e; ++i) {
-          const float p = exp_nonpos((x[i] - m) * inv);
+          const float p = exp_nonpos((kv_load(x, i) - m) * inv);
           if (p > 0.f) last = i;
           cum += p;
           if (cum > target) { t = i; break; }
@@ -247,89 +238,119 @@ std::vector<torch::Tensor> sample_rows(torch::Tensor logits, torch::Tensor tempe
         if (t < 0) t = last;  // rounding put the target at the very top of this chunk
       }
       tok[b] = t;
-      lo[b] = static_cast<float>((x[t] - m) * inv - std::log(total));
+      lo[b] = static_cast<float>((kv_load(x, t) - m) * inv - std::log(total));
     }
   });
+}
+
+std::vector<torch::Tensor> sample_rows(torch::Tensor logits, torch::Tensor temperature, torch::Tensor u) {
+  const bool bf16 = logits.dtype() == torch::kBFloat16;
+  TORCH_CHECK((bf16 || logits.dtype() == torch::kFloat32) && logits.is_contiguous() && logits.dim() == 2,
+              "logits: contiguous [B, V] float32 or bfloat16");
+  TORCH_CHECK(temperature.dtype() == torch::kFloat32 && temperature.is_contiguous() && temperature.numel() == logits.size(0),
+              "temperature: [B] float32");
+  TORCH_CHECK(u.dtype() == torch::kFloat64 && u.is_contiguous() && u.numel() == logits.size(0), "u: [B] float64");
+  const int64_t B = logits.size(0), V = logits.size(1);
+  auto tokens = torch::empty({B}, torch::kInt64);
+  auto lps = torch::empty({B}, torch::kFloat32);
+  const float* tp = temperature.data_ptr<float>();
+  const double* up = u.data_ptr<double>();
+  if (bf16) sample_all(reinterpret_cast<const uint16_t*>(logits.data_ptr()), tp, up, tokens.data_ptr<int64_t>(),
+                       lps.data_ptr<float>(), B, V);
+  else sample_all(logits.data_ptr<float>(), tp, up, tokens.data_ptr<int64_t>(), lps.data_ptr<float>(), B, V);
   return {tokens, lps};
 }
 
-// ---- fused per-layer elementwise ops (float32, contiguous rows); each replaces several torch ops and passes.
+// ---- fused per-layer elementwise ops (float32 arithmetic, contiguous rows); each replaces several torch ops and
+// passes. A projection's output may come in bfloat16 (oneDNN's bf16 matmul writes it): they widen it on load, exactly
+// as `.float()` would, so the results are those on its float32 copy (up to a norm's summation order) without the copy.
 
-// x [N, C] += r (in place); returns rmsnorm(x) * w, the arithmetic of transformers' RMSNorm in float32.
-torch::Tensor add_rmsnorm_(torch::Tensor x, torch::Tensor r, torch::Tensor w, double eps) {
-  TORCH_CHECK(x.dtype() == torch::kFloat32 && r.dtype() == torch::kFloat32 && w.dtype() == torch::kFloat32, "float32 only");
-  TORCH_CHECK(x.is_contiguous() && r.is_contiguous() && w.is_contiguous() && x.sizes() == r.sizes() && x.dim() == 2,
-              "x, r: contiguous [N, C] of the same shape");
-  const int64_t N = x.size(0), C = x.size(1);
-  auto out = torch::empty_like(x);
-  float* xp = x.data_ptr<float>();
-  const float* rp = r.data_ptr<float>();
-  const float* wp = w.data_ptr<float>();
-  float* op = out.data_ptr<float>();
-  const float e = static_cast<float>(eps);
+template <typename T>
+static void add_rmsnorm_rows(float* xp, const T* rp, const float* wp, float* op, int64_t N, int64_t C, float e) {
   at::parallel_for(0, N, 16, [&](int64_t begin, int64_t end) {
     for (int64_t n = begin; n < end; ++n) {
       float* xr = xp + n * C;
-      const float* rr = rp + n * C;
+      const T* rr = rp + n * C;
       float ss = 0.f;
 #pragma omp simd reduction(+ : ss)
-      for (int64_t i = 0; i < C; ++i) { xr[i] += rr[i]; ss += xr[i] * xr[i]; }
+      for (int64_t i = 0; i < C; ++i) { xr[i] += kv_load(rr, i); ss += xr[i] * xr[i]; }
       const float inv = 1.f / std::sqrt(ss / static_cast<float>(C) + e);
       float* o = op + n * C;
 #pragma omp simd
       for (int64_t i = 0; i < C; ++i) o[i] = wp[i] * (xr[i] * inv);
     }
   });
+}
+
+// x [N, C] float32 += r (float32 or bfloat16, in place); returns rmsnorm(x) * w, transformers' RMSNorm in float32.
+torch::Tensor add_rmsnorm_(torch::Tensor x, torch::Tensor r, torch::Tensor w, double eps) {
+  const bool bf16 = r.dtype() == torch::kBFloat16;
+  TORCH_CHECK(x.dtype() == torch::kFloat32 && (bf16 || r.dtype() == torch::kFloat32) && w.dtype() == torch::kFloat32,
+              "x, w float32; r float32 or bfloat16");
+  TORCH_CHECK(x.is_contiguous() && r.is_contiguous() && w.is_contiguous() && x.sizes() == r.sizes() && x.dim() == 2,
+              "x, r: contiguous [N, C] of the same shape");
+  const int64_t N = x.size(0), C = x.size(1);
+  auto out = torch::empty_like(x);
+  const float e = static_cast<float>(eps);
+  if (bf16) add_rmsnorm_rows(x.data_ptr<float>(), reinterpret_cast<const uint16_t*>(r.data_ptr()), w.data_ptr<float>(),
+                             out.data_ptr<float>(), N, C, e);
+  else add_rmsnorm_rows(x.data_ptr<float>(), r.data_ptr<float>(), w.data_ptr<float>(), out.data_ptr<float>(), N, C, e);
   return out;
 }
 
-// gu [N, 2I] (gate then up, as the fused projection writes them) -> silu(gate) * up [N, I].
-torch::Tensor silu_mul(torch::Tensor gu) {
-  TORCH_CHECK(gu.dtype() == torch::kFloat32 && gu.is_contiguous() && gu.dim() == 2 && gu.size(1) % 2 == 0,
-              "gu: contiguous [N, 2I] float32");
-  const int64_t N = gu.size(0), I = gu.size(1) / 2;
-  auto out = torch::empty({N, I}, gu.options());
-  const float* gp = gu.data_ptr<float>();
-  float* op = out.data_ptr<float>();
+template <typename T>
+static void silu_mul_rows(const T* gp, float* op, int64_t N, int64_t I) {
   at::parallel_for(0, N, 8, [&](int64_t begin, int64_t end) {
     for (int64_t n = begin; n < end; ++n) {
-      const float* g = gp + n * 2 * I;
-      const float* u = g + I;
+      const T* g = gp + n * 2 * I;
+      const T* u = g + I;
       float* o = op + n * I;
 #pragma omp simd
       for (int64_t i = 0; i < I; ++i) {
-        const float x = g[i];
+        const float x = kv_load(g, i);
         const float ex = exp_nonpos(x < 0.f ? x : -x);  // exp(-|x|): silu(x) = x / (1 + exp(-x)), stable both ways
         const float sig = x < 0.f ? ex / (1.f + ex) : 1.f / (1.f + ex);
-        o[i] = x * sig * u[i];
+        o[i] = x * sig * kv_load(u, i);
       }
     }
   });
+}
+
+// gu [N, 2I] float32 or bfloat16 (gate then up, as the fused projection writes them) -> silu(gate) * up [N, I] float32.
+torch::Tensor silu_mul(torch::Tensor gu) {
+  const bool bf16 = gu.dtype() == torch::kBFloat16;
+  TORCH_CHECK((bf16 || gu.dtype() == torch::kFloat32) && gu.is_contiguous() && gu.dim() == 2 && gu.size(1) % 2 == 0,
+              "gu: contiguous [N, 2I] float32 or bfloat16");
+  const int64_t N = gu.size(0), I = gu.size(1) / 2;
+  auto out = torch::empty({N, I}, gu.options().dtype(torch::kFloat32));
+  if (bf16) silu_mul_rows(reinterpret_cast<const uint16_t*>(gu.data_ptr()), out.data_ptr<float>(), N, I);
+  else silu_mul_rows(gu.data_ptr<float>(), out.data_ptr<float>(), N, I);
   return out;
 }
 
 // RoPE on the q and k parts of qkv [N, (H + 2 KVH) * D] (rotate-half layout, cos/sin [N, D]); the rotated k and the v
 // are written to the cache ([2, KVH, S, D] viewed flat, S = blocks * block_size; float32 or bfloat16) at slots [N];
 // returns q [N, H, D].
-template <typename T>
-static void rope_store_rows(const float* xp, const float* cp, const float* sp, const int64_t* sl, float* qp, T* kc,
+template <typename X, typename T>
+static void rope_store_rows(const X* xp, const float* cp, const float* sp, const int64_t* sl, float* qp, T* kc,
                             int64_t N, int64_t H, int64_t KVH, int64_t D, int64_t W, int64_t S) {
   const int64_t half = D / 2;
   T* vc = kc + KVH * S * D;
   at::parallel_for(0, N, 4, [&](int64_t begin, int64_t end) {
     std::vector<float> kr(D);
     for (int64_t n = begin; n < end; ++n) {
-      const float* x = xp + n * W;
+      const X* x = xp + n * W;
       const float* c = cp + n * D;
       const float* s = sp + n * D;
       const int64_t slot = sl[n];
       for (int64_t h = 0; h < H + KVH; ++h) {
-        const float* xi = x + h * D;
+        const X* xi = x + h * D;
         float* o = h < H ? qp + (n * H + h) * D : kr.data();
 #pragma omp simd
         for (int64_t i = 0; i < half; ++i) {
-          o[i] = xi[i] * c[i] + (-xi[i + half]) * s[i];
-          o[i + half] = xi[i + half] * c[i + half] + xi[i] * s[i + half];
+          const float a = kv_load(xi, i), b = kv_load(xi, i + half);
+          o[i] = a * c[i] + (-b) * s[i];
+          o[i + half] = b * c[i + half] + a * s[i + half];
         }
         if (h >= H) {
           T* kd = kc + ((h - H) * S + slot) * D;
@@ -337,9 +358,9 @@ static void rope_store_rows(const float* xp, const float* cp, const float* sp, c
         }
       }
       for (int64_t h = 0; h < KVH; ++h) {
-        const float* vi = x + (H + KVH + h) * D;
+        const X* vi = x + (H + KVH + h) * D;
         T* o = vc + (h * S + slot) * D;
-        for (int64_t i = 0; i < D; ++i) kv_store(o, i, vi[i]);
+        for (int64_t i = 0; i < D; ++i) kv_store(o, i, kv_load(vi, i));
       }
     }
   });
@@ -347,27 +368,34 @@ static void rope_store_rows(const float* xp, const float* cp, const float* sp, c
 
 torch::Tensor rope_store(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin, torch::Tensor cache,
                          torch::Tensor slots, int64_t H, int64_t KVH) {
-  const bool bf16 = cache.dtype() == torch::kBFloat16;
-  TORCH_CHECK(qkv.dtype() == torch::kFloat32 && (bf16 || cache.dtype() == torch::kFloat32) &&
-              cos.dtype() == torch::kFloat32, "qkv float32, cache float32 or bfloat16");
+  const bool bf16 = cache.dtype() == torch::kBFloat16, xbf16 = qkv.dtype() == torch::kBFloat16;
+  TORCH_CHECK((xbf16 || qkv.dtype() == torch::kFloat32) && (bf16 || cache.dtype() == torch::kFloat32) &&
+              cos.dtype() == torch::kFloat32, "qkv float32 or bfloat16, cache float32 or bfloat16");
   TORCH_CHECK(qkv.is_contiguous() && cos.is_contiguous() && sin.is_contiguous() && cache.is_contiguous() &&
               slots.is_contiguous(), "contiguous inputs");
   const int64_t N = qkv.size(0), D = cos.size(1), W = qkv.size(1);
   TORCH_CHECK(W == (H + 2 * KVH) * D && cache.size(0) == 2 && cache.size(1) == KVH, "qkv / cache shapes");
   const int64_t S = cache.numel() / (2 * KVH * D);
-  auto q = torch::empty({N, H, D}, qkv.options());
-  const float* xp = qkv.data_ptr<float>();
+  auto q = torch::empty({N, H, D}, qkv.options().dtype(torch::kFloat32));
   const float* cp = cos.data_ptr<float>();
   const float* sp = sin.data_ptr<float>();
   const int64_t* sl = slots.data_ptr<int64_t>();
   float* qp = q.data_ptr<float>();
-  if (bf16) rope_store_rows<uint16_t>(xp, cp, sp, sl, qp, reinterpret_cast<uint16_t*>(cache.data_ptr()), N, H, KVH, D, W, S);
-  else rope_store_rows<float>(xp, cp, sp, sl, qp, cache.data_ptr<float>(), N, H, KVH, D, W, S);
+  uint16_t* cb = reinterpret_cast<uint16_t*>(cache.data_ptr());
+  if (xbf16) {
+    const uint16_t* xp = reinterpret_cast<const uint16_t*>(qkv.data_ptr());
+    if (bf16) rope_store_rows(xp, cp, sp, sl, qp, cb, N, H, KVH, D, W, S);
+    else rope_store_rows(xp, cp, sp, sl, qp, cache.data_ptr<float>(), N, H, KVH, D, W, S);
+  } else {
+    const float* xp = qkv.data_ptr<float>();
+    if (bf16) rope_store_rows(xp, cp, sp, sl, qp, cb, N, H, KVH, D, W, S);
+    else rope_store_rows(xp, cp, sp, sl, qp, cache.data_ptr<float>(), N, H, KVH, D, W, S);
+  }
   return q;
 }
 """
 
-_EXT = InlineExtension("rollwise_cpu_kernels_v5", _SOURCE,
+_EXT = InlineExtension("rollwise_cpu_kernels_v6", _SOURCE,
                        ["paged_decode_attention", "sample_rows", "add_rmsnorm_", "silu_mul", "rope_store"],
                        "CPU decode kernels", "the torch paths")
 

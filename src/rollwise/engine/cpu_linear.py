@@ -362,6 +362,11 @@ class Bf16Dual:
         rows = x.numel() // x.shape[-1]
         return self.packed(x) if rows <= self.max_rows else self.wide(x)
 
+    def native(self, x: torch.Tensor) -> torch.Tensor:
+        """The same product in the dtype its kernel writes: float32 from the packed tiles, bfloat16 from oneDNN."""
+        rows = x.numel() // x.shape[-1]
+        return self.packed(x) if rows <= self.max_rows else self.wide.native(x)
+
 
 @dataclass
 class Bf16Weight:
@@ -375,6 +380,14 @@ class Bf16Weight:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         y = bf16_matmul(x, self.weight)
         return y if self.bias is None else y.add_(self.bias)
+
+    def native(self, x: torch.Tensor) -> torch.Tensor:
+        """The product as oneDNN writes it, rounded to bfloat16 (with a bias: float32, added before rounding would
+        differ from `__call__`). For consumers that widen on load (the fused decode kernels, the sampler): the same
+        numbers as `__call__` without a float32 copy of the output."""
+        if self.bias is not None:
+            return self(x)
+        return bf16_matmul(x, self.weight, widen=False)
 
 
 def bucket_rows(n: int) -> int:
@@ -401,9 +414,12 @@ def prepack_bf16(w: torch.Tensor) -> torch.Tensor:
     return torch.ops.mkldnn._reorder_linear_weight(w, 64)  # 64: the decode batch the layout is tuned for
 
 
-def bf16_matmul(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """x [..., K] float -> x_bf16 @ w^T in float32 ([..., M]), rows bucketed (`bucket_rows`). `w`: a plain [M, K]
-    bfloat16 tensor or `prepack_bf16`'s."""
+def bf16_matmul(x: torch.Tensor, w: torch.Tensor, widen: bool = True) -> torch.Tensor:
+    """x [..., K] float -> x_bf16 @ w^T in float32 ([..., M]; bfloat16, as oneDNN writes it, with `widen=False`),
+    rows bucketed (`bucket_rows`). `w`: a plain [M, K] bfloat16 tensor or `prepack_bf16`'s.
+    NOTE: widening is a full pass over the output (measured on an Intel Xeon with AMX, 2 threads: 60 us on the 275 us
+    of a [64, 576] x [576, 3072] product, and the LM head's [64, 49152] logits every step); consumers that can read
+    bfloat16 take the narrow result."""
     shape = x.shape
     x2 = x.reshape(-1, shape[-1])
     n = x2.shape[0]
@@ -418,7 +434,8 @@ def bf16_matmul(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         y = torch.ops.mkldnn._linear_pointwise(xb, w, None, "none", [], "")
     else:
         y = torch.nn.functional.linear(xb, w)
-    return y[:n].float().reshape(*shape[:-1], w.shape[0])
+    y = y[:n] if nb != n else y
+    return (y.float() if widen else y).reshape(*shape[:-1], w.shape[0])
 
 
 @dataclass

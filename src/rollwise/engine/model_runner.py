@@ -276,7 +276,8 @@ class ModelRunner:
             hidden = hidden.index_select(0, torch.tensor(rows, dtype=torch.long, device=self.device))
         if not out.sample_seqs:  # a chunk of a long prompt: its KV is written, nothing is sampled
             return StepResult([], [])
-        logits = self.model.logits(hidden)
+        # the CPU sampler reads bfloat16 logits as the LM head writes them; a brancher gets float32
+        logits = self.model.logits(hidden, native=branch is None and self._sample_kernel is not None)
         if branch is not None:
             born = branch(out, logits)
             if born:

@@ -65,17 +65,18 @@ class SamplingBatch:
 
 def sample(logits: torch.Tensor, sb: SamplingBatch, logprobs_mode: LogprobsMode = "processed",
            fused: Callable[..., list[torch.Tensor]] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """logits: [B, V] float32 -> (token ids [B] int64, log-probs [B] float32); see the module docstring.
+    """logits: [B, V] (float32; bfloat16 is widened) -> (token ids [B] int64, log-probs [B] float32); see the module
+    docstring.
 
-    `fused`: the CPU kernel `engine.cpu_kernels.sample_kernel()`, used for what it covers (float32 CPU logits,
-    processed log-probs, no top-k/top-p); the same draws, two passes over the logits instead of eight."""
+    `fused`: the CPU kernel `engine.cpu_kernels.sample_kernel()`, used for what it covers (float32 or bfloat16 CPU
+    logits, processed log-probs, no top-k/top-p); the same draws, two passes over the logits instead of eight."""
     if logprobs_mode not in LOGPROBS_MODES:
         raise ValueError(f"logprobs_mode must be one of {LOGPROBS_MODES}, got {logprobs_mode!r}")
-    logits = logits.float()
     if (fused is not None and logprobs_mode == "processed" and not sb.any_truncation and logits.device.type == "cpu"
-            and logits.is_contiguous()):
+            and logits.is_contiguous() and logits.dtype in (torch.float32, torch.bfloat16)):
         tokens, lps = fused(logits, sb.temperature.float().contiguous(), uniform_from_counter(sb.seeds, sb.positions))
         return tokens, lps
+    logits = logits.float()
     greedy = sb.temperature <= 0
     temp = torch.where(greedy, torch.ones_like(sb.temperature), sb.temperature)
     scaled = logits / temp[:, None]

@@ -84,6 +84,12 @@ class Linear(nn.Linear):
             return self.fast(x)
         return F.linear(x, self.weight, self.bias)
 
+    def forward_native(self, x: torch.Tensor) -> torch.Tensor:
+        """The same product in whatever dtype the fast path's kernel writes (bfloat16 from oneDNN's bf16 matmul,
+        else float32), for consumers that widen on load (the fused decode kernels, the CPU sampler)."""
+        native = getattr(self.fast, "native", None)
+        return native(x) if native is not None else self.forward(x)
+
 
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float) -> None:
@@ -120,10 +126,11 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, meta: AttnMetadata) -> torch.Tensor:
         n = x.shape[0]  # x: [N, hidden]
-        qkv = self.qkv_proj(x)
         if meta.fused is not None and not meta.is_prefill and self.q_norm is None:
-            q = meta.fused.rope_store(qkv, cos, sin, self.kv_cache, meta.slot_mapping, self.h, self.kvh)
-            return self.o_proj(self._decode(q, meta).reshape(n, self.q_size))
+            q = meta.fused.rope_store(self.qkv_proj.forward_native(x), cos, sin, self.kv_cache, meta.slot_mapping,
+                                      self.h, self.kvh)
+            return self.o_proj.forward_native(self._decode(q, meta).reshape(n, self.q_size))
+        qkv = self.qkv_proj(x)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(n, self.h, self.d)
         k = k.view(n, self.kvh, self.d)
@@ -203,9 +210,9 @@ class MLP(nn.Module):
         self.down_proj = Linear(spec.intermediate_size, spec.hidden_size, bias=spec.mlp_bias)
 
     def forward(self, x: torch.Tensor, fused: Any = None) -> torch.Tensor:
+        if fused is not None:  # the fused kernels read a bfloat16 projection output as it comes
+            return self.down_proj.forward_native(fused.silu_mul(self.gate_up_proj.forward_native(x)))
         gu = self.gate_up_proj(x)
-        if fused is not None:
-            return self.down_proj(fused.silu_mul(gu))
         gate, up = gu.split(self.inter, dim=-1)
         return self.down_proj(F.silu(gate) * up)
 
@@ -269,5 +276,7 @@ class DecoderLM(nn.Module):
             h = ops.add_rmsnorm_(x, layer.mlp(h, ops), nxt.weight, nxt.eps)
         return h
 
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden).float()
+    def logits(self, hidden: torch.Tensor, native: bool = False) -> torch.Tensor:
+        """[N, hidden] -> [N, vocab] float32, or with `native` in the LM head kernel's own dtype (bfloat16 from
+        oneDNN's bf16 matmul: for the CPU sampler, which widens on load)."""
+        return self.lm_head.forward_native(hidden) if native else self.lm_head(hidden).float()
