@@ -42,6 +42,7 @@ from rollwise.train.batch import PackedMicroBatch, TrainBatch
 from rollwise.train.errors import TrainerError
 from rollwise.train.gae import episode_gae, explained_variance, whiten
 from rollwise.train.losses import LossConfig, LossFn, value_loss
+from rollwise.train.optim import adamw
 from rollwise.train.precision import TrainPrecision
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -125,7 +126,7 @@ class Critic:
         self.share_prompt = enable_segment_attention(self.model)  # type: ignore[arg-type]
         self.head = _value_head(self.model)
         self.vocab_size = int(getattr(self.model.config, "vocab_size", 0) or 0)
-        self.optimizer = torch.optim.AdamW([p for p in self.model.parameters() if p.requires_grad], lr=self.cfg.lr)
+        self.optimizer = adamw([p for p in self.model.parameters() if p.requires_grad], lr=self.cfg.lr)
         self.step = 0  # optimiser steps taken
         self.rl_step = 0  # train_step calls completed (the warm-up counts them)
 

@@ -57,6 +57,7 @@ from rollwise.train.batch import PackedMicroBatch, TrainBatch
 from rollwise.train.errors import TrainerError
 from rollwise.train.logprobs import PLAIN_HEAD_MODEL_TYPES, head_logprobs, sampling_logprobs, token_logprobs
 from rollwise.train.losses import LossConfig, LossFn, normalizers
+from rollwise.train.optim import adamw
 from rollwise.train.parallel import Single
 from rollwise.train.precision import TrainPrecision, train_precision
 from rollwise.train.rank_split import split_for_ranks
@@ -255,7 +256,7 @@ class Trainer:
         """AdamW over the trainable parameters and the LR schedule spanning `total_steps` RL steps' updates."""
         params = [p for p in self.model.parameters() if p.requires_grad]
         beta1, beta2 = self.cfg.betas
-        optimizer = torch.optim.AdamW(
+        optimizer = adamw(
             params, lr=self.cfg.lr, betas=(beta1, beta2), eps=self.cfg.adam_eps, weight_decay=self.cfg.weight_decay,
         )
         total_opt_steps = (total_steps if total_steps is not None else self.cfg.steps) * self.cfg.updates_per_step
