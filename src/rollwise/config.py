@@ -730,11 +730,10 @@ class TrainConfig(_Section):
     """Recompute activations in backward to save memory."""
     bf16: bool | Literal["auto"] = "auto"
     """bf16 mixed precision for the training forward and backward (torch.autocast; parameters, gradients and AdamW
-    state stay float32): true, false, or 'auto' = on for CUDA, off on the CPU (train/precision.py). On CPUs with
-    native bf16 dot products (AMX or AVX512-BF16) `true` makes the training step 2-3x faster; it is opt-in there
-    because a bf16 run of the tool recipe collapsed where float32 learned, and on the addition recipe bf16 ended a
-    median 7 points lower over 3 seeds (docs/benchmarks.md). The post-sync probe's
-    reference is float32 either way."""
+    state stay float32): true, false, or 'auto' = on for CUDA, and on CPUs with native bf16 dot products (AMX or
+    AVX512-BF16, where the training step runs 2-3x faster) when model.dtype is below float32 (the loss then corrects
+    the engine/trainer gap with TIS, and bf16 training learned as float32 did over 3 seeds); float32 otherwise
+    (train/precision.py, docs/benchmarks.md). The post-sync probe's reference is float32 either way."""
     world_size: int = Field(1, ge=1)
     """Data-parallel trainer ranks (torch.distributed: gloo on CPU, NCCL on CUDA). 1 = the trainer runs in the
     driver process; N > 1 = N rank processes (Ray actors with engine.backend 'ray'), each training on its share of

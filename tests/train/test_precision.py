@@ -44,17 +44,22 @@ def test_cpu_bf16_support_reads_flags_and_the_onednn_cap(flags, max_isa, want):
     assert cpu_bf16_support(flags, max_isa) == want
 
 
-def test_auto_is_bf16_on_cuda_and_float32_on_the_cpu():
-    def resolve(setting, device, flags=EPYC):
-        return train_precision(setting, device, flags=flags, max_isa="").autocast_dtype
-    # on the CPU bf16 is opt-in: 'auto' keeps float32 even where it runs natively, and says so
+def test_auto_is_bf16_on_cuda_and_on_native_bf16_cpus_behind_a_low_precision_engine():
+    def resolve(setting, device, flags=EPYC, low=False):
+        return train_precision(setting, device, flags=flags, max_isa="", low_precision_rollouts=low).autocast_dtype
+    # with a float32 engine 'auto' keeps float32 even where bf16 runs natively, and says so
     assert resolve("auto", CPU) is None and resolve("auto", CPU, SPR) is None
     assert resolve("auto", CPU, AVX2) is None and resolve("auto", CPU, frozenset()) is None
+    # behind a bf16 / int8 engine (TIS corrects the gap) 'auto' is bf16 where the CPU runs it natively, not elsewhere
+    assert resolve("auto", CPU, low=True) is torch.bfloat16 and resolve("auto", CPU, SPR, low=True) is torch.bfloat16
+    assert resolve("auto", CPU, AVX2, low=True) is None and resolve(False, CPU, SPR, low=True) is None
+    assert train_precision("auto", CPU, flags=SPR, max_isa="AVX512_CORE", low_precision_rollouts=True
+                           ).autocast_dtype is None  # oneDNN capped below bf16
     assert resolve(True, CPU, AVX2) is torch.bfloat16 and resolve(True, CPU) is torch.bfloat16
     assert resolve("auto", CUDA, AVX2) is torch.bfloat16
     assert resolve(True, CPU, AVX2) is torch.bfloat16 and resolve(False, CPU) is None and resolve(False, CUDA) is None
     assert train_precision("auto", CPU, flags=SPR, max_isa="AVX2").reason.startswith("cpu without native bf16")
-    assert train_precision("auto", CPU, flags=EPYC, max_isa="").reason.startswith("cpu avx512_bf16: 'auto' keeps float32")
+    assert train_precision("auto", CPU, flags=EPYC, max_isa="").reason.startswith("cpu avx512_bf16 with a float32 engine: 'auto' keeps float32")
 
 
 def test_config_accepts_true_false_auto():
@@ -147,7 +152,14 @@ def test_the_run_logs_what_train_bf16_resolved_to(monkeypatch):
     assert training_precision(load_config(None, ["train.bf16=true"]), "cpu") == "bf16-autocast (train.bf16: true)"
     monkeypatch.setattr("rollwise.train.precision.cpu_flags", lambda: EPYC)
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "ALL")
-    assert training_precision(load_config(None, []), "cpu").startswith("float32 (cpu avx512_bf16: 'auto' keeps float32")
+    assert training_precision(load_config(None, []), "cpu").startswith("float32 (cpu avx512_bf16 with a float32 engine")
+    bf16_engine = load_config(None, ["model.dtype=bfloat16"])
+    assert training_precision(bf16_engine, "cpu") == "bf16-autocast (cpu avx512_bf16, bf16 rollouts)"
+    from pathlib import Path
+
+    from rollwise.run.setup import trainer_spec  # what every trainer variant is built from carries the engine's side
+    assert trainer_spec(bf16_engine, Path("m"), "cpu").low_precision_rollouts
+    assert not trainer_spec(load_config(None, []), Path("m"), "cpu").low_precision_rollouts
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
     assert training_precision(load_config(None, []), "cpu").startswith("float32 (cpu without native bf16")
 

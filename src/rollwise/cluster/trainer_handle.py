@@ -69,6 +69,8 @@ class TrainerSpec:
     """`algo.advantage: gae`: the value model trained beside the policy (`train.critic`); None = no critic."""
     distill: DistillOptions | None = None
     """On-policy distillation: the frozen teacher every rank loads beside its policy (`algo.distill`)."""
+    low_precision_rollouts: bool = False
+    """model.dtype is not float32: `train.bf16: auto` trains in bf16 on CPUs with native bf16 (`train.precision`)."""
 
     @property
     def micro_batch_tokens(self) -> int:
@@ -80,7 +82,8 @@ class TrainerSpec:
 
         tr = Trainer(self.model_path, self.train, device=device or self.device, temperature=self.temperature,
                      top_p=self.top_p, top_k=self.top_k, reference=self.reference, total_steps=self.total_steps,
-                     tokenizer_path=self.tokenizer_path, sync=sync, distill=self.distill)
+                     tokenizer_path=self.tokenizer_path, sync=sync, distill=self.distill,
+                     low_precision_rollouts=self.low_precision_rollouts)
         critic = None
         if self.critic is not None:
             from rollwise.train.critic import Critic

@@ -240,7 +240,7 @@ def trainer_spec(cfg: RunConfig, model_dir: Path, device: str) -> TrainerSpec:
                        temperature=R.temperature, top_p=R.top_p, top_k=R.top_k, reference=A.kl_coef > 0,
                        total_steps=cfg.train.steps, tokenizer_path=cfg.model.tokenizer, threads=cfg.run.cpu_threads,
                        world_size=cfg.train.world_size, parallel=cfg.train.parallel, critic=critic,
-                       distill=DistillOptions.from_config(A.distill))
+                       distill=DistillOptions.from_config(A.distill), low_precision_rollouts=cfg.model.dtype != "float32")
 
 
 def training_precision(cfg: RunConfig, device: str) -> str:
@@ -250,7 +250,7 @@ def training_precision(cfg: RunConfig, device: str) -> str:
 
     from rollwise.train.precision import train_precision
 
-    p = train_precision(cfg.train.bf16, torch.device(device))
+    p = train_precision(cfg.train.bf16, torch.device(device), low_precision_rollouts=cfg.model.dtype != "float32")
     return f"{p.name} ({p.reason})"
 
 

@@ -49,11 +49,17 @@ def entropy(x: torch.Tensor) -> torch.Tensor:
     return torch.logsumexp(x, dim=-1) - (torch.softmax(x, dim=-1) * x).sum(-1)
 
 
+def scaled(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """float32 `logits / temperature`; at temperature 1 no division (a full pass over [n, V] saved, in backward too)."""
+    x = logits.float()
+    return x if temperature == 1.0 else x / temperature
+
+
 def chunk_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float, top_p: float = 1.0,
                    top_k: int = -1) -> torch.Tensor:
     """float32 log-prob of each target under logits / T, truncated to top-k / top-p and renormalised.
     [n, V], [n] -> [n]"""
-    x = logits.float() / temperature
+    x = scaled(logits, temperature)
     picked = x.gather(-1, targets[:, None])[:, 0]
     if top_p >= 1.0 and top_k <= 0:
         return picked - torch.logsumexp(x, dim=-1)
@@ -93,7 +99,7 @@ def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: flo
             parts.append(chunk_logprobs(lg, tg, temperature, top_p, top_k))
         if need_entropy:
             with torch.no_grad():
-                ents.append(entropy(lg.float() / temperature))
+                ents.append(entropy(scaled(lg, temperature)))
     if not parts:
         return _empty_like_graph(logits, need_entropy)
     return torch.cat(parts), (torch.cat(ents) if need_entropy else None)
@@ -107,7 +113,7 @@ def _head_chunk(h: torch.Tensor, targets: torch.Tensor, head: torch.nn.Module, t
     if not need_entropy:
         return lp, lp.new_zeros(0)
     with torch.no_grad():
-        ent = entropy(logits.detach().float() / temperature)
+        ent = entropy(scaled(logits.detach(), temperature))
     return lp, ent
 
 
@@ -152,7 +158,7 @@ def head_logprobs(hidden: torch.Tensor, head: torch.nn.Module, targets: torch.Te
 def sampling_logprobs(logits: torch.Tensor, temperature: float, top_p: float, top_k: int) -> torch.Tensor:
     """The whole next-token distribution the engine samples from, as float32 log-probs: logits / T truncated to
     top-k / top-p and renormalised (-inf outside the kept set). [n, V] -> [n, V]"""
-    x = logits.float() / temperature
+    x = scaled(logits, temperature)
     if truncated(top_p, top_k):
         x = x.masked_fill(~truncation_keep(x, top_p, top_k), float("-inf"))
     return torch.log_softmax(x, dim=-1)

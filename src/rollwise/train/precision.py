@@ -6,10 +6,14 @@ backward, and the log-softmax over the vocabulary runs in float32 (`train/logpro
 update is a float32 update of a gradient computed at bf16 matmul precision.
 
 Whether bf16 pays depends on the device and, on the CPU, on its instruction set: CUDA has bf16 tensor cores;
-a CPU with AMX tiles or AVX512-BF16 (`vdpbf16ps`) runs oneDNN's bf16 matmul at about twice the float32 rate
-(SmolLM2-135M forward + backward: 1.75x on an AMD EPYC with AVX512-BF16, docs/benchmarks.md); a CPU without
-them emulates bf16 and loses. `train.bf16: auto` (the default) is bf16 on CUDA and float32 on the CPU, where bf16 is
-opt-in (`true`) until it is shown to cost no accuracy across seeds; `true` / `false` force it.
+a CPU with AMX tiles or AVX512-BF16 (`vdpbf16ps`) runs oneDNN's bf16 matmul at two to three times the float32
+rate (SmolLM2-135M GRPO step: 2.1x on 2 threads of an Intel Xeon with AMX, 2.7-3.0x on an AMD EPYC with
+AVX512-BF16, docs/benchmarks.md); a CPU without them emulates bf16 and loses (0.84x). `train.bf16: auto` (the
+default) is bf16 on CUDA, and on such a CPU when the engine samples below float32 (`model.dtype` bfloat16 or int8):
+the loss then corrects the engine/trainer gap with TIS, and bf16 training learned as float32 did (the addition
+recipe, 3 seeds each, bf16 engine: held-out greedy 61/64/68% against 60/62/70%). With a float32 engine 'auto'
+keeps float32: there bf16 training is the only source of a gap nothing corrects, and over 3 seeds it ended a
+median 7 points lower (one seed at 45%). `true` / `false` force it.
 `ONEDNN_MAX_CPU_ISA` (oneDNN's own cap on the instruction set it may use) is honoured: capped below
 AVX512_CORE_BF16, the CPU counts as one without native bf16.
 
@@ -51,9 +55,11 @@ class TrainPrecision:
 
 
 def train_precision(setting: bool | Literal["auto"], device: torch.device,
-                    flags: frozenset[str] | None = None, max_isa: str | None = None) -> TrainPrecision:
-    """`train.bf16` resolved for `device`: True / False as given; 'auto' = bf16 on CUDA and on CPUs with native
-    bf16 dot products (`cpu_bf16_support`), float32 elsewhere. `flags` / `max_isa` default to this machine's."""
+                    flags: frozenset[str] | None = None, max_isa: str | None = None, *,
+                    low_precision_rollouts: bool = False) -> TrainPrecision:
+    """`train.bf16` resolved for `device`: True / False as given; 'auto' = bf16 on CUDA, and on CPUs with native
+    bf16 dot products (`cpu_bf16_support`) when the rollouts are sampled below float32 (`low_precision_rollouts`);
+    float32 elsewhere. `flags` / `max_isa` default to this machine's."""
     kind = device.type
     if setting is False:
         return TrainPrecision(None, kind, "train.bf16: false")
@@ -69,7 +75,8 @@ def train_precision(setting: bool | Literal["auto"], device: torch.device,
                            os.environ.get("ONEDNN_MAX_CPU_ISA") if max_isa is None else max_isa)
     if isa is None:
         return TrainPrecision(None, kind, "cpu without native bf16 (AMX / AVX512-BF16)")
-    # NOTE: native bf16 makes the step 2-3x faster here, but on the tool recipe a bf16 run collapsed where float32
-    # runs of the same seed learned, and on the addition recipe (3 seeds each) bf16 ended at a median 59% greedy
-    # against float32's 66% (docs/benchmarks.md): on the CPU bf16 is opt-in until it costs no accuracy across seeds
-    return TrainPrecision(None, kind, f"cpu {isa}: 'auto' keeps float32 on the CPU; train.bf16: true runs bf16 autocast")
+    if low_precision_rollouts:
+        return TrainPrecision(torch.bfloat16, kind, f"cpu {isa}, bf16 rollouts")
+    # NOTE: a float32 engine: bf16 training would be the only, uncorrected, source of a gap (module docstring)
+    return TrainPrecision(None, kind, f"cpu {isa} with a float32 engine: 'auto' keeps float32; train.bf16: true "
+                                      "runs bf16 autocast")

@@ -178,6 +178,7 @@ class Trainer:
         tokenizer_path: str | Path | None = None,
         sync: Single | None = None,
         distill: DistillOptions | None = None,
+        low_precision_rollouts: bool = False,
     ) -> None:
         """model_path: an HF checkpoint dir, a .gguf file, a known name ('smollm2-135m') or a hub id (`models.convert.resolve_model`). device: 'cpu', 'cuda', 'cuda:N' or 'auto'. temperature: the sampling temperature of the rollouts (> 0).
         top_p, top_k: the rollouts' sampling truncation (rollout.top_p / rollout.top_k; 1.0 and -1 = off); pass them
@@ -185,7 +186,9 @@ class Trainer:
         reference: keep a frozen copy of the initial policy for the KL penalty (with LoRA: the adapter-free base).
         total_steps: RL steps the LR schedule spans (default cfg.steps).
         sync: how this rank shares updates with the others (`train.parallel`); None = one process.
-        distill: on-policy distillation from a frozen teacher (`train/distill.py`); None = off."""
+        distill: on-policy distillation from a frozen teacher (`train/distill.py`); None = off.
+        low_precision_rollouts: the engine samples below float32 (model.dtype bfloat16 / int8): `train.bf16: auto`
+        then trains in bf16 on CPUs with native bf16 too (`train.precision`)."""
         self.cfg = cfg if cfg is not None else TrainConfig.model_validate({})
         self.sync = sync if sync is not None else Single()
         self.temperature, self.top_p, self.top_k = _sampling_options(temperature, top_p, top_k)
@@ -202,7 +205,7 @@ class Trainer:
         self.step = 0  # optimiser steps taken
         self.rl_step = 0  # train_step calls completed
         self.weight_mode = weight_mode(self.cfg.lora)
-        self.precision: TrainPrecision = train_precision(self.cfg.bf16, self.device)  # float32, or bf16 autocast where it pays
+        self.precision: TrainPrecision = train_precision(self.cfg.bf16, self.device, low_precision_rollouts=low_precision_rollouts)
         self.lora = self.weight_mode.lora
         self.has_reference = reference
         self.model, self.ref_model = self._build_model(attn_implementation, reference)
