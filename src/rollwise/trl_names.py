@@ -102,7 +102,7 @@ TRL_FIELDS: dict[str, Entry] = {
     "max_steps": Mapped(_STEPS, "optimizer steps / train.updates_per_step"),
     "num_train_epochs": Mapped(_STEPS, "when max_steps <= 0: ceil(epochs x (prompts // prompts per RL step))"),
     "seed": Mapped(("train.seed",)),
-    "bf16": Mapped(("train.bf16",), "bf16 autocast over float32 master weights (unset: 'auto', on CUDA and CPUs with AMX / AVX512-BF16)"),
+    "bf16": Mapped(("train.bf16",), "bf16 autocast over float32 master weights (unset: 'auto', on CUDA, and on CPUs with AMX / AVX512-BF16 behind a bf16 engine)"),
     "gradient_checkpointing": Mapped(("train.gradient_checkpointing",), "TRL's default True is kept"),
     "use_cpu": Mapped(("model.device",), "True -> cpu"),
     # ---- logging, saving, evaluation
