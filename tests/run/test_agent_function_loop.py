@@ -103,7 +103,10 @@ def test_a_resumed_agent_run_retrains_its_stored_segments_exactly(tmp_path, run_
     train(run_cfg(part, *args, "run.resume=true"), log=lambda s: None)
     a = load_file(full / "checkpoints" / "step-4" / "model.safetensors")
     b = load_file(part / "checkpoints" / "step-4" / "model.safetensors")
-    assert max((a[k] - b[k]).abs().max().item() for k in a) < 1e-6
+    # NOTE: not bit-exact: episodes finish in the order their threads get the CPU, and the batch order sets the float
+    # summation order, which AdamW's first steps magnify (seen: up to 5e-6 in a loaded test run); a lost or wrong
+    # segment moves weights by the update's size, ~lr = 1e-3
+    assert max((a[k] - b[k]).abs().max().item() for k in a) < 5e-5
 
 
 def test_the_stored_rollout_is_the_agents_own_prompt_and_calls_token_for_token(tmp_path, run_cfg):

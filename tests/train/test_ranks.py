@@ -122,13 +122,15 @@ def test_two_ranks_with_a_reference_model_and_proximal_policy(tiny_llama, parall
     finally:
         ranks.shutdown()
     ms_pack, w_pack = run_two_steps(repacked(sp(1)).build())
-    _, w_pack32 = run_two_steps(repacked(sp(1), 32).build())  # two caps, as above
+    ms_pack32, w_pack32 = run_two_steps(repacked(sp(1), 32).build())  # two caps, as above
     d, d_pack = max_diff(w1, w2), max(max_diff(w1, w_pack), max_diff(w1, w_pack32))
     print(f"{parallel} reference + proximal: max |w1 - w2| = {d:.2e}; 1 rank repacked: {d_pack:.2e}")
     assert d <= rounding_bound(d_pack)
-    for a, b, p in zip(ms1, ms2, ms_pack):
-        assert a["kl"] == pytest.approx(b["kl"], abs=rounding_bound(abs(a["kl"] - p["kl"]), floor=1e-6))
-        assert a["loss"] == pytest.approx(b["loss"], abs=rounding_bound(abs(a["loss"] - p["loss"])))
+    # the step-2 scalars follow the step-1 weights, so their yardstick is the larger of the two repacks' too
+    for a, b, p, q in zip(ms1, ms2, ms_pack, ms_pack32):
+        for key, floor in (("kl", 1e-6), ("loss", 1e-5)):
+            yard = max(abs(a[key] - p[key]), abs(a[key] - q[key]))
+            assert a[key] == pytest.approx(b[key], abs=rounding_bound(yard, floor=floor)), key
 
 
 def test_checkpoint_saved_at_two_ranks_loads_at_one(tiny_llama, tmp_path):
