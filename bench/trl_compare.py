@@ -88,11 +88,14 @@ def run_rollwise(model: Path, task: tuple[Path, Path, Path], steps: int, lr: flo
     cfg_path.write_text(yaml.safe_dump(settings, sort_keys=False))
     cfg = load_config(cfg_path, overrides=list(sets or []))
     train(cfg, log=lambda s: None)
+    from rollwise.run.setup import training_precision
+
     rows = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
     rows = [r for r in rows if "step_s" in r]
     return {"step_s": [r["step_s"] for r in rows], "reward": [r["reward_mean"] for r in rows],
             "completion_len": [r.get("resp_len_mean") for r in rows], "logprob_mismatch_max": [r.get("logprob_mismatch_max") for r in rows],
-            "time_train_s": [r.get("time_train_s") for r in rows], "time_generate_s": [r.get("time_generate_s") for r in rows]}
+            "time_train_s": [r.get("time_train_s") for r in rows], "time_generate_s": [r.get("time_generate_s") for r in rows],
+            "train_precision": training_precision(cfg, "cpu"), "engine_dtype": cfg.model.dtype}
 
 
 def run_trl(model: Path, task: tuple[Path, Path, Path], steps: int, lr: float, max_tokens: int, out: Path,
@@ -174,9 +177,6 @@ def main(argv=None) -> int:
         t0 = time.perf_counter()
         if which == "rollwise":
             r = run_rollwise(model, task, args.steps, args.lr, int(mt), Path(out), args.rollwise_set)
-            from rollwise.train.precision import train_precision
-
-            r["train_precision"] = train_precision("auto", torch.device("cpu")).reason
         else:
             r = run_trl(model, task, args.steps, args.lr, int(mt), Path(out), bf16=which == "trl-bf16")
         import resource
