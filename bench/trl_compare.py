@@ -68,6 +68,7 @@ def run_rollwise(model: Path, task: tuple[Path, Path, Path], steps: int, lr: flo
 
     from rollwise.config import load_config
     from rollwise.run.loop import train
+    from rollwise.run.setup import training_precision
 
     train_p, test_p, reward_p = task
     # A config file, as a user writes one: every other key takes rollwise's code default (two threads here, as TRL
@@ -88,8 +89,6 @@ def run_rollwise(model: Path, task: tuple[Path, Path, Path], steps: int, lr: flo
     cfg_path.write_text(yaml.safe_dump(settings, sort_keys=False))
     cfg = load_config(cfg_path, overrides=list(sets or []))
     train(cfg, log=lambda s: None)
-    from rollwise.run.setup import training_precision
-
     rows = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
     rows = [r for r in rows if "step_s" in r]
     return {"step_s": [r["step_s"] for r in rows], "reward": [r["reward_mean"] for r in rows],
