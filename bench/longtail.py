@@ -51,9 +51,13 @@ ARMS: dict[str, list[str]] = {
     "posterior": ["control.select=posterior"],
     "posterior-norefill": ["control.select=posterior", "control.refill=false"],
     "adaptive": ["control.select=all", "control.policy=adaptive"],
+    # compositions: skip predicted zero-variance prompts, and cut the tail of what is sampled
+    "posterior+partial": ["control.select=posterior", "control.policy=partial", "control.over_provision=0.5",
+                          "algo.tis_cap=2.0"],
+    "posterior+early_stop": ["control.select=posterior", "control.policy=early_stop"],
     "adaptive+posterior": ["control.select=posterior", "control.policy=adaptive"],
     "async": ["control.select=all", "control.async_staleness=1", "algo.tis_cap=2.0"],
-    # drafts from the prompt's completions the last time it came back (an epoch ago: 25 steps on this recipe)
+    # drafts from the prompt's completions the last time it came back (an epoch ago: 8 steps on this recipe)
     "speculative": ["control.select=all", "rollout.speculative.source=past"],
     # tree rollouts: binary branching every 16 tokens (a working line), the tree's own credit; four roots
     "tree": ["control.select=all", "rollout.tree.branch=fixed", "rollout.tree.segment_tokens=16",

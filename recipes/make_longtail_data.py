@@ -21,10 +21,10 @@ recipe (recipes/smollm2-longtail.yaml) gives the figures. Each row carries `ops`
 (`ops3-small`), the plain `question` and a worked `solution`. Train and test never share a problem (split by a hash
 of the question). Each kind's problems are drawn from a sequence of their own, so a test set of any mix is a prefix
 of every kind's sequence (the calibration evaluates those sequences once and reads any mix's accuracy off them). The
-training set is small on purpose (200): over 40 steps of 8 prompts each problem comes back, so selection by pass
-rate has something to act on. Deterministic.
+training set is small on purpose (64): over 40 steps of 8 prompts each problem comes back every 8 steps, five times
+in all, so selection by pass rate and drafts from a prompt's last visit have something to act on. Deterministic.
 
-    python recipes/make_longtail_data.py [--train 200] [--test 100] [--mix 1:3,2:3,3:2,4:1,5:1,6:1] [--large 0.25]
+    python recipes/make_longtail_data.py [--train 64] [--test 100] [--mix 1:3,2:3,3:2,4:1,5:1,6:1] [--large 0.25]
         [--shots 2] [--prefix longtail] [--seed 0]
 """
 
@@ -190,7 +190,7 @@ def draw(n: int, mix: dict[int, float], large: float, test: bool, seed: int, sho
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--train", type=int, default=200)
+    ap.add_argument("--train", type=int, default=64)
     ap.add_argument("--test", type=int, default=100)
     ap.add_argument("--mix", default=DEFAULT_MIX, help="relative share of each number of operations, OPS:WEIGHT,...")
     ap.add_argument("--large", type=float, default=DEFAULT_LARGE, help="share of each with the larger numbers")
