@@ -55,6 +55,7 @@ ARMS: dict[str, list[str]] = {
     "posterior+partial": ["control.select=posterior", "control.policy=partial", "control.over_provision=0.5",
                           "algo.tis_cap=2.0"],
     "posterior+early_stop": ["control.select=posterior", "control.policy=early_stop"],
+    "posterior+knapsack": ["control.select=posterior", "control.policy=knapsack", "control.oversample=2.0"],
     "adaptive+posterior": ["control.select=posterior", "control.policy=adaptive"],
     "async": ["control.select=all", "control.async_staleness=1", "algo.tis_cap=2.0"],
     # drafts from the prompt's completions the last time it came back (an epoch ago: 8 steps on this recipe)

@@ -67,6 +67,14 @@ ARMS: dict[str, list[str]] = {
     "early_stop": ["control.policy=early_stop"],
     "dynamic": ["control.policy=dynamic"],
     "adaptive+posterior": ["control.policy=adaptive", "control.select=posterior"],
+    # the step's samples split by each prompt's chance of a mixed group: up to 16 where a success was seen
+    "knapsack+posterior": ["control.policy=knapsack", "control.select=posterior", "control.oversample=2.0"],
+    # a past success of the prompt (from up to 8 versions back: a prompt comes back every 8 steps) added to each
+    # all-failed group, and no other replay
+    "rescue+posterior": ["control.select=posterior", "replay.enabled=true", "replay.reuse_per_step=0",
+                         "replay.max_age=8"],
+    "knapsack+rescue+posterior": ["control.policy=knapsack", "control.select=posterior", "control.oversample=2.0",
+                                  "replay.enabled=true", "replay.reuse_per_step=0", "replay.max_age=8"],
     "early_stop+posterior": ["control.policy=early_stop", "control.select=posterior"],
     "adaptive+early_stop+posterior": ["control.policy=[adaptive,early_stop]", "control.select=posterior"],
     "early_stop+posterior-norefill": ["control.policy=early_stop", "control.select=posterior", "control.refill=false"],

@@ -910,7 +910,7 @@ class SftConfig(_Section):
     `eval_before` is after SFT, before RL, either way."""
 
 
-PolicyName = Literal["uniform", "dynamic", "adaptive", "early_stop", "partial"]
+PolicyName = Literal["uniform", "dynamic", "adaptive", "knapsack", "early_stop", "partial"]
 
 
 class ControlConfig(_Section):
@@ -920,7 +920,8 @@ class ControlConfig(_Section):
     policy: PolicyName | list[PolicyName] = "uniform"
     """Generation policy (`rollwise.control.POLICIES`), or a list that composes an allocation with a stopping rule:
     'uniform' K samples per prompt; 'dynamic' DAPO over-sample and refill with informative groups; 'adaptive' pilot
-    groups, full groups only for mixed pilots; 'partial' stop at the batch target and carry unfinished samples over;
+    groups, full groups only for mixed pilots; 'knapsack' the step's samples split over more prompts by each one's
+    chance of a mixed group under the posterior (up to `max_group` each; needs select posterior); 'partial' stop at the batch target and carry unfinished samples over;
     'early_stop' abort groups decided zero-variance (alone: under uniform allocation; `[dynamic, early_stop]`,
     `[adaptive, early_stop]`: under that one). Prompt selection is `select`, a separate concern."""
 
@@ -930,7 +931,7 @@ class ControlConfig(_Section):
         names = [v] if isinstance(v, str) else list(v)
         alloc = [n for n in names if n != "early_stop"]
         if not names or len(set(names)) != len(names) or len(alloc) > 1:
-            raise ValueError(f"control.policy takes one allocation (uniform, dynamic, adaptive or partial), optionally "
+            raise ValueError(f"control.policy takes one allocation (uniform, dynamic, adaptive, knapsack or partial), optionally "
                              f"with early_stop, each once; got {names}")
         if "partial" in alloc and "early_stop" in names:
             raise ValueError("control.policy [partial, early_stop]: partial rollouts drive the engine across steps "
@@ -945,13 +946,16 @@ class ControlConfig(_Section):
     """Prompt selector (`rollwise.control.SELECTORS`): 'all', or 'posterior' to skip prompts whose Beta pass-rate
     posterior says the group would almost surely be all-correct or all-wrong."""
     oversample: float = Field(1.5, ge=1)
-    """dynamic / adaptive: prompts per round = ceil(missing informative groups x oversample)."""
+    """dynamic / adaptive: prompts per round = ceil(missing informative groups x oversample); knapsack: candidate
+    prompts per step = ceil(prompts_per_step x oversample)."""
     max_rounds: int = Field(4, ge=1)
     """dynamic / adaptive: most generation rounds per step (the batch may then be short)."""
     pilot_samples: int = Field(2, ge=2)
     """adaptive: samples in each prompt's pilot group; must be < rollout.samples_per_prompt."""
     budget_factor: float = Field(1.0, gt=0)
-    """adaptive: rollouts per step = budget_factor x prompts_per_step x samples_per_prompt."""
+    """adaptive, knapsack: rollouts per step = budget_factor x prompts_per_step x samples_per_prompt."""
+    max_group: int = Field(0, ge=0)
+    """knapsack: most samples one prompt gets in a step; 0 = twice rollout.samples_per_prompt."""
     direct_above: float = Field(0.7, gt=0, le=1)
     """adaptive: sample all K at once (no pilot) for a prompt whose pass-rate belief gives P(informative group) >= this
     (with select=posterior: a prompt seen mixed before); 1 = always pilot."""
@@ -1070,10 +1074,13 @@ _APPLIES_WHEN: list[tuple[str, Any, str]] = [
     ("run.ray_timeout_s", lambda c: c.engine.backend == "ray", "engine.backend is 'ray'"),
     ("model.builtin", lambda c: c.model.path == "builtin:tiny", "model.path is 'builtin:tiny'"),
     ("warmup", lambda c: c.model.path == "builtin:tiny", "model.path is 'builtin:tiny'"),
-    ("control.oversample", lambda c: bool(set(c.control.policies) & set(_ADAPTIVE_OR_DYNAMIC)), "control.policy is dynamic or adaptive"),
+    ("control.oversample", lambda c: bool(set(c.control.policies) & {*_ADAPTIVE_OR_DYNAMIC, "knapsack"}),
+     "control.policy is dynamic, adaptive or knapsack"),
     ("control.max_rounds", lambda c: bool(set(c.control.policies) & set(_ADAPTIVE_OR_DYNAMIC)), "control.policy is dynamic or adaptive"),
     ("control.pilot_samples", lambda c: "adaptive" in c.control.policies, "control.policy is 'adaptive'"),
-    ("control.budget_factor", lambda c: "adaptive" in c.control.policies, "control.policy is 'adaptive'"),
+    ("control.budget_factor", lambda c: bool({"adaptive", "knapsack"} & set(c.control.policies)),
+     "control.policy is adaptive or knapsack"),
+    ("control.max_group", lambda c: "knapsack" in c.control.policies, "control.policy is 'knapsack'"),
     ("control.direct_above", lambda c: "adaptive" in c.control.policies, "control.policy is 'adaptive'"),
     ("control.confidence", lambda c: "early_stop" in c.control.policies, "control.policy is 'early_stop'"),
     ("control.min_finished", lambda c: "early_stop" in c.control.policies, "control.policy is 'early_stop'"),
@@ -1181,6 +1188,11 @@ def cross_section_problems(cfg: RunConfig) -> list[str]:
     if "adaptive" in c.control.policies and c.control.pilot_samples >= c.rollout.samples_per_prompt:
         out.append(f"control.pilot_samples ({c.control.pilot_samples}) must be smaller than "
                    f"rollout.samples_per_prompt ({c.rollout.samples_per_prompt}) for control.policy=adaptive")
+    if "knapsack" in c.control.policies and c.control.select != "posterior":
+        out.append("control.policy 'knapsack' splits samples by each prompt's pass-rate belief: it needs "
+                   "control.select 'posterior'")
+    if "knapsack" in c.control.policies and 0 < c.control.max_group < 2:
+        out.append(f"control.max_group ({c.control.max_group}) must be at least 2: a group needs two samples to show a mix")
     if c.rollout.speculative.source != "off" and c.engine.backend != "local":
         out.append(f"rollout.speculative.source '{c.rollout.speculative.source}' needs engine.backend 'local': "
                    f"{c.engine.backend} engines take whole batches and no drafts")

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from rollwise.engine.core import sample_seed
 from rollwise.envs.base import Task
-from rollwise.types import CompletionOutput, RequestOutput, Score
+from rollwise.types import ROLLOUT_STATUSES, CompletionOutput, RequestOutput, Score
 
 
 class FakeTokenizer:
@@ -149,3 +149,19 @@ class BatchOnlyEngine:
         while self.inner.requests:
             got.update((o.request_id, o) for o in self.inner.step())
         return [got[f"b{i}"] for i in range(len(prompts))]
+
+
+def check_books(res, engine=None, statuses=None):
+    """Every rollout has one known status, the counts add up, and the token ledger balances."""
+    acc = res.accounting
+    rolls = [r for g in res.groups for r in g.rollouts]
+    assert acc.total_rollouts == len(rolls)
+    assert acc.rollouts == {s: sum(r.status == s for r in rolls) for s in ROLLOUT_STATUSES}
+    assert all(r.status_reason for r in rolls if r.status != "kept")
+    assert acc.rollout_tokens == sum(len(r.completion_token_ids) for r in rolls)
+    assert acc.aborted_tokens == sum(len(r.completion_token_ids) for r in rolls if r.status == "aborted")
+    assert acc.generated_tokens == acc.rollout_tokens + acc.carried_out_tokens - acc.carried_in_tokens
+    assert acc.zero_variance_groups == sum(len({r.reward for r in g.rollouts if r.reward is not None}) <= 1
+                                           for g in res.groups)
+    if statuses is not None:
+        assert {r.status for r in rolls} <= set(statuses)

@@ -10,30 +10,14 @@ from rollwise.control import (AdaptiveGroupPolicy, DynamicSamplingPolicy, EarlyS
                               PassRatePosterior, RolloutController, UniformPolicy)
 from rollwise.control.beta import beta_all_equal
 from rollwise.filter import zero_variance
-from rollwise.types import ROLLOUT_STATUSES, SamplingParams
-from tests.control.fakes import BatchOnlyEngine, FakeEngine, FakeEnv, FakeTokenizer, TaskStream, task
+from rollwise.types import SamplingParams
+from tests.control.fakes import BatchOnlyEngine, FakeEngine, FakeEnv, FakeTokenizer, TaskStream, check_books, task
 
 SP = SamplingParams(n=8, max_tokens=64, seed=1)
 
 
 def controller(policy, **kw):
     return RolloutController(policy, FakeEnv(), FakeTokenizer(), score_workers=2, **kw)
-
-
-def check_books(res, engine=None, statuses=None):
-    """Every rollout has one known status, the counts add up, and the token ledger balances."""
-    acc = res.accounting
-    rolls = [r for g in res.groups for r in g.rollouts]
-    assert acc.total_rollouts == len(rolls)
-    assert acc.rollouts == {s: sum(r.status == s for r in rolls) for s in ROLLOUT_STATUSES}
-    assert all(r.status_reason for r in rolls if r.status != "kept")
-    assert acc.rollout_tokens == sum(len(r.completion_token_ids) for r in rolls)
-    assert acc.aborted_tokens == sum(len(r.completion_token_ids) for r in rolls if r.status == "aborted")
-    assert acc.generated_tokens == acc.rollout_tokens + acc.carried_out_tokens - acc.carried_in_tokens
-    assert acc.zero_variance_groups == sum(len({r.reward for r in g.rollouts if r.reward is not None}) <= 1
-                                           for g in res.groups)
-    if statuses is not None:
-        assert {r.status for r in rolls} <= set(statuses)
 
 
 def test_uniform_samples_every_prompt_k_times_and_books_balance_against_the_engine():

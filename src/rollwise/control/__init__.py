@@ -22,6 +22,7 @@ from rollwise.control.ledger import Accounting
 from rollwise.control.protocols import Policy, Selector
 from rollwise.control.policies.dynamic import DynamicSamplingPolicy
 from rollwise.control.policies.early_stop import EarlyStop, EarlyStopPolicy
+from rollwise.control.policies.knapsack import KnapsackPolicy
 from rollwise.control.policies.partial import PartialRolloutPolicy
 from rollwise.control.policies.posterior import PassRatePosterior
 from rollwise.control.policies.uniform import UniformPolicy
@@ -37,6 +38,8 @@ POLICIES: dict[str, Callable[[ControlConfig], Policy]] = {
     "adaptive": lambda c: AdaptiveGroupPolicy(pilot=c.pilot_samples, budget_factor=c.budget_factor,
                                               oversample=c.oversample, max_rounds=c.max_rounds,
                                               direct_above=c.direct_above),
+    "knapsack": lambda c: KnapsackPolicy(budget_factor=c.budget_factor, oversample=c.oversample,
+                                         max_group=c.max_group),
     "early_stop": lambda c: EarlyStopPolicy(confidence=c.confidence, min_finished=c.min_finished),  # uniform + stop
     "partial": lambda c: PartialRolloutPolicy(over_provision=c.over_provision),
 }
@@ -74,5 +77,5 @@ def make_controller(control_cfg: ControlConfig, env: Environment, tokenizer: Tok
 
 __all__ = ["Accounting", "AdaptiveGroupPolicy", "ControlStep", "Driver", "DynamicSamplingPolicy", "EarlyStop",
            "EarlyStopPolicy",
-           "POLICIES", "PartialRolloutPolicy", "PassRatePosterior", "RolloutController", "SELECTORS", "ScoreItem",
+           "KnapsackPolicy", "POLICIES", "PartialRolloutPolicy", "PassRatePosterior", "RolloutController", "SELECTORS", "ScoreItem",
            "Scorer", "StepContext", "UniformPolicy", "make_controller"]
