@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import math
 import statistics
 import string
 import sys
@@ -93,13 +94,25 @@ def summarize(runs: Path) -> dict[str, Any]:
         for seed, c in sorted(seeds.items()):
             ph = phases(arms[arm][seed])
             hit = c.first_reaching(target) if target is not None else None
+            steps = len(load_metrics(arms[arm][seed] / "metrics.jsonl").rows)
             per.append({"seed": seed, "final_greedy": c.greedy[-1], "train_s": c.train_s[-1], "tokens": c.tokens[-1],
+                        "tokens_per_step": c.tokens[-1] / max(steps, 1),
+                        "tail_step_frac": ph.get("split_tail", 0.0) / c.train_s[-1] if c.train_s[-1] else None,
                         "to_target_s": None if hit is None else c.train_s[hit],
                         **{k: v for k, v in ph.items() if k.startswith("split_") or k in ("generate", "train")}})
-        out["arms"][arm] = {"runs": per, **{k: _spread([float(r[k]) for r in per if r.get(k) is not None])
+        out["arms"][arm] = {"runs": per, **{k: _spread(_values(per, k))
                                             for k in ("final_greedy", "train_s", "to_target_s", "split_useful",
-                                                      "split_filtered", "split_tail", "split_tail_frac", "train")}}
+                                                      "split_filtered", "split_tail", "split_tail_frac",
+                                                      "tail_step_frac", "tokens_per_step", "train")}}
     return out
+
+
+def _values(per: list[dict[str, Any]], key: str) -> list[float]:
+    """One number per seed; a seed that never reaches the target counts as infinitely slow (the rule of
+    bench/time_to_accuracy.py), other missing values are left out."""
+    if key == "to_target_s":
+        return [math.inf if r[key] is None else float(r[key]) for r in per]
+    return [float(r[key]) for r in per if r.get(key) is not None]
 
 
 def table(res: dict[str, Any]) -> str:
@@ -109,13 +122,16 @@ def table(res: dict[str, Any]) -> str:
 
     t = res["target_greedy"]
     lines = [f"target: {'-' if t is None else f'{100 * t:.1f}%'} greedy (uniform's final, median over seeds)",
-             "| arm | seeds | train s | to target s | generate: useful / filtered / tail s | tail share | "
-             "training s | final greedy |", "|---|---|---|---|---|---|---|---|"]
+             "| arm | seeds | train s | to target s | speed-up | generate: useful / filtered / tail s | tail share of "
+             "generate / of step | tokens per step | training s | final greedy |", "|---|---|---|---|---|---|---|---|---|---|"]
+    base = res["arms"].get("uniform", {}).get("to_target_s") or {}
     for arm, r in res["arms"].items():
         gen = " / ".join(med(r, k) for k in ("split_useful", "split_filtered", "split_tail"))
-        lines.append(f"| {arm} | {len(r['runs'])} | {med(r, 'train_s')} | {med(r, 'to_target_s')} | {gen} | "
-                     f"{med(r, 'split_tail_frac', '{:.2f}')} | {med(r, 'train')} | "
-                     f"{med(r, 'final_greedy', '{:.1%}')} |")
+        own = (r.get("to_target_s") or {}).get("median")
+        speed = f"{base['median'] / own:.2f}x" if own and base.get("median") else "-"
+        lines.append(f"| {arm} | {len(r['runs'])} | {med(r, 'train_s')} | {med(r, 'to_target_s')} | {speed} | {gen} | "
+                     f"{med(r, 'split_tail_frac', '{:.2f}')} / {med(r, 'tail_step_frac', '{:.2f}')} | "
+                     f"{med(r, 'tokens_per_step', '{:.0f}')} | {med(r, 'train')} | {med(r, 'final_greedy', '{:.1%}')} |")
     return "\n".join(lines)
 
 
