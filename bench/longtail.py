@@ -55,6 +55,9 @@ ARMS: dict[str, list[str]] = {
     # compositions: skip predicted zero-variance prompts, and cut the tail of what is sampled
     "posterior+partial": ["control.select=posterior", "control.policy=partial", "control.over_provision=0.5",
                           "algo.tis_cap=2.0"],
+    # GRESO's trade: skipped prompts are not replaced, so a step samples fewer groups and costs less
+    "posterior-norefill+partial": ["control.select=posterior", "control.refill=false", "control.policy=partial",
+                                   "control.over_provision=0.5", "algo.tis_cap=2.0"],
     "posterior+early_stop": ["control.select=posterior", "control.policy=early_stop"],
     "posterior+knapsack": ["control.select=posterior", "control.policy=knapsack", "control.oversample=2.0"],
     "adaptive+posterior": ["control.select=posterior", "control.policy=adaptive"],
