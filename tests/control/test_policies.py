@@ -268,6 +268,24 @@ def test_partial_rollouts_keep_the_step_short_on_a_heavy_tail():
     assert engine_steps(PartialRolloutPolicy(over_provision=1.0)) < engine_steps(UniformPolicy()) / 1.3
 
 
+def test_partial_rollouts_cut_the_tail_when_a_selector_hands_over_fewer_prompts():
+    """With the posterior and no refill a step may get fewer prompts than it asked for; partial rollouts then wait
+    for the same share of what is in flight (here 4 of 6), not for every group."""
+    lens = [4] * 15 + [60]
+    tasks = [task(i, 0.5 if i % 2 else 1.0, length=lens) for i in range(48)]
+    post = PassRatePosterior(explore=0.0)
+    for t in tasks[::2]:  # every other prompt is known solved: skipped, not replaced
+        for _ in range(50):
+            post.update(t.id, 1.0)
+    eng = FakeEngine(tasks)
+    ctl = controller(PartialRolloutPolicy(over_provision=0.5), selector=post, refill=False)
+    res = ctl.run_step(eng, TaskStream(tasks), SP, step=1, batch_groups=8)
+    check_books(res, eng)
+    assert res.accounting.skipped_prompts == 6  # 12 drawn, 6 kept
+    assert len(res.groups) == 4 and len(ctl.policy.carry) == 2
+    assert res.accounting.carried_out_tokens > 0
+
+
 def test_controller_rejects_bad_input():
     with pytest.raises(ValueError, match="batch_groups"):
         controller(UniformPolicy()).run_step(FakeEngine([]), TaskStream([task(0, 1.0)]), SP, step=1, batch_groups=0)

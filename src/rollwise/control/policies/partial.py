@@ -61,7 +61,10 @@ class PartialRolloutPolicy:
                 drv.submit(req)
         ctx.acc.rounds = 1
         complete: list[PendingGroup] = []
-        while len(complete) < ctx.batch_groups and drv.inflight:
+        # A selector that does not refill (control.refill false) may hand over fewer prompts than asked: the step
+        # then waits for the same share of what is in flight, so the over-provision still cuts the tail.
+        target = min(ctx.batch_groups, max(1, math.floor(len(groups) / (1.0 + self.over_provision) + 1e-9)))
+        while len(complete) < target and drv.inflight:
             for req, outs in drv.step():
                 g = by_id[req.group_id]
                 ctx.place(g, req, outs)
