@@ -44,13 +44,13 @@ from rollwise.report.data import load_metrics, time_split  # noqa: E402
 RECIPE = ROOT / "recipes" / "smollm2-longtail.yaml"
 
 ARMS: dict[str, list[str]] = {
-    "uniform": ["control.select=all"],
+    "uniform": ["control.select=all", "control.policy=uniform"],
     # partial rollouts: keep 1.5x / 2x the groups in flight, stop the step once enough are complete, carry the rest
     "partial": ["control.select=all", "control.policy=partial", "control.over_provision=0.5", "algo.tis_cap=2.0"],
     "partial-1.0": ["control.select=all", "control.policy=partial", "control.over_provision=1.0", "algo.tis_cap=2.0"],
     "early_stop": ["control.select=all", "control.policy=early_stop"],
-    "posterior": ["control.select=posterior"],
-    "posterior-norefill": ["control.select=posterior", "control.refill=false"],
+    "posterior": ["control.select=posterior", "control.policy=uniform"],
+    "posterior-norefill": ["control.select=posterior", "control.policy=uniform", "control.refill=false"],
     "adaptive": ["control.select=all", "control.policy=adaptive"],
     # compositions: skip predicted zero-variance prompts, and cut the tail of what is sampled
     "posterior+partial": ["control.select=posterior", "control.policy=partial", "control.over_provision=0.5",
@@ -61,17 +61,18 @@ ARMS: dict[str, list[str]] = {
     "posterior+early_stop": ["control.select=posterior", "control.policy=early_stop"],
     "posterior+knapsack": ["control.select=posterior", "control.policy=knapsack", "control.oversample=2.0"],
     "adaptive+posterior": ["control.select=posterior", "control.policy=adaptive"],
-    "async": ["control.select=all", "control.async_staleness=1", "algo.tis_cap=2.0"],
+    "async": ["control.select=all", "control.policy=uniform", "control.async_staleness=1", "algo.tis_cap=2.0"],
     # drafts from the prompt's completions the last time it came back (an epoch ago: 8 steps on this recipe)
-    "speculative": ["control.select=all", "rollout.speculative.source=past"],
+    "speculative": ["control.select=all", "control.policy=uniform", "rollout.speculative.source=past"],
     # tree rollouts: binary branching every 16 tokens (a working line), the tree's own credit; four roots
-    "tree": ["control.select=all", "rollout.tree.branch=fixed", "rollout.tree.segment_tokens=16",
-             "algo.advantage=tree"],
-    "tree-roots4": ["control.select=all", "rollout.tree.branch=fixed", "rollout.tree.segment_tokens=16",
-                    "rollout.tree.roots=4", "algo.advantage=tree"],
+    "tree": ["control.select=all", "control.policy=uniform", "rollout.tree.branch=fixed",
+             "rollout.tree.segment_tokens=16", "algo.advantage=tree"],
+    "tree-roots4": ["control.select=all", "control.policy=uniform", "rollout.tree.branch=fixed",
+                    "rollout.tree.segment_tokens=16", "rollout.tree.roots=4", "algo.advantage=tree"],
 }
-"""Arm -> `--set` overrides of the recipe (the partial and async arms name the importance-sampling cap their
-staleness needs even when the engine runs in float32)."""
+"""Arm -> `--set` overrides of the recipe. Each names its selector and policy (the recipe ships posterior + partial);
+the partial and async arms name the importance-sampling cap their staleness needs even when the engine runs in
+float32."""
 
 SMOKE = ["model.dtype=float32", "rollout.prompts_per_step=2", "rollout.samples_per_prompt=8", "rollout.max_tokens=24",
          "env.eval_size=4", "run.eval_samples=1", "train.steps=2", "run.eval_every=0", "run.loggers=[jsonl]",

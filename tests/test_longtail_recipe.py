@@ -39,9 +39,9 @@ def _rows(path: Path) -> list[dict]:
 
 def test_the_data_is_deterministic_split_and_right(data, tmp_path):
     train, test = _rows(data / "longtail-train.jsonl"), _rows(data / "longtail-test.jsonl")
-    assert (len(train), len(test)) == (200, 100)
+    assert (len(train), len(test)) == (64, 100)
     assert not {r["question"] for r in train} & {r["question"] for r in test}
-    assert len({r["question"] for r in train}) == 200
+    assert len({r["question"] for r in train}) == 64
     assert {r["ops"] for r in test} == set(range(1, 7))
     for r in train + test:
         assert r["prompt"][-1] == {"role": "user", "content": r["question"]} and len(r["prompt"]) == 5
