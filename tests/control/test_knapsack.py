@@ -7,7 +7,7 @@ import itertools
 import pytest
 
 from rollwise.control import KnapsackPolicy, PassRatePosterior, RolloutController, UniformPolicy
-from rollwise.control.policies.knapsack import allocate, p_informative
+from rollwise.control.policies.knapsack import allocate, p_informative, pooled_beliefs
 from rollwise.filter import zero_variance
 from rollwise.types import SamplingParams
 from tests.control.fakes import FakeEngine, FakeEnv, FakeTokenizer, TaskStream, check_books, task
@@ -43,6 +43,23 @@ def test_allocate_is_the_brute_force_optimum_within_budget_and_group_cap():
     assert sizes[1] > sizes[2] >= sizes[4]
     with pytest.raises(ValueError, match="at least 2"):
         allocate(beliefs, 8, 1)
+
+
+def test_unseen_prompts_take_the_pooled_pass_rate_so_a_low_base_rate_does_not_spread_the_budget_thin():
+    prior = (0.5, 0.5)
+    seen = [(1.5, 7.5), (0.5, 8.5), (0.5, 8.5), (0.5, 8.5)]  # one success in 32 samples
+    fresh = [prior] * 12
+    pooled = pooled_beliefs(seen + fresh, prior)
+    assert pooled[:4] == seen
+    a, b = pooled[4]
+    assert a + b == pytest.approx(1.0) and a / (a + b) == pytest.approx(1 / 32)
+    # Under the Jeffreys prior the fresh prompts take most of the budget in groups of 4-6, and the prompts seen
+    # failing get nothing; pooled, the prompt seen succeeding gets the most and fresh ones at most a probe of 2.
+    naive = allocate(seen + fresh, 64, 16)
+    sizes = allocate(pooled, 64, 16)
+    assert all(4 <= n <= 6 for n in naive[4:]) and naive[0] <= 6 and naive[1:4] == [0, 0, 0]
+    assert sizes[0] >= 12 and sizes[0] == max(sizes) and max(sizes[4:]) <= 2
+    assert pooled_beliefs(fresh, prior) == fresh  # no evidence anywhere: the prior stands
 
 
 def test_knapsack_moves_samples_to_prompts_seen_succeeding_and_finds_more_mixed_groups():

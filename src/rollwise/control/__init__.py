@@ -39,7 +39,7 @@ POLICIES: dict[str, Callable[[ControlConfig], Policy]] = {
                                               oversample=c.oversample, max_rounds=c.max_rounds,
                                               direct_above=c.direct_above),
     "knapsack": lambda c: KnapsackPolicy(budget_factor=c.budget_factor, oversample=c.oversample,
-                                         max_group=c.max_group),
+                                         max_group=c.max_group, prior=(c.prior_a, c.prior_b)),
     "early_stop": lambda c: EarlyStopPolicy(confidence=c.confidence, min_finished=c.min_finished),  # uniform + stop
     "partial": lambda c: PartialRolloutPolicy(over_provision=c.over_provision),
 }

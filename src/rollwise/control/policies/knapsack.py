@@ -7,7 +7,13 @@ step's budget (`budget_factor` x prompts_per_step x K samples) among them in chu
 prompt where it raises P(the group is informative) the most, under that prompt's Beta pass-rate belief (the posterior
 selector's). P(informative | n samples) = 1 - E[p^n] - E[(1-p)^n] is concave in n, so the greedy split is the
 knapsack's optimum. A prompt seen succeeding gets up to `max_group` samples; a prompt seen failing everything
-gets few or none; an unseen prompt (the U-shaped Jeffreys prior) gets a full group early on.
+gets few or none; an unseen prompt is judged by the pass rate seen so far (below).
+
+An unseen prompt's belief is the prior, and the default Jeffreys prior is U-shaped: it says a fresh prompt is as
+likely mixed as one seen succeeding. Where the base rate is low that is wrong, and the split would spread the budget
+thin over fresh prompts (groups of 4 that are almost never mixed). So a prompt with no evidence gets the prior's
+strength around the pass rate pooled over this step's candidates that have some (empirical Bayes); with no evidence
+anywhere (the first steps) the prior stands.
 
 The value is the chance of a non-zero GRPO signal, the quantity behind Knapsack RL (Li et al. 2025)'s budget split; it
 leaves out how much a mixed group's gradient is worth, which a larger group estimates better but does not change
@@ -36,6 +42,19 @@ def p_informative(belief: tuple[float, float], n: int) -> float:
         return 0.0
     a, b = belief
     return max(0.0, 1.0 - beta_all_equal(a, b, n, True) - beta_all_equal(a, b, n, False))
+
+
+def pooled_beliefs(beliefs: list[tuple[float, float]], prior: tuple[float, float]) -> list[tuple[float, float]]:
+    """Each candidate's belief, an unseen one's (exactly the prior) centred on the pass rate pooled over the
+    candidates with evidence, at the prior's strength a0 + b0."""
+    a0, b0 = prior
+    seen = [(a - a0, b - b0) for a, b in beliefs if (a, b) != (a0, b0)]
+    wins, n = sum(w for w, _ in seen), sum(w + f for w, f in seen)
+    if n <= 0:
+        return list(beliefs)
+    m = min(max(wins / n, 1e-3), 1 - 1e-3)
+    fresh = (m * (a0 + b0), (1 - m) * (a0 + b0))
+    return [fresh if (a, b) == (a0, b0) else (a, b) for a, b in beliefs]
 
 
 def allocate(beliefs: list[tuple[float, float]], budget: int, max_group: int) -> list[int]:
@@ -67,6 +86,8 @@ class KnapsackPolicy:
     """Candidate prompts per step = ceil(prompts_per_step x oversample)."""
     max_group: int = 0
     """Most samples one prompt gets; 0 = twice the group size K."""
+    prior: tuple[float, float] = (0.5, 0.5)
+    """The posterior's Beta prior (control.prior_a, prior_b): a belief equal to it is a prompt without evidence."""
 
     def __post_init__(self) -> None:
         if self.budget_factor <= 0 or self.oversample < 1 or self.max_group < 0:
@@ -77,7 +98,8 @@ class KnapsackPolicy:
         k = ctx.group_size
         budget = max(CHUNK, round(self.budget_factor * ctx.batch_groups * k))
         tasks = ctx.take(math.ceil(ctx.batch_groups * self.oversample))
-        sizes = allocate([ctx.prior(t.id) for t in tasks], budget, self.max_group or 2 * k)
+        beliefs = pooled_beliefs([ctx.prior(t.id) for t in tasks], self.prior)
+        sizes = allocate(beliefs, budget, self.max_group or 2 * k)
         ctx.acc.rounds = 1
         ctx.acc.skipped_prompts += sum(1 for n in sizes if n == 0)
         groups = [ctx.new_group(t, n) for t, n in zip(tasks, sizes) if n > 0]
