@@ -19,11 +19,12 @@ def one_thread():
     torch.set_num_threads(n)
 
 
-@pytest.mark.parametrize("policy", ["partial", "adaptive", "dynamic", "early_stop"])
+@pytest.mark.parametrize("policy", ["partial", "adaptive", "dynamic", "early_stop", "knapsack"])
 def test_policy_runs_inside_the_loop(tmp_path_factory, run_cfg, policy):
     out = tmp_path_factory.mktemp(policy)
     extra = {"partial": ["control.over_provision=1.0", "algo.tis_cap=2.0"], "adaptive": ["control.select=posterior"],
-             "dynamic": ["control.max_rounds=2"], "early_stop": ["control.confidence=0.6"]}[policy]
+             "dynamic": ["control.max_rounds=2"], "early_stop": ["control.confidence=0.6"],
+             "knapsack": ["control.select=posterior", "control.oversample=2.0"]}[policy]
     summary = train(run_cfg(out, f"control.policy={policy}", *extra), log=lambda s: None)
     lines = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in lines] == [1, 2, 3]
@@ -48,6 +49,9 @@ def test_policy_runs_inside_the_loop(tmp_path_factory, run_cfg, policy):
         assert len({r.group_id for r in rows}) == len(rows) // 4
     elif policy == "adaptive":
         assert {len(r) for r in _groups(rows).values()} <= {2, 4}
+    elif policy == "knapsack":  # groups of any even size up to 2K, trained and stored as they are
+        sizes = {len(r) for r in _groups(rows).values()}
+        assert sizes <= set(range(2, 9, 2)) and sum(m["control_groups"] for m in lines) == len(_groups(rows))
     elif policy == "early_stop":  # aborted samples are stored with their status, never trained
         assert sum(r.status == "aborted" for r in rows) > 0 and all(r.reward is None for r in rows if r.status == "aborted")
         assert sum(m["control_aborted_tokens"] for m in lines) == sum(
