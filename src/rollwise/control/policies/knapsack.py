@@ -10,10 +10,10 @@ knapsack's optimum. A prompt seen succeeding gets up to `max_group` samples; a p
 gets few or none; an unseen prompt is judged by the pass rate seen so far (below).
 
 An unseen prompt's belief is the prior, and the default Jeffreys prior is U-shaped: it says a fresh prompt is as
-likely mixed as one seen succeeding. Where the base rate is low that is wrong, and the split would spread the budget
-thin over fresh prompts (groups of 4 that are almost never mixed). So a prompt with no evidence gets the prior's
-strength around the pass rate pooled over this step's candidates that have some (empirical Bayes); with no evidence
-anywhere (the first steps) the prior stands.
+likely mixed as one seen succeeding. Where the base rate is low that is wrong, and a step of mostly fresh prompts
+(the first pass over a large data set) would spread its budget thin over them. So a prompt with no evidence gets
+the prior's strength around the pass rate pooled over this step's candidates that have some (empirical Bayes); with
+no evidence anywhere (the first steps) the prior stands.
 
 The value is the chance of a non-zero GRPO signal, the quantity behind Knapsack RL (Li et al. 2025)'s budget split; it
 leaves out how much a mixed group's gradient is worth, which a larger group estimates better but does not change
