@@ -921,7 +921,8 @@ class ControlConfig(_Section):
     """Generation policy (`rollwise.control.POLICIES`), or a list that composes an allocation with a stopping rule:
     'uniform' K samples per prompt; 'dynamic' DAPO over-sample and refill with informative groups; 'adaptive' pilot
     groups, full groups only for mixed pilots; 'knapsack' the step's samples split over more prompts by each one's
-    chance of a mixed group under the posterior (up to `max_group` each; needs select posterior); 'partial' stop at the batch target and carry unfinished samples over;
+    chance of a mixed group under the posterior (up to `max_group` each; needs select posterior); 'partial' stop at
+    the batch target and carry unfinished samples over;
     'early_stop' abort groups decided zero-variance (alone: under uniform allocation; `[dynamic, early_stop]`,
     `[adaptive, early_stop]`: under that one). Prompt selection is `select`, a separate concern."""
 

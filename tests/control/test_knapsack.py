@@ -7,7 +7,8 @@ import itertools
 import pytest
 
 from rollwise.control import KnapsackPolicy, PassRatePosterior, RolloutController, UniformPolicy
-from rollwise.control.policies.knapsack import allocate, p_informative, pooled_beliefs
+from rollwise.control.beta import p_informative
+from rollwise.control.policies.knapsack import allocate, pooled_beliefs
 from rollwise.filter import zero_variance
 from rollwise.types import SamplingParams
 from tests.control.fakes import FakeEngine, FakeEnv, FakeTokenizer, TaskStream, check_books, task

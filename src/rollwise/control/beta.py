@@ -11,3 +11,11 @@ def beta_all_equal(a: float, b: float, r: int, success: bool) -> float:
         return 1.0
     x, y = (a, b) if success else (b, a)
     return math.exp(math.lgamma(x + r) + math.lgamma(x + y) - math.lgamma(x) - math.lgamma(x + y + r))
+
+
+def p_informative(belief: tuple[float, float], n: int) -> float:
+    """P(a group of n samples is neither all-right nor all-wrong) when the pass rate p ~ Beta(a, b)."""
+    if n < 2:
+        return 0.0
+    a, b = belief
+    return max(0.0, 1.0 - beta_all_equal(a, b, n, True) - beta_all_equal(a, b, n, False))

@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from rollwise.control.beta import beta_all_equal
+from rollwise.control.beta import p_informative
 from rollwise.control.context import PendingGroup, StepContext, build_group, informative, mark
 from rollwise.filter import DEFAULT_RULES, FilterRules, differ, score_values
 from rollwise.types import RolloutGroup
@@ -60,7 +60,7 @@ class AdaptiveGroupPolicy:
             m = min(math.ceil(missing * self.oversample), max(1, (budget - spent) // (2 * self.pilot)))
             pend = [ctx.new_group(t, k) for t in ctx.take(m)]
             # A prompt already believed mixed skips the pilot: it gets its full group in the first batch.
-            direct = {p.group_id for p in pend if _p_informative(ctx.prior(p.task.id), k) >= self.direct_above}
+            direct = {p.group_id for p in pend if p_informative(ctx.prior(p.task.id), k) >= self.direct_above}
             if budget - spent - self.pilot * len(pend) < (k - self.pilot) * len(direct):
                 direct = set()
             ctx.generate(pend, [range(k) if p.group_id in direct else range(self.pilot) for p in pend])
@@ -86,11 +86,6 @@ class AdaptiveGroupPolicy:
                          else f"adaptive: unanimous pilot of {self.pilot}")
                 out.append(g)
         return out
-
-
-def _p_informative(belief: tuple[float, float], k: int) -> float:
-    a, b = belief
-    return 1.0 - beta_all_equal(a, b, k, True) - beta_all_equal(a, b, k, False)
 
 
 def _pilot_mixed(p: PendingGroup, pilot: int, rules: FilterRules = DEFAULT_RULES) -> bool:

@@ -28,20 +28,12 @@ import heapq
 import math
 from dataclasses import dataclass
 
-from rollwise.control.beta import beta_all_equal
+from rollwise.control.beta import p_informative
 from rollwise.control.context import StepContext, build_group
 from rollwise.types import RolloutGroup
 
 CHUNK = 2
 """Samples are handed out two at a time: a group needs two to show a mix."""
-
-
-def p_informative(belief: tuple[float, float], n: int) -> float:
-    """P(a group of n samples is neither all-right nor all-wrong) when the pass rate p ~ Beta(a, b)."""
-    if n < 2:
-        return 0.0
-    a, b = belief
-    return max(0.0, 1.0 - beta_all_equal(a, b, n, True) - beta_all_equal(a, b, n, False))
 
 
 def pooled_beliefs(beliefs: list[tuple[float, float]], prior: tuple[float, float]) -> list[tuple[float, float]]:
