@@ -70,9 +70,13 @@ ARMS: dict[str, list[str]] = {
     "tree-roots4": ["control.select=all", "control.policy=uniform", "rollout.tree.branch=fixed",
                     "rollout.tree.segment_tokens=16", "rollout.tree.roots=4", "algo.advantage=tree"],
 }
-"""Arm -> `--set` overrides of the recipe. Each names its selector and policy (the recipe ships posterior + partial);
-the partial and async arms name the importance-sampling cap their staleness needs even when the engine runs in
+"""Arm -> `--set` overrides of the recipe. Each names its selector and policy (the recipe ships the posterior without
+refill + partial, so every arm starts from RESET, the selector's defaults, and says what it changes); the partial and
+async arms name the importance-sampling cap their staleness needs even when the engine runs in
 float32."""
+
+RESET = ["control.refill=true"]
+"""Applied before every arm's overrides: the recipe's `refill: false` back to the default (inert under select=all)."""
 
 SMOKE = ["model.dtype=float32", "rollout.prompts_per_step=2", "rollout.samples_per_prompt=8", "rollout.max_tokens=24",
          "env.eval_size=4", "run.eval_samples=1", "train.steps=2", "run.eval_every=0", "run.loggers=[jsonl]",
@@ -98,17 +102,31 @@ def summarize(runs: Path) -> dict[str, Any]:
         for seed, c in sorted(seeds.items()):
             ph = phases(arms[arm][seed])
             hit = c.first_reaching(target) if target is not None else None
-            steps = len(load_metrics(arms[arm][seed] / "metrics.jsonl").rows)
+            rows = load_metrics(arms[arm][seed] / "metrics.jsonl").rows
+            steps = len(rows)
             per.append({"seed": seed, "final_greedy": c.greedy[-1], "train_s": c.train_s[-1], "tokens": c.tokens[-1],
                         "tokens_per_step": c.tokens[-1] / max(steps, 1),
                         "tail_step_frac": ph.get("split_tail", 0.0) / c.train_s[-1] if c.train_s[-1] else None,
                         "to_target_s": None if hit is None else c.train_s[hit],
-                        **{k: v for k, v in ph.items() if k.startswith("split_") or k in ("generate", "train")}})
+                        **signal(rows),
+                        **{k: v for k, v in ph.items()
+                           if k.startswith("split_") or k in ("generate", "train", "spec_acceptance_mean")}})
         out["arms"][arm] = {"runs": per, **{k: _spread(_values(per, k))
                                             for k in ("final_greedy", "train_s", "to_target_s", "split_useful",
                                                       "split_filtered", "split_tail", "split_tail_frac",
-                                                      "tail_step_frac", "tokens_per_step", "train")}}
+                                                      "tail_step_frac", "tokens_per_step", "train", "informative_groups")}}
     return out
+
+
+def signal(rows: list[dict[str, Any]]) -> dict[str, int]:
+    """Groups sampled, those with reward variance (the ones that carry a gradient) and prompts the selector skipped,
+    summed over the run's steps: what a policy bought with its tokens."""
+    def total(key: str) -> int:
+        return int(sum(float(r.get(key, 0.0)) for r in rows if "step_s" in r))
+
+    groups = total("control_groups")
+    return {"groups": groups, "informative_groups": groups - total("control_zero_variance_groups"),
+            "skipped_prompts": total("control_skipped_prompts")}
 
 
 def _values(per: list[dict[str, Any]], key: str) -> list[float]:
@@ -127,7 +145,8 @@ def table(res: dict[str, Any]) -> str:
     t = res["target_greedy"]
     lines = [f"target: {'-' if t is None else f'{100 * t:.1f}%'} greedy (uniform's final, median over seeds)",
              "| arm | seeds | train s | to target s | speed-up | generate: useful / filtered / tail s | tail share of "
-             "generate / of step | tokens per step | training s | final greedy |", "|---|---|---|---|---|---|---|---|---|---|"]
+             "generate / of step | tokens per step | informative groups | training s | final greedy |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     base = res["arms"].get("uniform", {}).get("to_target_s") or {}
     for arm, r in res["arms"].items():
         gen = " / ".join(med(r, k) for k in ("split_useful", "split_filtered", "split_tail"))
@@ -135,7 +154,7 @@ def table(res: dict[str, Any]) -> str:
         speed = f"{base['median'] / own:.2f}x" if own and base.get("median") else "-"
         lines.append(f"| {arm} | {len(r['runs'])} | {med(r, 'train_s')} | {med(r, 'to_target_s')} | {speed} | {gen} | "
                      f"{med(r, 'split_tail_frac', '{:.2f}')} / {med(r, 'tail_step_frac', '{:.2f}')} | "
-                     f"{med(r, 'tokens_per_step', '{:.0f}')} | {med(r, 'train')} | {med(r, 'final_greedy', '{:.1%}')} |")
+                     f"{med(r, 'tokens_per_step', '{:.0f}')} | {med(r, 'informative_groups', '{:.0f}')} | {med(r, 'train')} | {med(r, 'final_greedy', '{:.1%}')} |")
     return "\n".join(lines)
 
 
@@ -163,7 +182,7 @@ def smoke(runs: Path, arms: list[str]) -> None:
     bad = []
     for arm in arms:
         out = runs / arm / "seed0"
-        launch(out, RECIPE, [*sets, *ARMS[arm]], f"smoke/{arm}")
+        launch(out, RECIPE, [*sets, *RESET, *ARMS[arm]], f"smoke/{arm}")
         rows = load_metrics(out / "metrics.jsonl").rows
         if not (out / "summary.json").is_file():
             bad.append(f"{arm}: no summary.json (see {out.parent / 'seed0.log'})")
@@ -202,7 +221,7 @@ def main() -> None:
             raise SystemExit("recipes/data/longtail-train.jsonl not found: run `python recipes/make_longtail_data.py`")
         for seed in (int(s) for s in args.seeds.split(",")):
             for arm in arms:
-                sets = [*common(args.eval_every), f"train.seed={seed}", *ARMS[arm], *args.extra]
+                sets = [*common(args.eval_every), f"train.seed={seed}", *RESET, *ARMS[arm], *args.extra]
                 if args.steps is not None:
                     sets.append(f"train.steps={args.steps}")
                 launch(runs / arm / f"seed{seed}", RECIPE, sets, f"longtail/{arm}/seed{seed}")

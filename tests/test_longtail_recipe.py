@@ -79,3 +79,15 @@ def test_the_recipe_scores_its_own_worked_solutions_right(data):
     assert [s.value for s in scores] == [1.0] * 100
     wrong = env.score_batch(tasks[:3], [f"The result is {t.metadata['answer'] + 1}." for t in tasks[:3]])
     assert [s.value for s in wrong] == [0.0] * 3
+
+
+def test_the_bench_counts_informative_groups_over_steps_only():
+    """bench/longtail.py's `signal`: groups with reward variance are the ones that carry a gradient; an evaluation
+    row (no step_s) adds nothing, and a run without the control keys counts zero rather than failing."""
+    bench = _load("longtail_bench", REPO / "bench" / "longtail.py")
+    rows = [{"step": 1, "step_s": 2.0, "control_groups": 8, "control_zero_variance_groups": 6,
+             "control_skipped_prompts": 1},
+            {"step": 2, "step_s": 3.0, "control_groups": 7, "control_zero_variance_groups": 7},
+            {"step": 2, "eval_accuracy_greedy": 0.3, "control_groups": 100}]
+    assert bench.signal(rows) == {"groups": 15, "informative_groups": 2, "skipped_prompts": 1}
+    assert bench.signal([{"step": 1, "step_s": 1.0}]) == {"groups": 0, "informative_groups": 0, "skipped_prompts": 0}
