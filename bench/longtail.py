@@ -88,14 +88,16 @@ def common(eval_every: int) -> list[str]:
     return [f"run.eval_every={eval_every}", "run.eval_samples=1", "run.checkpoint_every=0", "run.keep_checkpoints=1"]
 
 
-def summarize(runs: Path) -> dict[str, Any]:
-    """Per arm and seed: final greedy accuracy, training time, time to uniform's final accuracy, and where the time
-    went (generate: useful / filtered / tail; train); medians over seeds."""
+def summarize(runs: Path, target: float | None = None) -> dict[str, Any]:
+    """Per arm and seed: final greedy accuracy, training time, time to `target` (default: uniform's median final
+    accuracy over the uniform runs under `runs`), and where the time went (generate: useful / filtered / tail; train);
+    medians over seeds."""
     arms = {a: {int(p.name[4:]): p for p in sorted((runs / a).glob("seed*")) if (p / "summary.json").is_file()}
             for a in ARMS if (runs / a).is_dir()}
     curves = {a: {s: c for s, p in seeds.items() if (c := load_curve(p)) is not None} for a, seeds in arms.items()}
     base = curves.get("uniform") or {}
-    target = statistics.median(c.greedy[-1] for c in base.values()) if base else None
+    if target is None and base:
+        target = statistics.median(c.greedy[-1] for c in base.values())
     out: dict[str, Any] = {"target_greedy": target, "arms": {}}
     for arm, seeds in curves.items():
         per = []
@@ -205,6 +207,9 @@ def main() -> None:
     ap.add_argument("--runs", default=None, help="default runs/longtail (runs/longtail-smoke with --smoke)")
     ap.add_argument("--summarize", action="store_true", help="only read the stored runs")
     ap.add_argument("--smoke", action="store_true", help="every arm (or --arms), 2 steps, a tiny random model")
+    ap.add_argument("--target", type=float, default=None,
+                    help="greedy accuracy to time each arm to (default: the median final of the uniform runs under "
+                         "--runs; give it when those runs are elsewhere)")
     ap.add_argument("--json", default=str(ROOT / "bench" / "results-longtail.json"))
     args = ap.parse_args()
     spec = args.arms or ("all" if args.smoke else "uniform")
@@ -225,7 +230,7 @@ def main() -> None:
                 if args.steps is not None:
                     sets.append(f"train.steps={args.steps}")
                 launch(runs / arm / f"seed{seed}", RECIPE, sets, f"longtail/{arm}/seed{seed}")
-    res = summarize(runs)
+    res = summarize(runs, args.target)
     Path(args.json).write_text(json.dumps({"runs_dir": str(runs), "results": res}, indent=1))
     print(table(res))
 

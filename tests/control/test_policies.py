@@ -182,6 +182,27 @@ def test_adaptive_pilots_every_prompt_and_extends_only_mixed_ones_within_budget(
     assert adaptive < uniform  # fewer generated tokens per informative group
 
 
+def test_adaptive_streams_extensions_beside_running_pilots_with_the_batch_rounds_decisions():
+    """On a step-level engine a mixed pilot is extended as soon as it ends, beside the pilots still running, instead
+    of after the round's longest pilot: the same groups, fewer engine steps where lengths have a tail."""
+    # Mixed prompts whose samples are 2 or 40 tokens long, among always- and never-solved ones.
+    tasks = [task(i, [1.0, 0.0, 0.5, 0.5][i % 4], length=[2, 2, 2, 40]) for i in range(64)]
+
+    def run(engine):
+        ctl, src = controller(AdaptiveGroupPolicy(pilot=2, oversample=2.0, max_rounds=4)), TaskStream(tasks)
+        res = ctl.run_step(engine, src, SP, step=1, batch_groups=4)
+        check_books(res, statuses={"kept", "filtered"})
+        assert res.accounting.total_rollouts <= 4 * 8
+        return res, (engine.inner if isinstance(engine, BatchOnlyEngine) else engine).steps
+
+    streamed, steps_streamed = run(FakeEngine(tasks))
+    batched, steps_batched = run(BatchOnlyEngine(tasks))
+    shape = [[(g.prompt_id, len(g.rollouts), g.rollouts[0].status) for g in r.groups] for r in (streamed, batched)]
+    assert shape[0] == shape[1] and any(n == 8 for _, n, _ in shape[0])
+    assert streamed.accounting.rounds == batched.accounting.rounds
+    assert steps_streamed < steps_batched, (steps_streamed, steps_batched)
+
+
 def test_adaptive_rejects_a_pilot_as_large_as_the_group():
     tasks = [task(0, 0.5)]
     with pytest.raises(ValueError, match="pilot_samples"):

@@ -8,6 +8,13 @@ posterior selector's, when on) already says its group will very likely be mixed 
 until `batch_groups` informative groups are in hand, the step's rollout budget (budget_factor x batch_groups
 x K samples, the uniform step's cost by default) is spent, or `max_rounds` is reached.
 
+On a step-level engine the pilots and extensions stream: a prompt whose pilot ends mixed gets its other K - pilot
+samples submitted at once, beside the pilots still running, and a new round of pilots starts as soon as the last
+one's pilots have ended (extensions still running). Run as a barrier per phase, a round of short pilots would wait
+on its longest sample, then its extensions on theirs, up to twice per round: where completion lengths have a long
+tail that made generation cost 1.6x uniform's per token. A batch-only engine, multi-turn episodes, tree rollouts
+and a stopping rule (`early_stop`, which submits and aborts samples itself) take the rounds in whole batches.
+
 Deliberately left out: extending unanimous pilots with a few more samples to catch rare successes (the
 posterior selector, retrying skipped prompts, covers that across steps), and group sizes other than pilot or K.
 """
@@ -51,6 +58,8 @@ class AdaptiveGroupPolicy:
             raise ValueError(f"adaptive: control.pilot_samples ({self.pilot}) must be smaller than the group size "
                              f"rollout.samples_per_prompt ({k})")
         budget = max(self.pilot, round(self.budget_factor * ctx.batch_groups * k))
+        if (ctx.driver.stepwise and ctx.episodes is None and ctx.stop is None and ctx.params.tree is None):
+            return _Stream(self, ctx, budget).run()
         spent = n_info = 0
         out: list[RolloutGroup] = []
         while n_info < ctx.batch_groups and ctx.acc.rounds < self.max_rounds and budget - spent >= self.pilot:
@@ -86,6 +95,88 @@ class AdaptiveGroupPolicy:
                          else f"adaptive: unanimous pilot of {self.pilot}")
                 out.append(g)
         return out
+
+
+class _Stream:
+    """One adaptive step on a step-level engine: the same decisions as the rounds above (pilots, the prompts believed
+    mixed given all K at once, mixed pilots extended while informative groups are missing and the budget lasts), made
+    as each request ends rather than once per phase."""
+
+    def __init__(self, policy: AdaptiveGroupPolicy, ctx: StepContext, budget: int) -> None:
+        self.pol, self.ctx, self.budget = policy, ctx, budget
+        self.spent = self.n_info = self.pilots = 0  # pilots: groups whose pilot is still running
+        self.order: list[PendingGroup] = []
+        self.full: set[str] = set()  # groups given all K samples (direct, or a pilot extended)
+        self.done: dict[str, RolloutGroup] = {}
+        self.live: dict[str, PendingGroup] = {}  # request id -> its group
+        self.waiting: dict[str, int] = {}  # group id -> its requests in flight
+
+    def run(self) -> list[RolloutGroup]:
+        ctx, pol = self.ctx, self.pol
+        while True:
+            if (self.pilots == 0 and self.committed() < ctx.batch_groups and ctx.acc.rounds < pol.max_rounds
+                    and self.budget - self.spent >= pol.pilot):
+                self.launch()
+            if not self.live:
+                break
+            for req, outs in ctx.driver.step():
+                g = self.live.pop(req.request_id)
+                ctx.place(g, req, outs)
+                ctx.score([(g, req.start + i) for i in range(req.count)])
+                self.waiting[g.group_id] -= 1
+                if not self.waiting[g.group_id]:
+                    self.ended(g)
+        return [self.done[g.group_id] for g in self.order]
+
+    def committed(self) -> int:
+        """Informative groups in hand plus full groups still running (an extended pilot is mixed already)."""
+        return self.n_info + sum(1 for gid in self.full if gid not in self.done)
+
+    def launch(self) -> None:
+        """A round of fresh pilots (and full groups for prompts believed mixed), sized as the rounds above."""
+        ctx, pol, k = self.ctx, self.pol, self.ctx.group_size
+        ctx.acc.rounds += 1
+        missing = ctx.batch_groups - self.committed()
+        m = min(math.ceil(missing * pol.oversample), max(1, (self.budget - self.spent) // (2 * pol.pilot)))
+        pend = [ctx.new_group(t, k) for t in ctx.take(m)]
+        direct = {p.group_id for p in pend if p_informative(ctx.prior(p.task.id), k) >= pol.direct_above}
+        if self.budget - self.spent - pol.pilot * len(pend) < (k - pol.pilot) * len(direct):
+            direct = set()
+        ctx.acc.direct_groups += len(direct)
+        for p in pend:
+            self.order.append(p)
+            if p.group_id in direct:
+                self.full.add(p.group_id)
+                self.submit(p, range(k))
+            else:
+                self.pilots += 1
+                self.submit(p, range(pol.pilot))
+
+    def submit(self, g: PendingGroup, indices: range) -> None:
+        self.spent += len(indices)
+        for req in self.ctx.requests(g, indices):
+            self.ctx.driver.submit(req)
+            self.live[req.request_id] = g
+            self.waiting[g.group_id] = self.waiting.get(g.group_id, 0) + 1
+
+    def ended(self, g: PendingGroup) -> None:
+        """Every requested sample of `g` has ended: extend a mixed pilot while groups are missing, else close it."""
+        ctx, pol, k = self.ctx, self.pol, self.ctx.group_size
+        if g.group_id not in self.full:
+            self.pilots -= 1
+            if (_pilot_mixed(g, pol.pilot, ctx.rules) and self.committed() < ctx.batch_groups
+                    and self.budget - self.spent >= k - pol.pilot):
+                self.full.add(g.group_id)
+                self.submit(g, range(pol.pilot, k))
+                return
+            g.outputs, g.scores = g.outputs[: pol.pilot], g.scores[: pol.pilot]
+        built = build_group(g, ctx.step, ctx.params.max_tokens)
+        if informative(built, ctx.rules):
+            self.n_info += 1
+        else:
+            mark(built, "filtered", "adaptive: zero-variance group" if g.group_id in self.full
+                 else f"adaptive: unanimous pilot of {pol.pilot}")
+        self.done[g.group_id] = built
 
 
 def _pilot_mixed(p: PendingGroup, pilot: int, rules: FilterRules = DEFAULT_RULES) -> bool:
