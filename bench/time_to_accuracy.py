@@ -78,6 +78,11 @@ ARMS: dict[str, list[str]] = {
     "early_stop+posterior": ["control.policy=early_stop", "control.select=posterior"],
     "adaptive+early_stop+posterior": ["control.policy=[adaptive,early_stop]", "control.select=posterior"],
     "early_stop+posterior-norefill": ["control.policy=early_stop", "control.select=posterior", "control.refill=false"],
+    # levers for a low base rate (the hard slice): where a success is rare, find the first ones sooner
+    "posterior-lr2e-5": ["control.select=posterior", "train.lr=2e-5"],
+    "posterior-t0.7": ["control.select=posterior", "rollout.temperature=0.7"],
+    "posterior-t0.7-lr2e-5": ["control.select=posterior", "rollout.temperature=0.7", "train.lr=2e-5"],
+    "posterior-k16x4": ["control.select=posterior", "rollout.samples_per_prompt=16", "rollout.prompts_per_step=4"],
     "async": ["control.async_staleness=1", "algo.tis_cap=2.0"],
     "async+posterior": ["control.async_staleness=1", "algo.tis_cap=2.0", "control.select=posterior"],
     "speculative": ["rollout.speculative.source=past"],
@@ -267,6 +272,30 @@ def summarize(runs: Path, tasks: list[str]) -> dict[str, Any]:
     return out
 
 
+def gains(runs: Path, task: str) -> dict[str, Any]:
+    """Per arm and seed of `task`: greedy accuracy before and after, the gain, the groups sampled and those with a
+    signal, and the samples trained on; the median gain per arm. What a low base rate is judged by (points gained in
+    the recipe's steps), so it needs no uniform run beside the arms."""
+    out: dict[str, Any] = {}
+    for arm in ARMS:
+        per = []
+        for p in sorted((runs / task / arm).glob("seed*")):
+            if not (p / "summary.json").is_file():
+                continue
+            summ = json.loads((p / "summary.json").read_text())
+            rows = [r for r in load_metrics(p / "metrics.jsonl").rows if "step_s" in r]
+            groups = sum(int(r.get("control_groups", 0)) for r in rows)
+            before, after = summ["eval_before"]["accuracy_greedy"], summ["eval_after"]["accuracy_greedy"]
+            per.append({"seed": int(p.name[4:]), "before": before, "after": after, "gain": after - before,
+                        "groups": groups,
+                        "informative_groups": groups - sum(int(r.get("control_zero_variance_groups", 0)) for r in rows),
+                        "kept_samples": sum(int(r.get("rollouts/kept", 0)) for r in rows),
+                        "train_s": sum(float(r["step_s"]) for r in rows)})
+        if per:
+            out[arm] = {"runs": per, "gain": _spread([r["gain"] for r in per])}
+    return out
+
+
 def draw(task: str, arms: dict[str, dict[int, AccuracyCurve]], target: float) -> None:
     """docs/time-to-accuracy-<task>.svg: every run's greedy curve against training time, and the target."""
     series = [svg.Series(f"{arm} s{seed}", [x / 60 for x in c.train_s], c.greedy)
@@ -317,8 +346,20 @@ def main() -> None:
     ap.add_argument("--time-split", metavar="RUN_DIR", default=None,
                     help="print where one run's time went per step (useful / filtered / tail generation, scoring, "
                          "training, syncing) and stop")
+    ap.add_argument("--gains", action="store_true",
+                    help="only read the stored runs of each --task: every arm's greedy gain per seed (no uniform run "
+                         "needed; the low-base-rate table)")
     ap.add_argument("--json", default=str(ROOT / "bench" / "results-time-to-accuracy.json"))
     args = ap.parse_args()
+    if args.gains:
+        res = {task: gains(Path(args.runs), task) for task in args.task or sorted(TASKS)}
+        Path(args.json).write_text(json.dumps({"runs_dir": str(args.runs), "results": res}, indent=1))
+        for task, arms in res.items():
+            for arm, r in arms.items():
+                print(f"{task} {arm}: gain " + " / ".join(f"{100 * x['gain']:+.1f}" for x in r["runs"]) +
+                      f" (median {100 * r['gain']['median']:+.1f}), informative groups "
+                      + " / ".join(str(x["informative_groups"]) for x in r["runs"]))
+        return
     if args.time_split:
         print_time_split(Path(args.time_split))
         return
