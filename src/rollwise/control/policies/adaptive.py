@@ -10,10 +10,13 @@ x K samples, the uniform step's cost by default) is spent, or `max_rounds` is re
 
 On a step-level engine the pilots and extensions stream: a prompt whose pilot ends mixed gets its other K - pilot
 samples submitted at once, beside the pilots still running, and a new round of pilots starts as soon as the last
-one's pilots have ended (extensions still running). Run as a barrier per phase, a round of short pilots would wait
-on its longest sample, then its extensions on theirs, up to twice per round: where completion lengths have a long
-tail that made generation cost 1.6x uniform's per token. A batch-only engine, multi-turn episodes, tree rollouts
-and a stopping rule (`early_stop`, which submits and aborts samples itself) take the rounds in whole batches.
+one's pilots have ended (extensions still running), so a round waits on its longest pilot only, not then also on
+its longest extension. What stays costly on a CPU is the batch: a round of pilots keeps about half of uniform's
+samples in flight, and a decode step of half the batch costs nearly as much as a full one (on the long-tail recipe
+generation cost 1.5x uniform's per token, before and after the extensions streamed; docs/control.md). Admitting a
+new pilot whenever the batch has room, rather than by rounds, is the lever that would fix it. A batch-only engine,
+multi-turn episodes, tree rollouts and a stopping rule (`early_stop`, which submits and aborts samples itself) take
+the rounds in whole batches.
 
 Deliberately left out: extending unanimous pilots with a few more samples to catch rare successes (the
 posterior selector, retrying skipped prompts, covers that across steps), and group sizes other than pilot or K.
