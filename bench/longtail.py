@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from time_to_accuracy import _spread, launch, load_curve, phases  # noqa: E402
+from time_to_accuracy import _spread, launch, load_curve, phases, signal  # noqa: E402
 
 from rollwise.report.data import load_metrics, time_split  # noqa: E402
 
@@ -118,17 +118,6 @@ def summarize(runs: Path, target: float | None = None) -> dict[str, Any]:
                                                       "split_filtered", "split_tail", "split_tail_frac",
                                                       "tail_step_frac", "tokens_per_step", "train", "informative_groups")}}
     return out
-
-
-def signal(rows: list[dict[str, Any]]) -> dict[str, int]:
-    """Groups sampled, those with reward variance (the ones that carry a gradient) and prompts the selector skipped,
-    summed over the run's steps: what a policy bought with its tokens."""
-    def total(key: str) -> int:
-        return int(sum(float(r.get(key, 0.0)) for r in rows if "step_s" in r))
-
-    groups = total("control_groups")
-    return {"groups": groups, "informative_groups": groups - total("control_zero_variance_groups"),
-            "skipped_prompts": total("control_skipped_prompts")}
 
 
 def _values(per: list[dict[str, Any]], key: str) -> list[float]:

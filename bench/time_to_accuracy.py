@@ -272,6 +272,17 @@ def summarize(runs: Path, tasks: list[str]) -> dict[str, Any]:
     return out
 
 
+def signal(rows: list[dict[str, Any]]) -> dict[str, int]:
+    """Groups sampled, those with reward variance (the ones that carry a gradient) and prompts the selector skipped,
+    summed over the run's steps: what a policy bought with its tokens."""
+    def total(key: str) -> int:
+        return int(sum(float(r.get(key, 0.0)) for r in rows if "step_s" in r))
+
+    groups = total("control_groups")
+    return {"groups": groups, "informative_groups": groups - total("control_zero_variance_groups"),
+            "skipped_prompts": total("control_skipped_prompts")}
+
+
 def gains(runs: Path, task: str) -> dict[str, Any]:
     """Per arm and seed of `task`: greedy accuracy before and after, the gain, the groups sampled and those with a
     signal, and the samples trained on; the median gain per arm. What a low base rate is judged by (points gained in
@@ -284,11 +295,10 @@ def gains(runs: Path, task: str) -> dict[str, Any]:
                 continue
             summ = json.loads((p / "summary.json").read_text())
             rows = [r for r in load_metrics(p / "metrics.jsonl").rows if "step_s" in r]
-            groups = sum(int(r.get("control_groups", 0)) for r in rows)
             before, after = summ["eval_before"]["accuracy_greedy"], summ["eval_after"]["accuracy_greedy"]
+            sig = signal(rows)
             per.append({"seed": int(p.name[4:]), "before": before, "after": after, "gain": after - before,
-                        "groups": groups,
-                        "informative_groups": groups - sum(int(r.get("control_zero_variance_groups", 0)) for r in rows),
+                        "groups": sig["groups"], "informative_groups": sig["informative_groups"],
                         "kept_samples": sum(int(r.get("rollouts/kept", 0)) for r in rows),
                         "train_s": sum(float(r["step_s"]) for r in rows)})
         if per:

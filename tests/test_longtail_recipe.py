@@ -82,9 +82,9 @@ def test_the_recipe_scores_its_own_worked_solutions_right(data):
 
 
 def test_the_bench_counts_informative_groups_over_steps_only():
-    """bench/longtail.py's `signal`: groups with reward variance are the ones that carry a gradient; an evaluation
+    """The benches' `signal` (bench/time_to_accuracy.py, used by bench/longtail.py): groups with reward variance are the ones that carry a gradient; an evaluation
     row (no step_s) adds nothing, and a run without the control keys counts zero rather than failing."""
-    bench = _load("longtail_bench", REPO / "bench" / "longtail.py")
+    bench = _load("time_to_accuracy", REPO / "bench" / "time_to_accuracy.py")
     rows = [{"step": 1, "step_s": 2.0, "control_groups": 8, "control_zero_variance_groups": 6,
              "control_skipped_prompts": 1},
             {"step": 2, "step_s": 3.0, "control_groups": 7, "control_zero_variance_groups": 7},
