@@ -68,13 +68,7 @@ class AdaptiveGroupPolicy:
         while n_info < ctx.batch_groups and ctx.acc.rounds < self.max_rounds and budget - spent >= self.pilot:
             ctx.acc.rounds += 1
             missing = ctx.batch_groups - n_info
-            # NOTE: a round's pilots get at most half the budget left, so mixed pilots can still be extended.
-            m = min(math.ceil(missing * self.oversample), max(1, (budget - spent) // (2 * self.pilot)))
-            pend = [ctx.new_group(t, k) for t in ctx.take(m)]
-            # A prompt already believed mixed skips the pilot: it gets its full group in the first batch.
-            direct = {p.group_id for p in pend if p_informative(ctx.prior(p.task.id), k) >= self.direct_above}
-            if budget - spent - self.pilot * len(pend) < (k - self.pilot) * len(direct):
-                direct = set()
+            pend, direct = self.new_round(ctx, missing, budget - spent)
             ctx.generate(pend, [range(k) if p.group_id in direct else range(self.pilot) for p in pend])
             spent += self.pilot * len(pend) + (k - self.pilot) * len(direct)
             ctx.acc.direct_groups += len(direct)
@@ -98,6 +92,18 @@ class AdaptiveGroupPolicy:
                          else f"adaptive: unanimous pilot of {self.pilot}")
                 out.append(g)
         return out
+
+    def new_round(self, ctx: StepContext, missing: int, left: int) -> tuple[list[PendingGroup], set[str]]:
+        """A round's fresh groups, and those whose prompt is already believed mixed (they skip the pilot and get all K
+        at once, when the budget `left` covers it)."""
+        k = ctx.group_size
+        # NOTE: a round's pilots get at most half the budget left, so mixed pilots can still be extended.
+        m = min(math.ceil(missing * self.oversample), max(1, left // (2 * self.pilot)))
+        pend = [ctx.new_group(t, k) for t in ctx.take(m)]
+        direct = {p.group_id for p in pend if p_informative(ctx.prior(p.task.id), k) >= self.direct_above}
+        if left - self.pilot * len(pend) < (k - self.pilot) * len(direct):
+            direct = set()
+        return pend, direct
 
 
 class _Stream:
@@ -140,11 +146,7 @@ class _Stream:
         ctx, pol, k = self.ctx, self.pol, self.ctx.group_size
         ctx.acc.rounds += 1
         missing = ctx.batch_groups - self.committed()
-        m = min(math.ceil(missing * pol.oversample), max(1, (self.budget - self.spent) // (2 * pol.pilot)))
-        pend = [ctx.new_group(t, k) for t in ctx.take(m)]
-        direct = {p.group_id for p in pend if p_informative(ctx.prior(p.task.id), k) >= pol.direct_above}
-        if self.budget - self.spent - pol.pilot * len(pend) < (k - pol.pilot) * len(direct):
-            direct = set()
+        pend, direct = pol.new_round(ctx, missing, self.budget - self.spent)
         ctx.acc.direct_groups += len(direct)
         for p in pend:
             self.order.append(p)
